@@ -1,0 +1,197 @@
+//! OK, ERR and EOF packets, and the session-state-tracking data carried by OK packets.
+
+use crate::packet::{Malformed, Reader, put_lenenc};
+
+/// A parsed OK packet (also the OK-shaped EOF that ends result sets under DEPRECATE_EOF).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ok<'a> {
+    pub affected_rows: u64,
+    pub last_insert_id: u64,
+    pub status: u16,
+    pub warnings: u16,
+    pub info: &'a [u8],
+    /// Raw session-state-change block (only with SESSION_TRACK and SESSION_STATE_CHANGED).
+    pub session_state: &'a [u8],
+}
+
+impl<'a> Ok<'a> {
+    /// Parses an OK payload (first byte 0x00 or 0xfe). `session_track` is whether
+    /// CLIENT_SESSION_TRACK was negotiated on this connection.
+    pub fn parse(payload: &'a [u8], session_track: bool) -> Result<Ok<'a>, Malformed> {
+        let mut r = Reader::new(payload);
+        let h = r.u8("ok header")?;
+        if h != 0x00 && h != 0xfe {
+            return Err(Malformed("ok header"));
+        }
+        let affected_rows = r.lenenc("affected rows")?;
+        let last_insert_id = r.lenenc("last insert id")?;
+        let status = r.u16("status")?;
+        let warnings = r.u16("warnings")?;
+        let mut ok = Ok { affected_rows, last_insert_id, status, warnings, ..Default::default() };
+        if session_track {
+            if !r.is_empty() {
+                ok.info = r.lenenc_bytes("info")?;
+            }
+            if status & crate::consts::status::SESSION_STATE_CHANGED != 0 && !r.is_empty() {
+                ok.session_state = r.lenenc_bytes("session state")?;
+            }
+        } else {
+            ok.info = r.rest();
+        }
+        Ok(ok)
+    }
+}
+
+/// Reads only the status flags of an OK or EOF payload; cheap, for the hot path.
+/// A 0xfe packet is an OK-shaped terminator when DEPRECATE_EOF was negotiated, else a classic EOF.
+pub fn terminator_status(payload: &[u8], deprecate_eof: bool) -> Option<u16> {
+    match payload.first()? {
+        0xfe if !deprecate_eof => {
+            // Classic EOF: 0xfe, warnings(2), status(2).
+            Some(u16::from_le_bytes([*payload.get(3)?, *payload.get(4)?]))
+        }
+        0x00 | 0xfe => {
+            let mut r = Reader::new(payload);
+            r.u8("h").ok()?;
+            r.lenenc("a").ok()?;
+            r.lenenc("b").ok()?;
+            r.u16("s").ok()
+        }
+        _ => None,
+    }
+}
+
+/// A parsed ERR packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Err<'a> {
+    pub code: u16,
+    pub sql_state: [u8; 5],
+    pub message: &'a [u8],
+}
+
+impl<'a> Err<'a> {
+    pub fn parse(payload: &'a [u8]) -> Result<Err<'a>, Malformed> {
+        let mut r = Reader::new(payload);
+        if r.u8("err header")? != 0xff {
+            return Err(Malformed("err header"));
+        }
+        let code = r.u16("error code")?;
+        let mut sql_state = *b"HY000";
+        if r.peek() == Some(b'#') && r.remaining() >= 6 {
+            r.u8("#")?;
+            sql_state.copy_from_slice(r.bytes(5, "sql state")?);
+        }
+        Ok(Err { code, sql_state, message: r.rest() })
+    }
+}
+
+/// Builds an ERR payload.
+pub fn err_payload(out: &mut Vec<u8>, code: u16, sql_state: &[u8; 5], message: &str) {
+    out.push(0xff);
+    out.extend_from_slice(&code.to_le_bytes());
+    out.push(b'#');
+    out.extend_from_slice(sql_state);
+    out.extend_from_slice(message.as_bytes());
+}
+
+/// Builds an OK payload (header 0x00, or 0xfe when it stands in for an EOF).
+pub fn ok_payload(out: &mut Vec<u8>, header: u8, affected: u64, insert_id: u64, status: u16, warnings: u16) {
+    out.push(header);
+    put_lenenc(out, affected);
+    put_lenenc(out, insert_id);
+    out.extend_from_slice(&status.to_le_bytes());
+    out.extend_from_slice(&warnings.to_le_bytes());
+}
+
+/// Builds a classic EOF payload.
+pub fn eof_payload(out: &mut Vec<u8>, warnings: u16, status: u16) {
+    out.push(0xfe);
+    out.extend_from_slice(&warnings.to_le_bytes());
+    out.extend_from_slice(&status.to_le_bytes());
+}
+
+/// One entry of the session-state-change block of an OK packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateChange<'a> {
+    SystemVariable { name: &'a [u8], value: &'a [u8] },
+    Schema(&'a [u8]),
+    StateChanged,
+    Gtids(&'a [u8]),
+    TransactionCharacteristics(&'a [u8]),
+    TransactionState(&'a [u8]),
+    Other(u8),
+}
+
+/// Iterates over the entries of a session-state-change block. Stops at the first malformed entry.
+pub fn state_changes(block: &[u8]) -> impl Iterator<Item = StateChange<'_>> {
+    let mut r = Reader::new(block);
+    std::iter::from_fn(move || {
+        if r.is_empty() {
+            return None;
+        }
+        let kind = r.u8("kind").ok()?;
+        let data = r.lenenc_bytes("data").ok()?;
+        let mut d = Reader::new(data);
+        Some(match kind {
+            0 => {
+                let name = d.lenenc_bytes("name").ok()?;
+                let value = d.lenenc_bytes("value").ok()?;
+                StateChange::SystemVariable { name, value }
+            }
+            1 => StateChange::Schema(d.lenenc_bytes("schema").ok()?),
+            2 => StateChange::StateChanged,
+            3 => StateChange::Gtids(data),
+            4 => StateChange::TransactionCharacteristics(d.lenenc_bytes("chars").ok()?),
+            5 => StateChange::TransactionState(d.lenenc_bytes("state").ok()?),
+            k => StateChange::Other(k),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consts::status;
+
+    #[test]
+    fn ok_with_session_track() {
+        let mut p = Vec::new();
+        ok_payload(&mut p, 0, 3, 7, status::AUTOCOMMIT | status::SESSION_STATE_CHANGED, 1);
+        crate::packet::put_lenenc_bytes(&mut p, b"");
+        let mut block = Vec::new();
+        block.push(1);
+        crate::packet::put_lenenc_bytes(&mut block, b"\x04test");
+        block.push(0);
+        let mut var = Vec::new();
+        crate::packet::put_lenenc_bytes(&mut var, b"autocommit");
+        crate::packet::put_lenenc_bytes(&mut var, b"OFF");
+        crate::packet::put_lenenc_bytes(&mut block, &var);
+        crate::packet::put_lenenc_bytes(&mut p, &block);
+        let ok = Ok::parse(&p, true).unwrap();
+        assert_eq!((ok.affected_rows, ok.last_insert_id, ok.warnings), (3, 7, 1));
+        let changes: Vec<_> = state_changes(ok.session_state).collect();
+        assert_eq!(
+            changes,
+            vec![
+                StateChange::Schema(b"test"),
+                StateChange::SystemVariable { name: b"autocommit", value: b"OFF" }
+            ]
+        );
+        assert_eq!(terminator_status(&p, true), Some(status::AUTOCOMMIT | status::SESSION_STATE_CHANGED));
+    }
+
+    #[test]
+    fn err_round_trip() {
+        let mut p = Vec::new();
+        err_payload(&mut p, 1045, b"28000", "Access denied");
+        let e = Err::parse(&p).unwrap();
+        assert_eq!((e.code, &e.sql_state, e.message), (1045, b"28000", &b"Access denied"[..]));
+    }
+
+    #[test]
+    fn classic_eof_status() {
+        let mut p = Vec::new();
+        eof_payload(&mut p, 0, status::MORE_RESULTS_EXISTS);
+        assert_eq!(terminator_status(&p, false), Some(status::MORE_RESULTS_EXISTS));
+    }
+}

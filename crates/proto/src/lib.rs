@@ -1,0 +1,16 @@
+//! The MySQL client/server protocol as sluice speaks it, with no I/O: packet framing, the
+//! connection-phase packets, password scrambles, the compressed framing, and the tracker that
+//! follows a server's response stream. Every function takes bytes and returns values or
+//! `Malformed`, so all of it can be fuzzed and tested in isolation.
+
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod basic;
+pub mod compress;
+pub mod consts;
+pub mod handshake;
+pub mod packet;
+pub mod response;
+
+pub use packet::Malformed;

@@ -1,0 +1,345 @@
+//! Following a server's response stream header by header.
+//!
+//! The relay hands every chunk it reads from a backend to [`ResponseTracker::scan`], which walks
+//! the packet headers, looks inside only the packets that carry state (OK, ERR, EOF, column
+//! counts, PREPARE_OK) and reports how many bytes may be forwarded and whether the response is
+//! complete. Row data and column definitions are skipped by length, so they can be forwarded
+//! straight from the read buffer, including partial packets of any size.
+
+use crate::basic;
+use crate::consts::{MAX_PAYLOAD, status};
+use crate::packet::{HEADER, Header, Malformed, Reader};
+
+/// The shape of the response a command gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// OK, ERR, LOCAL INFILE request or one or more result sets (COM_QUERY, COM_STMT_EXECUTE,
+    /// COM_PROCESS_INFO, and every command answered by a single OK/ERR/EOF).
+    Results,
+    /// PREPARE_OK with parameter and column definitions, or ERR.
+    Prepare,
+    /// Rows until a terminator (COM_STMT_FETCH).
+    Rows,
+    /// Column definitions until EOF (COM_FIELD_LIST).
+    FieldList,
+    /// Exactly one packet of any content (COM_STATISTICS).
+    Single,
+    /// No response at all (COM_STMT_CLOSE, COM_STMT_SEND_LONG_DATA, COM_QUIT).
+    Nothing,
+}
+
+/// Receives what the tracker finds in the packets it inspects.
+pub trait Sink {
+    /// An OK packet, or the OK-shaped terminator of a result set.
+    fn ok(&mut self, _ok: &basic::Ok<'_>) {}
+    /// The status flags of a classic EOF packet.
+    fn eof(&mut self, _status: u16) {}
+    fn err(&mut self, _err: &basic::Err<'_>) {}
+    /// A result set begins (column count known).
+    fn result_set(&mut self, _columns: u64) {}
+    fn row(&mut self) {}
+    fn prepared(&mut self, _stmt_id: u32, _columns: u16, _params: u16) {}
+}
+
+/// A sink that ignores everything.
+pub struct NoSink;
+impl Sink for NoSink {}
+
+/// Result of one scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scan {
+    /// Bytes of the input that belong to the response and may be forwarded now.
+    pub consumed: usize,
+    pub state: State,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// More of the response is to come.
+    Pending,
+    /// The response is complete; `consumed` ends exactly at its end.
+    Done,
+    /// The server asked for a LOCAL INFILE upload; the client's data packets follow, ending with
+    /// an empty packet, after which [`ResponseTracker::after_infile`] resumes tracking.
+    LocalInfile,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    First,
+    Columns(u64),
+    ColumnsEof,
+    Rows,
+    PrepareOk,
+    Params { left: u16, columns: u16 },
+    ParamsEof { columns: u16 },
+    PrepareColumns(u16),
+    PrepareColumnsEof,
+    FieldList,
+    Single,
+    Done,
+}
+
+/// Follows one response. Reusable: call [`ResponseTracker::start`] for every command.
+#[derive(Debug, Clone)]
+pub struct ResponseTracker {
+    phase: Phase,
+    deprecate_eof: bool,
+    session_track: bool,
+    /// Payload bytes of the current packet still to pass without looking.
+    skip: usize,
+    /// The packet being skipped is 0xffffff long: the next one continues it.
+    continued: bool,
+    /// Status flags of the last OK/EOF seen.
+    pub last_status: Option<u16>,
+    /// Sequence id of the last packet header seen.
+    pub last_seq: u8,
+}
+
+impl ResponseTracker {
+    pub fn new(deprecate_eof: bool, session_track: bool) -> Self {
+        ResponseTracker {
+            phase: Phase::Done,
+            deprecate_eof,
+            session_track,
+            skip: 0,
+            continued: false,
+            last_status: None,
+            last_seq: 0,
+        }
+    }
+
+    /// Begins following the response to a new command.
+    pub fn start(&mut self, expect: Expect) {
+        self.phase = match expect {
+            Expect::Results => Phase::First,
+            Expect::Prepare => Phase::PrepareOk,
+            Expect::Rows => Phase::Rows,
+            Expect::FieldList => Phase::FieldList,
+            Expect::Single => Phase::Single,
+            Expect::Nothing => Phase::Done,
+        };
+        self.skip = 0;
+        self.continued = false;
+        self.last_status = None;
+    }
+
+    /// Resumes after the client finished a LOCAL INFILE upload: the server answers OK or ERR.
+    pub fn after_infile(&mut self) {
+        self.phase = Phase::First;
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    /// Walks the packets in `buf` (the unforwarded bytes of the response, starting at a packet
+    /// boundary or inside a packet being skipped).
+    pub fn scan<S: Sink>(&mut self, buf: &[u8], sink: &mut S) -> Result<Scan, Malformed> {
+        let mut pos = 0;
+        loop {
+            if self.skip > 0 {
+                let n = self.skip.min(buf.len() - pos);
+                pos += n;
+                self.skip -= n;
+                if self.skip > 0 {
+                    return Ok(Scan { consumed: pos, state: State::Pending });
+                }
+                if self.phase == Phase::Done && !self.continued {
+                    return Ok(Scan { consumed: pos, state: State::Done });
+                }
+                continue;
+            }
+            if self.phase == Phase::Done && !self.continued {
+                return Ok(Scan { consumed: pos, state: State::Done });
+            }
+            let Some(h) = Header::parse(&buf[pos..]) else {
+                return Ok(Scan { consumed: pos, state: State::Pending });
+            };
+            self.last_seq = h.seq;
+            let body = &buf[pos + HEADER..];
+            if self.continued {
+                self.continued = h.continues();
+                pos += HEADER;
+                self.skip = h.len;
+                continue;
+            }
+            if h.len > 0 && body.is_empty() {
+                return Ok(Scan { consumed: pos, state: State::Pending });
+            }
+            let first = if h.len > 0 { Some(body[0]) } else { None };
+            if self.inspect(first, h.len) {
+                if h.len >= MAX_PAYLOAD {
+                    return Err(Malformed("oversized control packet"));
+                }
+                if body.len() < h.len {
+                    return Ok(Scan { consumed: pos, state: State::Pending });
+                }
+                pos += HEADER + h.len;
+                if self.control(&body[..h.len], sink)? {
+                    return Ok(Scan { consumed: pos, state: State::LocalInfile });
+                }
+            } else {
+                self.data(first, sink);
+                self.continued = h.continues();
+                pos += HEADER;
+                self.skip = h.len;
+            }
+        }
+    }
+
+    /// Whether a packet starting with `first` must be read whole and looked into.
+    fn inspect(&self, first: Option<u8>, len: usize) -> bool {
+        match self.phase {
+            Phase::First | Phase::ColumnsEof | Phase::PrepareOk | Phase::ParamsEof { .. } | Phase::PrepareColumnsEof => true,
+            Phase::Rows | Phase::FieldList => match first {
+                Some(0xff) => true,
+                Some(0xfe) => len < MAX_PAYLOAD,
+                _ => false,
+            },
+            Phase::Columns(_) | Phase::Params { .. } | Phase::PrepareColumns(_) | Phase::Single | Phase::Done => false,
+        }
+    }
+
+    /// A packet passed by length: a column or parameter definition, a row, or a lone answer.
+    fn data<S: Sink>(&mut self, _first: Option<u8>, sink: &mut S) {
+        self.phase = match self.phase {
+            Phase::Columns(n) if n > 1 => Phase::Columns(n - 1),
+            Phase::Columns(_) => {
+                if self.deprecate_eof {
+                    Phase::Rows
+                } else {
+                    Phase::ColumnsEof
+                }
+            }
+            Phase::Rows => {
+                sink.row();
+                Phase::Rows
+            }
+            Phase::Params { left, columns } if left > 1 => Phase::Params { left: left - 1, columns },
+            Phase::Params { columns, .. } => {
+                if self.deprecate_eof {
+                    self.after_params(columns)
+                } else {
+                    Phase::ParamsEof { columns }
+                }
+            }
+            Phase::PrepareColumns(n) if n > 1 => Phase::PrepareColumns(n - 1),
+            Phase::PrepareColumns(_) => {
+                if self.deprecate_eof {
+                    Phase::Done
+                } else {
+                    Phase::PrepareColumnsEof
+                }
+            }
+            Phase::Single => Phase::Done,
+            other => other,
+        };
+    }
+
+    fn after_params(&self, columns: u16) -> Phase {
+        if columns > 0 { Phase::PrepareColumns(columns) } else { Phase::Done }
+    }
+
+    /// A packet read whole. Returns true when it is a LOCAL INFILE request.
+    fn control<S: Sink>(&mut self, p: &[u8], sink: &mut S) -> Result<bool, Malformed> {
+        let first = p.first().copied();
+        match self.phase {
+            Phase::First => match first {
+                Some(0x00) | Some(0xfe) => self.terminator(p, sink)?,
+                Some(0xff) => self.error(p, sink)?,
+                Some(0xfb) => {
+                    self.phase = Phase::Done;
+                    return Ok(true);
+                }
+                Some(_) => {
+                    let n = Reader::new(p).lenenc("column count")?;
+                    if n == 0 {
+                        return Err(Malformed("zero column count"));
+                    }
+                    sink.result_set(n);
+                    self.phase = Phase::Columns(n);
+                }
+                None => return Err(Malformed("empty response packet")),
+            },
+            Phase::ColumnsEof => match first {
+                Some(0xfe) => {
+                    let st = basic::terminator_status(p, self.deprecate_eof).ok_or(Malformed("eof"))?;
+                    sink.eof(st);
+                    self.last_status = Some(st);
+                    // A cursor was opened: rows come later through COM_STMT_FETCH.
+                    self.phase = if st & status::CURSOR_EXISTS != 0 { Phase::Done } else { Phase::Rows };
+                }
+                Some(0xff) => self.error(p, sink)?,
+                _ => return Err(Malformed("expected EOF after column definitions")),
+            },
+            Phase::Rows | Phase::FieldList => match first {
+                Some(0xff) => self.error(p, sink)?,
+                _ => self.terminator(p, sink)?,
+            },
+            Phase::PrepareOk => match first {
+                Some(0x00) => {
+                    let mut r = Reader::new(p);
+                    r.u8("prepare ok")?;
+                    let id = r.u32("statement id")?;
+                    let columns = r.u16("column count")?;
+                    let params = r.u16("parameter count")?;
+                    sink.prepared(id, columns, params);
+                    self.phase = if params > 0 {
+                        Phase::Params { left: params, columns }
+                    } else {
+                        self.after_params(columns)
+                    };
+                }
+                Some(0xff) => self.error(p, sink)?,
+                _ => return Err(Malformed("expected PREPARE_OK")),
+            },
+            Phase::ParamsEof { columns } => {
+                self.expect_eof(p, sink)?;
+                self.phase = self.after_params(columns);
+            }
+            Phase::PrepareColumnsEof => {
+                self.expect_eof(p, sink)?;
+                self.phase = Phase::Done;
+            }
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    fn expect_eof<S: Sink>(&mut self, p: &[u8], sink: &mut S) -> Result<(), Malformed> {
+        if p.first() != Some(&0xfe) {
+            return Err(Malformed("expected EOF"));
+        }
+        let st = basic::terminator_status(p, self.deprecate_eof).ok_or(Malformed("eof"))?;
+        sink.eof(st);
+        Ok(())
+    }
+
+    /// OK or EOF ending a statement's result: more results may follow.
+    fn terminator<S: Sink>(&mut self, p: &[u8], sink: &mut S) -> Result<(), Malformed> {
+        let st = if p[0] == 0xfe && !self.deprecate_eof {
+            let st = basic::terminator_status(p, self.deprecate_eof).ok_or(Malformed("eof"))?;
+            sink.eof(st);
+            st
+        } else {
+            let ok = basic::Ok::parse(p, self.session_track)?;
+            sink.ok(&ok);
+            ok.status
+        };
+        self.last_status = Some(st);
+        self.phase = if st & status::MORE_RESULTS_EXISTS != 0 { Phase::First } else { Phase::Done };
+        Ok(())
+    }
+
+    fn error<S: Sink>(&mut self, p: &[u8], sink: &mut S) -> Result<(), Malformed> {
+        let e = basic::Err::parse(p)?;
+        sink.err(&e);
+        self.phase = Phase::Done;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "response_tests.rs"]
+mod tests;

@@ -1,0 +1,254 @@
+use super::*;
+use crate::basic::{eof_payload, err_payload, ok_payload};
+use crate::packet::{frame, put_lenenc};
+
+/// Builds a response stream packet by packet.
+struct Stream {
+    out: Vec<u8>,
+    seq: u8,
+}
+
+impl Stream {
+    fn new() -> Self {
+        Stream { out: Vec::new(), seq: 1 }
+    }
+    fn packet(&mut self, payload: &[u8]) -> &mut Self {
+        self.seq = frame(&mut self.out, payload, self.seq);
+        self
+    }
+    fn ok(&mut self, st: u16) -> &mut Self {
+        let mut p = Vec::new();
+        ok_payload(&mut p, 0, 1, 0, st, 0);
+        self.packet(&p)
+    }
+    fn ok_eof(&mut self, st: u16) -> &mut Self {
+        let mut p = Vec::new();
+        ok_payload(&mut p, 0xfe, 0, 0, st, 0);
+        self.packet(&p)
+    }
+    fn eof(&mut self, st: u16) -> &mut Self {
+        let mut p = Vec::new();
+        eof_payload(&mut p, 0, st);
+        self.packet(&p)
+    }
+    fn err(&mut self) -> &mut Self {
+        let mut p = Vec::new();
+        err_payload(&mut p, 1064, b"42000", "syntax");
+        self.packet(&p)
+    }
+    fn count(&mut self, n: u64) -> &mut Self {
+        let mut p = Vec::new();
+        put_lenenc(&mut p, n);
+        self.packet(&p)
+    }
+    fn coldef(&mut self) -> &mut Self {
+        self.packet(b"\x03def\x00\x00\x00\x01a\x00\x0c\x21\x00\x0b\x00\x00\x00\x03\x00\x00\x00\x00\x00")
+    }
+    fn row(&mut self, v: &[u8]) -> &mut Self {
+        let mut p = Vec::new();
+        put_lenenc(&mut p, v.len() as u64);
+        p.extend_from_slice(v);
+        self.packet(&p)
+    }
+}
+
+#[derive(Default)]
+struct Count {
+    oks: usize,
+    eofs: usize,
+    errs: usize,
+    rows: usize,
+    sets: usize,
+    prepared: Option<(u32, u16, u16)>,
+}
+
+impl Sink for Count {
+    fn ok(&mut self, _: &basic::Ok<'_>) {
+        self.oks += 1;
+    }
+    fn eof(&mut self, _: u16) {
+        self.eofs += 1;
+    }
+    fn err(&mut self, _: &basic::Err<'_>) {
+        self.errs += 1;
+    }
+    fn result_set(&mut self, _: u64) {
+        self.sets += 1;
+    }
+    fn row(&mut self) {
+        self.rows += 1;
+    }
+    fn prepared(&mut self, id: u32, c: u16, p: u16) {
+        self.prepared = Some((id, c, p));
+    }
+}
+
+/// Feeds `stream` to a tracker `chunk` bytes at a time the way the relay does (unconsumed bytes
+/// stay in the buffer) and returns the bytes forwarded and the final state.
+fn drive(t: &mut ResponseTracker, stream: &[u8], chunk: usize, sink: &mut Count) -> (usize, State) {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut fed = 0;
+    let mut forwarded = 0;
+    loop {
+        let s = t.scan(&buf, sink).expect("well-formed stream");
+        forwarded += s.consumed;
+        buf.drain(..s.consumed);
+        if s.state != State::Pending {
+            return (forwarded, s.state);
+        }
+        assert!(fed < stream.len(), "tracker wants more than the stream has");
+        let n = chunk.min(stream.len() - fed);
+        buf.extend_from_slice(&stream[fed..fed + n]);
+        fed += n;
+    }
+}
+
+fn check(expect: Expect, deprecate_eof: bool, stream: &[u8]) -> Count {
+    let mut last = None;
+    for chunk in [1, 2, 3, 7, 64, usize::MAX] {
+        let mut t = ResponseTracker::new(deprecate_eof, true);
+        t.start(expect);
+        let mut c = Count::default();
+        let (n, state) = drive(&mut t, stream, chunk, &mut c);
+        assert_eq!(n, stream.len(), "chunk {chunk}: response must end exactly at the stream's end");
+        assert_eq!(state, State::Done);
+        last = Some(c);
+    }
+    last.unwrap()
+}
+
+#[test]
+fn ok_and_err() {
+    let c = check(Expect::Results, true, &Stream::new().ok(status::AUTOCOMMIT).out);
+    assert_eq!(c.oks, 1);
+    let c = check(Expect::Results, true, &Stream::new().err().out);
+    assert_eq!(c.errs, 1);
+}
+
+#[test]
+fn text_result_classic_eof() {
+    let mut s = Stream::new();
+    s.count(2).coldef().coldef().eof(0).row(b"").row(b"x").eof(status::AUTOCOMMIT);
+    let c = check(Expect::Results, false, &s.out);
+    assert_eq!((c.sets, c.rows, c.eofs), (1, 2, 2));
+}
+
+#[test]
+fn text_result_deprecate_eof_with_empty_string_rows() {
+    // A row whose first column is the empty string starts with 0x00 and must not end the result.
+    let mut s = Stream::new();
+    s.count(1).coldef().row(b"").row(b"").ok_eof(status::AUTOCOMMIT);
+    let c = check(Expect::Results, true, &s.out);
+    assert_eq!((c.rows, c.oks), (2, 1));
+}
+
+#[test]
+fn multi_results() {
+    let mut s = Stream::new();
+    s.count(1).coldef().row(b"1").ok_eof(status::MORE_RESULTS_EXISTS);
+    s.ok(status::MORE_RESULTS_EXISTS);
+    s.count(1).coldef().row(b"2").ok_eof(0);
+    let c = check(Expect::Results, true, &s.out);
+    assert_eq!((c.sets, c.rows, c.oks), (2, 2, 3));
+}
+
+#[test]
+fn error_in_the_middle_of_rows() {
+    let mut s = Stream::new();
+    s.count(1).coldef().row(b"1").err();
+    let c = check(Expect::Results, true, &s.out);
+    assert_eq!((c.rows, c.errs), (1, 1));
+}
+
+#[test]
+fn rows_larger_than_one_packet() {
+    let big = vec![b'z'; MAX_PAYLOAD * 2 + 100];
+    let mut s = Stream::new();
+    s.count(1).coldef().row(&big).row(b"small").ok_eof(0);
+    let mut t = ResponseTracker::new(true, true);
+    t.start(Expect::Results);
+    let mut c = Count::default();
+    let (n, st) = drive(&mut t, &s.out, 1 << 20, &mut c);
+    assert_eq!((n, st, c.rows), (s.out.len(), State::Done, 2));
+}
+
+#[test]
+fn row_that_starts_with_fe_is_a_row() {
+    // A text value of 16 MiB or more starts with the lenenc marker 0xfe.
+    let big = vec![b'q'; MAX_PAYLOAD + 5];
+    let mut s = Stream::new();
+    s.count(1).coldef().row(&big).ok_eof(0);
+    let mut t = ResponseTracker::new(true, true);
+    t.start(Expect::Results);
+    let mut c = Count::default();
+    let (n, _) = drive(&mut t, &s.out, 1 << 16, &mut c);
+    assert_eq!((n, c.rows, c.oks), (s.out.len(), 1, 1));
+}
+
+#[test]
+fn prepare_with_params_and_columns() {
+    let mut p = vec![0u8];
+    p.extend_from_slice(&7u32.to_le_bytes());
+    p.extend_from_slice(&2u16.to_le_bytes());
+    p.extend_from_slice(&1u16.to_le_bytes());
+    p.extend_from_slice(&[0, 0, 0]);
+    for deprecate in [false, true] {
+        let mut s = Stream::new();
+        s.packet(&p).coldef();
+        if !deprecate {
+            s.eof(0);
+        }
+        s.coldef().coldef();
+        if !deprecate {
+            s.eof(0);
+        }
+        let c = check(Expect::Prepare, deprecate, &s.out);
+        assert_eq!(c.prepared, Some((7, 2, 1)));
+    }
+}
+
+#[test]
+fn cursor_open_ends_after_metadata() {
+    let mut s = Stream::new();
+    s.count(1).coldef().eof(status::CURSOR_EXISTS);
+    check(Expect::Results, false, &s.out);
+    let mut s = Stream::new();
+    s.row(b"1").eof(status::CURSOR_EXISTS | status::LAST_ROW_SENT);
+    check(Expect::Rows, false, &s.out);
+}
+
+#[test]
+fn local_infile_pauses_and_resumes() {
+    let s = Stream::new().packet(b"\xfb/tmp/data.csv").out.clone();
+    let mut t = ResponseTracker::new(true, true);
+    t.start(Expect::Results);
+    let r = t.scan(&s, &mut NoSink).unwrap();
+    assert_eq!((r.consumed, r.state), (s.len(), State::LocalInfile));
+    t.after_infile();
+    let ok = Stream::new().ok(0).out.clone();
+    let r = t.scan(&ok, &mut NoSink).unwrap();
+    assert_eq!((r.consumed, r.state), (ok.len(), State::Done));
+}
+
+#[test]
+fn field_list_and_single_and_nothing() {
+    let mut s = Stream::new();
+    s.coldef().coldef().eof(0);
+    check(Expect::FieldList, false, &s.out);
+    check(Expect::Single, true, &Stream::new().packet(b"Uptime: 5").out);
+    let mut t = ResponseTracker::new(true, true);
+    t.start(Expect::Nothing);
+    assert_eq!(t.scan(&[], &mut NoSink).unwrap().state, State::Done);
+}
+
+#[test]
+fn garbage_is_an_error_not_a_panic() {
+    let mut t = ResponseTracker::new(false, true);
+    t.start(Expect::Results);
+    let mut s = Stream::new();
+    s.count(1).coldef().packet(b"\x42nonsense");
+    assert!(t.scan(&s.out, &mut NoSink).is_err());
+    let mut t = ResponseTracker::new(true, true);
+    t.start(Expect::Results);
+    assert!(t.scan(&[0xff, 0xff, 0xff, 0, 0], &mut NoSink).is_err());
+}
