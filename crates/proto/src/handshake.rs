@@ -325,3 +325,85 @@ mod tests {
         assert!(HandshakeResponse::parse(&out[..20]).is_err());
     }
 }
+
+/// COM_CHANGE_USER.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangeUser {
+    pub user: Vec<u8>,
+    pub auth_response: Vec<u8>,
+    pub database: Vec<u8>,
+    pub collation: Option<u16>,
+    pub auth_plugin: Option<Vec<u8>>,
+    /// The connection-attributes block, kept as sent.
+    pub attributes: Option<Vec<u8>>,
+}
+
+impl ChangeUser {
+    /// Parses a COM_CHANGE_USER payload (including the command byte) sent by a client with
+    /// `caps` in force.
+    pub fn parse(payload: &[u8], caps: u32) -> Result<ChangeUser, Malformed> {
+        let mut r = Reader::new(payload);
+        if r.u8("command")? != crate::consts::com::CHANGE_USER {
+            return Err(Malformed("not COM_CHANGE_USER"));
+        }
+        let user = r.nul_str("user")?.to_vec();
+        let auth_response = if caps & cap::SECURE_CONNECTION != 0 {
+            let n = r.u8("auth length")? as usize;
+            r.bytes(n, "auth response")?.to_vec()
+        } else {
+            r.nul_str("auth response")?.to_vec()
+        };
+        let database = r.nul_str_or_rest().to_vec();
+        let mut cu = ChangeUser { user, auth_response, database, ..Default::default() };
+        if r.remaining() >= 2 {
+            cu.collation = Some(r.u16("collation")?);
+            if caps & cap::PLUGIN_AUTH != 0 && !r.is_empty() {
+                cu.auth_plugin = Some(r.nul_str_or_rest().to_vec());
+            }
+            if caps & cap::CONNECT_ATTRS != 0 && !r.is_empty() {
+                cu.attributes = Some(r.rest().to_vec());
+            }
+        }
+        Ok(cu)
+    }
+
+    pub fn write(&self, out: &mut Vec<u8>) {
+        out.push(crate::consts::com::CHANGE_USER);
+        put_nul_str(out, &self.user);
+        let n = self.auth_response.len().min(255);
+        out.push(n as u8);
+        out.extend_from_slice(&self.auth_response[..n]);
+        put_nul_str(out, &self.database);
+        if let Some(c) = self.collation {
+            out.extend_from_slice(&c.to_le_bytes());
+            if let Some(p) = &self.auth_plugin {
+                put_nul_str(out, p);
+            }
+            if let Some(a) = &self.attributes {
+                out.extend_from_slice(a);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod change_user_tests {
+    use super::*;
+
+    #[test]
+    fn change_user_round_trip() {
+        let cu = ChangeUser {
+            user: b"bob".to_vec(),
+            auth_response: vec![1; 20],
+            database: b"test".to_vec(),
+            collation: Some(45),
+            auth_plugin: Some(b"mysql_native_password".to_vec()),
+            attributes: Some(vec![0]),
+        };
+        let mut out = Vec::new();
+        cu.write(&mut out);
+        let caps = cap::SECURE_CONNECTION | cap::PLUGIN_AUTH | cap::CONNECT_ATTRS;
+        assert_eq!(ChangeUser::parse(&out, caps).unwrap(), cu);
+        assert!(ChangeUser::parse(&out[..3], caps).is_err());
+    }
+}

@@ -12,5 +12,6 @@ pub mod consts;
 pub mod handshake;
 pub mod packet;
 pub mod response;
+pub mod sql;
 
 pub use packet::Malformed;

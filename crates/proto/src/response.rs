@@ -129,6 +129,11 @@ impl ResponseTracker {
         self.phase = Phase::First;
     }
 
+    /// True when the next byte would start a packet (an error can be injected cleanly).
+    pub fn at_packet_boundary(&self) -> bool {
+        self.skip == 0 && !self.continued
+    }
+
     pub fn is_done(&self) -> bool {
         self.phase == Phase::Done
     }

@@ -1,0 +1,196 @@
+//! Users mode: sluice checks client passwords against `[[users]]` and keeps what it needs to log
+//! in to backends as the same user. Secrets are never logged (`Debug` is redacted).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+use sluice_proto::auth;
+
+use crate::backend::conn::Credential;
+use crate::config::UserConfig;
+
+pub struct User {
+    pub name: String,
+    /// The clear password, when configured so.
+    password: Option<Vec<u8>>,
+    /// SHA1(SHA1(password)).
+    native_stage2: [u8; 20],
+    /// SHA1(password) recovered from a client's reply when only the hash is configured.
+    recovered_stage1: Mutex<Option<[u8; 20]>>,
+    pub max_connections: usize,
+    pub require_tls: bool,
+    pub connections: AtomicUsize,
+}
+
+impl std::fmt::Debug for User {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("User").field("name", &self.name).field("secrets", &"<redacted>").finish()
+    }
+}
+
+/// The outcome of checking a client's first auth reply.
+pub enum Check {
+    /// Accepted.
+    Ok,
+    /// Rejected.
+    Denied,
+    /// The client used another plugin: ask it to switch to mysql_native_password.
+    SwitchToNative,
+}
+
+impl User {
+    fn from_config(c: &UserConfig) -> User {
+        let (password, native_stage2) = match (&c.password, &c.password_hash) {
+            (Some(p), _) => (Some(p.as_bytes().to_vec()), auth::native_stage2(p.as_bytes())),
+            (None, Some(h)) => (None, auth::parse_native_hash(h.get_ref()).unwrap_or([0; 20])),
+            (None, None) => (Some(Vec::new()), auth::native_stage2(b"")),
+        };
+        User {
+            name: c.name.clone(),
+            password,
+            native_stage2,
+            recovered_stage1: Mutex::new(None),
+            max_connections: c.max_connections,
+            require_tls: c.require_tls,
+            connections: AtomicUsize::new(0),
+        }
+    }
+
+    fn has_empty_password(&self) -> bool {
+        self.password.as_deref() == Some(b"")
+    }
+
+    /// Checks the reply a client computed with `plugin` over `scramble`.
+    pub fn check(&self, plugin: &[u8], scramble: &[u8], reply: &[u8]) -> Check {
+        if plugin == auth::NATIVE {
+            if reply.is_empty() {
+                return if self.has_empty_password() { Check::Ok } else { Check::Denied };
+            }
+            if self.has_empty_password() {
+                return Check::Denied;
+            }
+            return match auth::verify_native(scramble, reply, &self.native_stage2) {
+                Some(stage1) => {
+                    if self.password.is_none() {
+                        *self.recovered_stage1.lock() = Some(stage1);
+                    }
+                    Check::Ok
+                }
+                None => Check::Denied,
+            };
+        }
+        if plugin == auth::CACHING_SHA2 {
+            if let Some(pw) = &self.password {
+                if reply.is_empty() || reply == [0] {
+                    return if pw.is_empty() { Check::Ok } else { Check::Denied };
+                }
+                if pw.is_empty() {
+                    return Check::Denied;
+                }
+                return if auth::verify_sha2(scramble, reply, &auth::sha2_stage2(pw)) { Check::Ok } else { Check::Denied };
+            }
+        }
+        Check::SwitchToNative
+    }
+
+    /// Checks a clear-text password (caching_sha2 full authentication).
+    pub fn check_clear(&self, password: &[u8]) -> bool {
+        match &self.password {
+            Some(pw) => auth::verify_clear(pw, password),
+            None => {
+                let ok: bool = subtle::ConstantTimeEq::ct_eq(&auth::native_stage2(password)[..], &self.native_stage2[..]).into();
+                if ok {
+                    *self.recovered_stage1.lock() = Some(auth::native_stage1(password));
+                }
+                ok
+            }
+        }
+    }
+
+    /// What sluice logs in to backends with.
+    pub fn credential(&self) -> Option<Credential> {
+        match &self.password {
+            Some(pw) => Some(Credential::Password(pw.clone())),
+            None => (*self.recovered_stage1.lock()).map(Credential::NativeStage1),
+        }
+    }
+
+    /// Counts a connection against the user's limit; false when the limit is reached.
+    pub fn acquire(&self) -> bool {
+        let n = self.connections.fetch_add(1, Ordering::Relaxed);
+        if self.max_connections > 0 && n >= self.max_connections {
+            self.connections.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    pub fn release(&self) {
+        self.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Users {
+    map: HashMap<String, User>,
+}
+
+impl Users {
+    pub fn from_config(users: &[UserConfig]) -> Users {
+        Users { map: users.iter().map(|u| (u.name.clone(), User::from_config(u))).collect() }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&User> {
+        self.map.get(name)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// A user that does not exist: checked like a real one so that timing does not tell.
+pub fn phantom_check(scramble: &[u8], reply: &[u8]) {
+    let _ = auth::verify_native(scramble, reply, &[0x5a; 20]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(pw: Option<&str>, hash: Option<&str>) -> User {
+        let text = match (pw, hash) {
+            (Some(p), _) => format!("[[users]]\nname='u'\npassword='{p}'\n"),
+            (None, Some(h)) => format!("[[users]]\nname='u'\npassword_hash='{h}'\n"),
+            _ => "[[users]]\nname='u'\n".into(),
+        };
+        let cfg = crate::config::Config::parse(&text).unwrap();
+        User::from_config(&cfg.users[0])
+    }
+
+    #[test]
+    fn native_and_sha2_and_hash_only() {
+        let s = b"01234567890123456789";
+        let u = user(Some("pw"), None);
+        let good = auth::native_reply_from_stage1(s, &auth::native_stage1(b"pw"));
+        assert!(matches!(u.check(auth::NATIVE, s, &good), Check::Ok));
+        assert!(matches!(u.check(auth::NATIVE, s, &[1; 20]), Check::Denied));
+        assert!(matches!(u.check(auth::NATIVE, s, b""), Check::Denied));
+        assert!(matches!(u.check(auth::CACHING_SHA2, s, &auth::sha2_reply(s, b"pw")), Check::Ok));
+        assert!(matches!(u.check(auth::CACHING_SHA2, s, &auth::sha2_reply(s, b"px")), Check::Denied));
+        assert!(matches!(u.check(auth::ED25519, s, b"x"), Check::SwitchToNative));
+
+        let h = user(None, Some("*14E65567ABDB5135D0CFD9A70B3032C179A49EE7"));
+        assert!(h.credential().is_none());
+        let good = auth::native_reply_from_stage1(s, &auth::native_stage1(b"secret"));
+        assert!(matches!(h.check(auth::NATIVE, s, &good), Check::Ok));
+        assert!(matches!(h.credential(), Some(Credential::NativeStage1(s1)) if s1 == auth::native_stage1(b"secret")));
+        assert!(matches!(h.check(auth::CACHING_SHA2, s, &[0; 32]), Check::SwitchToNative));
+
+        let e = user(None, None);
+        assert!(matches!(e.check(auth::NATIVE, s, b""), Check::Ok));
+        assert!(matches!(e.check(auth::NATIVE, s, &good), Check::Denied));
+        assert!(format!("{e:?}").contains("redacted"));
+    }
+}

@@ -1,0 +1,175 @@
+//! Opening a connection to a backend: connect, read its greeting, optionally switch to TLS,
+//! and log in either with credentials sluice holds or by relaying a client's login.
+
+use std::time::Duration;
+
+use sluice_proto::auth;
+use sluice_proto::consts::cap;
+use sluice_proto::handshake::{AuthSwitch, Greeting, HandshakeResponse, write_ssl_request};
+use tokio::net::{TcpStream, UnixStream};
+
+use super::Backend;
+use crate::config::Address;
+use crate::error::{Error, Result, Side};
+use crate::net::{PacketConn, Stream, tune_tcp};
+
+/// Largest packet accepted from a backend during the connection phase.
+const LOGIN_PACKET_LIMIT: usize = 1 << 20;
+
+/// Connects and reads the greeting, all within `timeout`. Failures are retry-safe.
+pub async fn open(b: &Backend, timeout: Duration) -> Result<(PacketConn, Greeting)> {
+    let res = tokio::time::timeout(timeout, async {
+        let stream = match &b.address {
+            Address::Tcp(a) => {
+                let s = TcpStream::connect(a).await.map_err(|e| Error::connect(format!("connect: {e}")))?;
+                tune_tcp(&s);
+                Stream::Tcp(s)
+            }
+            Address::Unix(p) => Stream::Unix(UnixStream::connect(p).await.map_err(|e| Error::connect(format!("connect: {e}")))?),
+        };
+        let mut conn = PacketConn::new(stream);
+        let (_, payload) = conn
+            .read_packet(LOGIN_PACKET_LIMIT)
+            .await
+            .map_err(|e| Error::connect(format!("reading greeting: {e}")))?;
+        if payload.first() == Some(&0xff) {
+            let e = sluice_proto::basic::Err::parse(&payload).map_err(|e| Error::connect(e.to_string()))?;
+            return Err(Error::connect(format!("refused: {} {}", e.code, String::from_utf8_lossy(e.message))));
+        }
+        let g = Greeting::parse(&payload).map_err(|e| Error::connect(format!("greeting: {e}")))?;
+        if g.capabilities & cap::PROTOCOL_41 == 0 {
+            return Err(Error::connect("backend does not speak protocol 4.1"));
+        }
+        Ok((conn, g))
+    })
+    .await;
+    let res = match res {
+        Ok(r) => r,
+        Err(_) => Err(Error::connect(format!("no greeting within {timeout:?}"))),
+    };
+    match &res {
+        Ok((_, g)) => b.remember_greeting(g),
+        Err(_) => {
+            b.metrics.connect_errors.inc();
+        }
+    }
+    res
+}
+
+/// Switches to TLS when the backend is configured for it. Returns the connection and the
+/// sequence id the handshake response must use.
+pub async fn maybe_tls(b: &Backend, conn: PacketConn, g: &Greeting, hr: &HandshakeResponse) -> Result<(PacketConn, u8)> {
+    let Some(tls) = &b.tls else { return Ok((conn, 1)) };
+    if g.capabilities & cap::SSL == 0 {
+        return Err(Error::connect("backend TLS is configured but the backend does not offer TLS"));
+    }
+    let mut conn = conn;
+    let mut req = Vec::with_capacity(32);
+    write_ssl_request(&mut req, hr.capabilities | cap::SSL, hr.mariadb_capabilities, hr.max_packet, hr.collation);
+    conn.write_packet(&req, 1).await.map_err(|e| Error::connect(format!("SSL request: {e}")))?;
+    let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+    let s = connector
+        .connect(tls.server_name.clone(), conn.stream)
+        .await
+        .map_err(|e| Error::connect(format!("TLS handshake: {e}")))?;
+    Ok((PacketConn::new(Stream::Tls(Box::new(tokio_rustls::TlsStream::Client(s)))), 2))
+}
+
+/// The capabilities sluice asks a backend for on behalf of a client.
+pub fn backend_capabilities(client: u32, g: &Greeting, tls: bool) -> u32 {
+    let mut c = client & g.capabilities & !cap::TRANSPORT;
+    if tls {
+        c |= cap::SSL;
+    }
+    c | cap::PROTOCOL_41 | cap::SECURE_CONNECTION | cap::PLUGIN_AUTH
+}
+
+/// Credentials sluice holds for logging in as a user.
+#[derive(Clone)]
+pub enum Credential {
+    /// The clear-text password.
+    Password(Vec<u8>),
+    /// SHA1(password), recovered from a client's mysql_native_password reply.
+    NativeStage1([u8; 20]),
+}
+
+impl Credential {
+    fn reply(&self, plugin: &[u8], scramble: &[u8], tls: bool) -> Result<Vec<u8>> {
+        match (plugin, self) {
+            (p, Credential::Password(pw)) if p == auth::NATIVE => {
+                Ok(if pw.is_empty() { vec![] } else { auth::native_reply_from_stage1(scramble, &auth::native_stage1(pw)).to_vec() })
+            }
+            (p, Credential::NativeStage1(s1)) if p == auth::NATIVE => Ok(auth::native_reply_from_stage1(scramble, s1).to_vec()),
+            (p, Credential::Password(pw)) if p == auth::CACHING_SHA2 => Ok(auth::sha2_reply(scramble, pw).to_vec()),
+            (p, Credential::Password(pw)) if p == auth::CLEAR && tls => {
+                let mut v = pw.clone();
+                v.push(0);
+                Ok(v)
+            }
+            (p, _) => Err(Error::backend(format!(
+                "backend asks for auth plugin {} which sluice cannot use with the credentials it holds",
+                String::from_utf8_lossy(p)
+            ))),
+        }
+    }
+}
+
+/// Logs in to a backend with credentials sluice holds (health checks, users mode).
+/// `hr` carries the user, schema, collation, attributes and capabilities.
+pub async fn login(b: &Backend, conn: PacketConn, g: &Greeting, mut hr: HandshakeResponse, cred: &Credential) -> Result<PacketConn> {
+    let plugin = if g.auth_plugin.is_empty() { auth::NATIVE.to_vec() } else { g.auth_plugin.clone() };
+    let (mut conn, seq) = maybe_tls(b, conn, g, &hr).await?;
+    let tls = conn.stream.is_tls();
+    hr.auth_response = cred.reply(&plugin, &g.scramble, tls)?;
+    hr.auth_plugin = Some(plugin);
+    let mut out = Vec::new();
+    hr.write(&mut out);
+    conn.write_packet(&out, seq).await.map_err(|e| Error::io(Side::Backend, "login", e))?;
+    let io = |e| Error::io(Side::Backend, "login", e);
+    loop {
+        let (s, p) = conn.read_packet(LOGIN_PACKET_LIMIT).await.map_err(io)?;
+        let seq = s.wrapping_add(1);
+        match p.first() {
+            Some(0x00) => return Ok(conn),
+            Some(0xff) => {
+                let e = sluice_proto::basic::Err::parse(&p).map_err(|e| Error::malformed(Side::Backend, e))?;
+                let mut err = Error::backend(String::from_utf8_lossy(e.message).into_owned());
+                err.code = e.code;
+                err.sql_state = e.sql_state;
+                return Err(err);
+            }
+            Some(0xfe) => {
+                let sw = AuthSwitch::parse(&p).map_err(|e| Error::malformed(Side::Backend, e))?;
+                let reply = cred.reply(sw.plugin, sw.data, tls)?;
+                conn.write_packet(&reply, seq).await.map_err(io)?;
+            }
+            // caching_sha2: 0x01 0x03 = fast auth succeeded (OK follows); 0x01 0x04 = full auth.
+            Some(0x01) if p.get(1) == Some(&3) => {}
+            Some(0x01) if p.get(1) == Some(&4) => {
+                let Credential::Password(pw) = cred else {
+                    return Err(Error::backend("backend wants full caching_sha2 authentication; sluice holds no clear password"));
+                };
+                if !tls && !b.address_is_unix() {
+                    return Err(Error::backend("backend wants the clear password over an unencrypted connection; configure tls"));
+                }
+                let mut v = pw.clone();
+                v.push(0);
+                conn.write_packet(&v, seq).await.map_err(io)?;
+            }
+            _ => return Err(Error::backend("unexpected packet during login")),
+        }
+    }
+}
+
+impl Backend {
+    fn address_is_unix(&self) -> bool {
+        matches!(self.address, Address::Unix(_))
+    }
+}
+
+/// Sends COM_QUIT (so the server does not count an aborted connection) and closes.
+pub async fn quit(mut conn: PacketConn) {
+    use tokio::io::AsyncWriteExt;
+    let _ = conn.write_packet(&[sluice_proto::consts::com::QUIT], 0).await;
+    let _ = conn.stream.shutdown().await;
+}

@@ -1,0 +1,170 @@
+//! Backends: their addresses, health state and load, and connecting to them.
+
+pub mod conn;
+mod tls;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use crate::config::{Address, BackendConfig, parse_address};
+use crate::metrics::BackendMetrics;
+
+pub use tls::BackendTls;
+
+/// What the last greeting told about a backend.
+#[derive(Debug, Clone, Default)]
+pub struct ServerInfo {
+    pub version: Vec<u8>,
+    pub capabilities: u32,
+    pub mariadb_capabilities: u32,
+    pub collation: u8,
+}
+
+/// Health bookkeeping, changed by the health checker.
+#[derive(Debug, Clone)]
+pub struct HealthState {
+    /// Why the backend is out, or the last check's failure while it is still in.
+    pub reason: Option<String>,
+    pub consecutive_ok: u32,
+    pub consecutive_fail: u32,
+    pub checks: u64,
+    pub since: Instant,
+    pub last_check: Option<Instant>,
+}
+
+pub struct Backend {
+    pub index: usize,
+    pub name: String,
+    pub address: Address,
+    pub weight: u32,
+    pub tls: Option<BackendTls>,
+    up: AtomicBool,
+    /// Client sessions currently bound to this backend.
+    pub sessions: AtomicUsize,
+    pub metrics: BackendMetrics,
+    /// When the backend last served traffic (passive health).
+    pub activity: crate::health::Activity,
+    pub health: Mutex<HealthState>,
+    pub info: Mutex<Option<ServerInfo>>,
+}
+
+impl Backend {
+    pub fn from_config(index: usize, c: &BackendConfig, metrics: BackendMetrics) -> Result<Backend, String> {
+        let address = parse_address(c.address.get_ref())?;
+        let tls = if c.tls { Some(BackendTls::new(c, &address)?) } else { None };
+        metrics.up.set(1);
+        Ok(Backend {
+            index,
+            name: c.name.clone().unwrap_or_else(|| c.address.get_ref().clone()),
+            address,
+            weight: c.weight.max(1),
+            tls,
+            up: AtomicBool::new(true),
+            sessions: AtomicUsize::new(0),
+            metrics,
+            activity: Default::default(),
+            health: Mutex::new(HealthState {
+                reason: None,
+                consecutive_ok: 0,
+                consecutive_fail: 0,
+                checks: 0,
+                since: Instant::now(),
+                last_check: None,
+            }),
+            info: Mutex::new(None),
+        })
+    }
+
+    #[inline]
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    pub fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Relaxed);
+        self.metrics.up.set(up as i64);
+    }
+
+    /// Records that a session is bound here; the guard unbinds it when dropped.
+    pub fn bind(self: &Arc<Self>) -> BackendGuard {
+        self.sessions.fetch_add(1, Ordering::Relaxed);
+        self.metrics.sessions.inc();
+        BackendGuard(self.clone())
+    }
+
+    pub fn remember_greeting(&self, g: &sluice_proto::handshake::Greeting) {
+        *self.info.lock() = Some(ServerInfo {
+            version: g.server_version.clone(),
+            capabilities: g.capabilities,
+            mariadb_capabilities: g.mariadb_capabilities,
+            collation: g.collation,
+        });
+    }
+
+    /// Why this backend cannot take a session, for error messages and the admin API.
+    pub fn out_reason(&self) -> String {
+        self.health.lock().reason.clone().unwrap_or_else(|| "marked down".into())
+    }
+}
+
+/// A session's claim on a backend, released on drop.
+pub struct BackendGuard(pub Arc<Backend>);
+
+impl Drop for BackendGuard {
+    fn drop(&mut self) {
+        self.0.sessions.fetch_sub(1, Ordering::Relaxed);
+        self.0.metrics.sessions.dec();
+    }
+}
+
+impl std::ops::Deref for BackendGuard {
+    type Target = Arc<Backend>;
+    fn deref(&self) -> &Arc<Backend> {
+        &self.0
+    }
+}
+
+/// All configured backends.
+pub struct Backends {
+    pub list: Vec<Arc<Backend>>,
+}
+
+impl Backends {
+    pub fn new(list: Vec<Backend>) -> Backends {
+        Backends { list: list.into_iter().map(Arc::new).collect() }
+    }
+
+    /// The server facts sluice's own greeting repeats: those of an up backend if one has been
+    /// seen, else of any backend that has greeted once.
+    pub fn server_info(&self) -> Option<ServerInfo> {
+        let mut fallback = None;
+        for b in &self.list {
+            if let Some(i) = b.info.lock().clone() {
+                if b.is_up() {
+                    return Some(i);
+                }
+                fallback.get_or_insert(i);
+            }
+        }
+        fallback
+    }
+
+    /// One line per backend saying why it is not usable (for "no backend" errors).
+    pub fn describe_unusable(&self, tried: &[(usize, String)]) -> String {
+        self.list
+            .iter()
+            .map(|b| {
+                let why = tried
+                    .iter()
+                    .find(|(i, _)| *i == b.index)
+                    .map(|(_, e)| e.clone())
+                    .unwrap_or_else(|| if b.is_up() { "not tried".into() } else { format!("down: {}", b.out_reason()) });
+                format!("{} ({}): {}", b.name, b.address, why)
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}

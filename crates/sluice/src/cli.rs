@@ -1,0 +1,97 @@
+//! Command line: `sluice [--config FILE] [quick-start flags]` and `sluice check-config FILE`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{AdminConfig, BackendConfig, Config, ConfigError, ListenerConfig, RuntimeFlavor};
+
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about = "A MySQL-protocol database proxy")]
+pub struct Cli {
+    /// Configuration file (TOML). Flags below override what it says.
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    /// Listen on HOST:PORT or a Unix socket path (repeatable). Default 127.0.0.1:6033.
+    #[arg(long = "listen", value_name = "ADDR")]
+    pub listen: Vec<String>,
+    /// A backend HOST:PORT or Unix socket path (repeatable).
+    #[arg(long = "backend", value_name = "ADDR")]
+    pub backend: Vec<String>,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Admin HTTP API address, e.g. 127.0.0.1:6034.
+    #[arg(long)]
+    pub admin: Option<String>,
+    /// Runtime flavour: per-core or multi.
+    #[arg(long, value_parser = parse_flavor)]
+    pub runtime: Option<RuntimeFlavor>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate a configuration file without starting.
+    CheckConfig { file: PathBuf },
+}
+
+fn parse_flavor(s: &str) -> Result<RuntimeFlavor, String> {
+    match s {
+        "per-core" => Ok(RuntimeFlavor::PerCore),
+        "multi" => Ok(RuntimeFlavor::Multi),
+        _ => Err("expected per-core or multi".into()),
+    }
+}
+
+fn spanned(s: &str) -> toml::Spanned<String> {
+    // Values from flags have no position in a file.
+    toml::Spanned::new(0..0, s.to_string())
+}
+
+impl Cli {
+    /// The configuration: the file (if any) with the flags applied on top.
+    pub fn config(&self) -> Result<Config, ConfigError> {
+        let mut cfg = match &self.config {
+            Some(p) => Config::load(p)?,
+            None => Config::default(),
+        };
+        let flag_err = |m: String| ConfigError { file: None, line: None, message: m };
+        if !self.listen.is_empty() {
+            cfg.listeners = self.listen.iter().map(|a| ListenerConfig { address: spanned(a), auth: None }).collect();
+        }
+        if cfg.listeners.is_empty() {
+            cfg.listeners.push(ListenerConfig { address: spanned("127.0.0.1:6033"), auth: None });
+        }
+        if !self.backend.is_empty() {
+            cfg.backends = self
+                .backend
+                .iter()
+                .map(|a| BackendConfig { address: spanned(a), name: None, weight: 1, tls: false, tls_ca: None, tls_skip_verify: false })
+                .collect();
+        }
+        if let Some(w) = self.workers {
+            cfg.proxy.workers = w;
+        }
+        if let Some(r) = self.runtime {
+            cfg.proxy.runtime = r;
+        }
+        if let Some(a) = &self.admin {
+            cfg.admin = AdminConfig { listen: Some(spanned(a)), token: cfg.admin.token.clone() };
+        }
+        for l in &cfg.listeners {
+            crate::config::parse_address(l.address.get_ref()).map_err(|m| flag_err(format!("--listen: {m}")))?;
+        }
+        for b in &cfg.backends {
+            crate::config::parse_address(b.address.get_ref()).map_err(|m| flag_err(format!("--backend: {m}")))?;
+        }
+        if let Some(a) = &cfg.admin.listen {
+            crate::config::parse_address(a.get_ref()).map_err(|m| flag_err(format!("--admin: {m}")))?;
+        }
+        if cfg.backends.is_empty() {
+            return Err(flag_err("no backends: give --backend HOST:PORT or [[backends]] in the config file".into()));
+        }
+        Ok(cfg)
+    }
+}

@@ -1,0 +1,380 @@
+//! Configuration: one TOML file (see `sluice.example.toml`), or the quick-start flags.
+//! Errors name the key and the line.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+use toml::Spanned;
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub proxy: ProxyConfig,
+    #[serde(default)]
+    pub listeners: Vec<ListenerConfig>,
+    #[serde(default)]
+    pub backends: Vec<BackendConfig>,
+    #[serde(default)]
+    pub users: Vec<UserConfig>,
+    #[serde(default)]
+    pub health: HealthConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// Certificate and key for TLS from clients.
+    pub tls: Option<TlsConfig>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuntimeFlavor {
+    /// One current-thread runtime per worker thread, each with its own SO_REUSEPORT listener.
+    #[default]
+    PerCore,
+    /// One tokio multi-thread runtime with work stealing.
+    Multi,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    #[default]
+    LeastConnections,
+    RoundRobin,
+    WeightedRandom,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthMode {
+    /// Sluice relays the client's login to the backend and never knows a password.
+    Passthrough,
+    /// Sluice checks passwords against `[[users]]` and logs in to backends itself.
+    Users,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    /// Worker threads; 0 means one per core.
+    pub workers: usize,
+    pub runtime: RuntimeFlavor,
+    pub balance: Policy,
+    pub max_connections: usize,
+    /// Per-user limit on client connections; 0 means none.
+    pub max_connections_per_user: usize,
+    #[serde(deserialize_with = "duration")]
+    pub handshake_timeout: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub connect_timeout: Duration,
+    /// Client connections idle longer than this are closed; 0 disables.
+    #[serde(deserialize_with = "duration")]
+    pub idle_timeout: Duration,
+    /// Largest command a client may send, in bytes (across 16 MiB packet boundaries).
+    pub max_packet_size: u64,
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            workers: 0,
+            runtime: RuntimeFlavor::PerCore,
+            balance: Policy::LeastConnections,
+            max_connections: 10_000,
+            max_connections_per_user: 0,
+            handshake_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::ZERO,
+            max_packet_size: 1 << 30,
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// `HOST:PORT` for TCP, or an absolute path for a Unix socket.
+    pub address: Spanned<String>,
+    /// Defaults to `users` when `[[users]]` are configured, else `passthrough`.
+    pub auth: Option<AuthMode>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// `HOST:PORT`, or an absolute path for a Unix socket.
+    pub address: Spanned<String>,
+    /// A name for logs, metrics and the admin API; defaults to the address.
+    pub name: Option<String>,
+    #[serde(default = "one")]
+    pub weight: u32,
+    /// Use TLS to this backend.
+    #[serde(default)]
+    pub tls: bool,
+    /// CA bundle to verify the backend's certificate; the system roots are not used.
+    pub tls_ca: Option<PathBuf>,
+    /// Skip certificate verification (test setups only).
+    #[serde(default)]
+    pub tls_skip_verify: bool,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    pub name: String,
+    /// Clear-text password.
+    pub password: Option<String>,
+    /// mysql_native_password hash: `*` and 40 hex digits, as in mysql.user.
+    pub password_hash: Option<Spanned<String>>,
+    #[serde(default)]
+    pub max_connections: usize,
+    #[serde(default)]
+    pub require_tls: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    pub rise: u32,
+    pub fall: u32,
+    /// With a monitor user, checks log in and ping; without, they read the greeting and leave.
+    pub user: Option<String>,
+    pub password: Option<String>,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            rise: 2,
+            fall: 3,
+            user: None,
+            password: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// `HOST:PORT` of the admin HTTP API; unset disables it.
+    pub listen: Option<Spanned<String>>,
+    /// Bearer token required on every admin request when set.
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Parses "250ms", "10s", "5m", "2h", or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let secs = match unit.trim() {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return None,
+    };
+    (secs >= 0.0 && secs.is_finite()).then(|| Duration::from_secs_f64(secs))
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Secs(u64),
+        Text(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Secs(n) => Ok(Duration::from_secs(n)),
+        Raw::Text(s) => parse_duration(&s)
+            .ok_or_else(|| serde::de::Error::custom(format!("invalid duration {s:?} (use e.g. \"500ms\", \"10s\", \"5m\")"))),
+    }
+}
+
+/// A configuration error, with the line it refers to when known.
+#[derive(Debug)]
+pub struct ConfigError {
+    pub file: Option<PathBuf>,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.file, self.line) {
+            (Some(p), Some(l)) => write!(f, "{}:{}: {}", p.display(), l, self.message),
+            (Some(p), None) => write!(f, "{}: {}", p.display(), self.message),
+            (None, _) => write!(f, "{}", self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Where a backend or listener lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    Tcp(std::net::SocketAddr),
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Tcp(a) => write!(f, "{a}"),
+            Address::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// Parses `HOST:PORT` (resolving names such as `localhost`) or an absolute socket path.
+pub fn parse_address(s: &str) -> Result<Address, String> {
+    if let Some(p) = s.strip_prefix("unix:") {
+        return Ok(Address::Unix(PathBuf::from(p)));
+    }
+    if s.starts_with('/') {
+        return Ok(Address::Unix(PathBuf::from(s)));
+    }
+    use std::net::ToSocketAddrs;
+    s.to_socket_addrs()
+        .map_err(|e| format!("invalid address {s:?}: {e}"))?
+        .next()
+        .map(Address::Tcp)
+        .ok_or_else(|| format!("address {s:?} resolves to nothing"))
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: Some(path.to_path_buf()),
+            line: None,
+            message: format!("cannot read: {e}"),
+        })?;
+        Config::parse(&text).map_err(|mut e| {
+            e.file = Some(path.to_path_buf());
+            e
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError {
+            file: None,
+            line: e.span().map(|s| line_of(text, s.start)),
+            message: e.message().to_string(),
+        })?;
+        cfg.validate(text)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, text: &str) -> Result<(), ConfigError> {
+        let at = |span: std::ops::Range<usize>, message: String| ConfigError {
+            file: None,
+            line: Some(line_of(text, span.start)),
+            message,
+        };
+        for l in &self.listeners {
+            parse_address(l.address.get_ref()).map_err(|m| at(l.address.span(), format!("listeners.address: {m}")))?;
+        }
+        for b in &self.backends {
+            parse_address(b.address.get_ref()).map_err(|m| at(b.address.span(), format!("backends.address: {m}")))?;
+            if b.weight == 0 {
+                return Err(at(b.address.span(), "backends.weight must be at least 1".into()));
+            }
+        }
+        if let Some(a) = &self.admin.listen {
+            parse_address(a.get_ref()).map_err(|m| at(a.span(), format!("admin.listen: {m}")))?;
+        }
+        for u in &self.users {
+            match (&u.password, &u.password_hash) {
+                (Some(_), Some(h)) => {
+                    return Err(at(h.span(), format!("users {:?}: set password or password_hash, not both", u.name)));
+                }
+                (None, Some(h)) if sluice_proto::auth::parse_native_hash(h.get_ref()).is_none() => {
+                    return Err(at(h.span(), "users.password_hash: expected '*' and 40 hex digits".into()));
+                }
+                _ => {}
+            }
+        }
+        if self.health.rise == 0 || self.health.fall == 0 {
+            return Err(ConfigError { file: None, line: None, message: "health.rise and health.fall must be at least 1".into() });
+        }
+        if self.health.user.is_some() != self.health.password.is_some() && self.health.password.is_some() {
+            return Err(ConfigError { file: None, line: None, message: "health.password needs health.user".into() });
+        }
+        Ok(())
+    }
+
+    /// The auth mode a listener uses.
+    pub fn auth_mode(&self, l: &ListenerConfig) -> AuthMode {
+        l.auth.unwrap_or(if self.users.is_empty() { AuthMode::Passthrough } else { AuthMode::Users })
+    }
+
+    pub fn workers(&self) -> usize {
+        if self.proxy.workers > 0 {
+            self.proxy.workers
+        } else {
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_is_valid() {
+        let text = include_str!("../../../sluice.example.toml");
+        let cfg = Config::parse(text).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!cfg.backends.is_empty());
+    }
+
+    #[test]
+    fn errors_name_key_and_line() {
+        let e = Config::parse("[proxy]\nworkers = 2\nbogus = 1\n").unwrap_err();
+        assert_eq!(e.line, Some(3));
+        assert!(e.message.contains("bogus"), "{}", e.message);
+        let e = Config::parse("[[backends]]\n\naddress = \"nohost:notaport\"\n").unwrap_err();
+        assert_eq!(e.line, Some(3));
+        assert!(e.message.contains("backends.address"), "{}", e.message);
+        let e = Config::parse("[proxy]\nconnect_timeout = \"5 parsecs\"\n").unwrap_err();
+        assert_eq!(e.line, Some(2));
+        let e = Config::parse("[[users]]\nname = \"a\"\npassword_hash = \"abc\"\n").unwrap_err();
+        assert_eq!(e.line, Some(3));
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Some(Duration::from_secs(3)));
+        assert_eq!(parse_duration("x"), None);
+    }
+}

@@ -1,0 +1,73 @@
+//! The context every task receives: configuration, backends, sessions, metrics, shutdown.
+//! There is no global state; tests start as many independent proxies as they like.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crate::auth::Users;
+use crate::backend::{Backend, Backends};
+use crate::balance::Balancer;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::session::Registry;
+
+pub struct Ctx {
+    pub config: Config,
+    pub backends: Backends,
+    pub balancer: Balancer,
+    pub metrics: Metrics,
+    pub sessions: Registry,
+    pub users: Users,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Set when SIGTERM arrives: no new sessions, idle ones close, /health says draining.
+    pub draining: AtomicBool,
+    /// Client connections open now (for max_connections).
+    pub connections: AtomicUsize,
+    origin: std::time::Instant,
+}
+
+impl Ctx {
+    pub fn new(config: Config) -> Result<Arc<Ctx>, String> {
+        let names: Vec<String> = config
+            .backends
+            .iter()
+            .map(|b| b.name.clone().unwrap_or_else(|| b.address.get_ref().clone()))
+            .collect();
+        let metrics = Metrics::new(&names);
+        let list = config
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| Backend::from_config(i, b, metrics.backends[i].clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tls = match &config.tls {
+            Some(t) => Some(crate::tls::server_config(&t.cert, &t.key)?),
+            None => None,
+        };
+        Ok(Arc::new(Ctx {
+            users: Users::from_config(&config.users),
+            balancer: Balancer::new(config.proxy.balance),
+            backends: Backends::new(list),
+            metrics,
+            sessions: Registry::default(),
+            tls,
+            draining: AtomicBool::new(false),
+            connections: AtomicUsize::new(0),
+            origin: std::time::Instant::now(),
+            config,
+        }))
+    }
+
+    /// Milliseconds since this context was created (a cheap monotonic clock for bookkeeping).
+    pub fn clock_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+
+    pub fn ms_at(&self, t: std::time::Instant) -> u64 {
+        t.saturating_duration_since(self.origin).as_millis() as u64
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,97 @@
+//! Typed errors that say whose fault a failure was and whether retrying is safe.
+
+use std::fmt;
+
+use sluice_proto::consts::err as code;
+
+/// Who caused a failure: decides the log level, the metric label and the client's error text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The client sent something wrong, stalled, or went away.
+    Client,
+    /// A backend refused, failed, died or sent something wrong.
+    Backend,
+    /// Sluice itself: a limit, shutdown, or an internal failure.
+    Proxy,
+}
+
+impl Side {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Client => "client",
+            Side::Backend => "backend",
+            Side::Proxy => "proxy",
+        }
+    }
+}
+
+/// Whether the operation that failed may be retried elsewhere without the client noticing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Nothing reached a backend yet (connect failure): another backend may be tried.
+    Safe,
+    /// A command was sent: retrying could run it twice.
+    Unsafe,
+}
+
+#[derive(Debug)]
+pub struct Error {
+    pub side: Side,
+    pub retry: Retry,
+    /// MySQL error code sent to the client, if it is still there to receive one.
+    pub code: u16,
+    pub sql_state: [u8; 5],
+    pub message: String,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn new(side: Side, code: u16, message: impl Into<String>) -> Error {
+        Error { side, retry: Retry::Unsafe, code, sql_state: *b"HY000", message: message.into() }
+    }
+
+    pub fn client(message: impl Into<String>) -> Error {
+        Error::new(Side::Client, code::HANDSHAKE, message).state(b"08S01")
+    }
+
+    pub fn backend(message: impl Into<String>) -> Error {
+        Error::new(Side::Backend, code::SERVER_LOST, message).state(b"08S01")
+    }
+
+    pub fn proxy(code: u16, message: impl Into<String>) -> Error {
+        Error::new(Side::Proxy, code, message)
+    }
+
+    /// The connection to a backend could not be made; nothing was sent.
+    pub fn connect(message: impl Into<String>) -> Error {
+        Error { retry: Retry::Safe, ..Error::new(Side::Backend, code::CONN_HOST_ERROR, message).state(b"08S01") }
+    }
+
+    pub fn state(mut self, s: &[u8; 5]) -> Error {
+        self.sql_state = *s;
+        self
+    }
+
+    pub fn io(side: Side, what: &str, e: std::io::Error) -> Error {
+        match side {
+            Side::Backend => Error::backend(format!("{what}: {e}")),
+            _ => Error::new(side, code::NET_READ_ERROR, format!("{what}: {e}")).state(b"08S01"),
+        }
+    }
+
+    pub fn malformed(side: Side, e: sluice_proto::Malformed) -> Error {
+        match side {
+            Side::Backend => Error::backend(format!("backend sent a {e}")),
+            _ => Error::new(side, code::NET_READ_ERROR, format!("{e}")).state(b"08S01"),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} error {}: {}", self.side.as_str(), self.code, self.message)
+    }
+}
+
+impl std::error::Error for Error {}

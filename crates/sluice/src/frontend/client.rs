@@ -1,0 +1,104 @@
+//! The client leg after login: a read buffer of plain packet bytes, and writes that go through
+//! the compressed framing when the client negotiated compression.
+
+use std::io;
+
+use bytes::{Buf, BytesMut};
+use sluice_proto::compress::{self, Algorithm, FRAME_HEADER, FrameHeader};
+use sluice_proto::packet::frame;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::net::{BUF_SIZE, PacketConn, Stream};
+
+struct Compression {
+    alg: Algorithm,
+    /// Compressed bytes read but not yet decoded.
+    raw: BytesMut,
+    /// Scratch buffer for outgoing frames.
+    out: Vec<u8>,
+    /// Sequence id of the next compressed frame sluice sends.
+    seq: u8,
+}
+
+pub struct ClientConn {
+    pub stream: Stream,
+    /// Plain packet bytes from the client, not yet relayed.
+    pub rbuf: BytesMut,
+    comp: Option<Compression>,
+}
+
+impl ClientConn {
+    pub fn new(conn: PacketConn, compression: Option<Algorithm>) -> ClientConn {
+        ClientConn {
+            stream: conn.stream,
+            rbuf: conn.rbuf,
+            comp: compression.map(|alg| Compression { alg, raw: BytesMut::with_capacity(BUF_SIZE), out: Vec::new(), seq: 0 }),
+        }
+    }
+
+    /// Reads more plain bytes into `rbuf`. Returns 0 at end of stream.
+    pub async fn fill(&mut self) -> io::Result<usize> {
+        if self.rbuf.capacity() - self.rbuf.len() < 1024 {
+            self.rbuf.reserve(BUF_SIZE);
+        }
+        let Some(c) = &mut self.comp else {
+            return self.stream.read_buf(&mut self.rbuf).await;
+        };
+        loop {
+            if let Some(h) = FrameHeader::parse(&c.raw) {
+                if c.raw.len() >= FRAME_HEADER + h.compressed_len {
+                    let before = self.rbuf.len();
+                    let mut plain = std::mem::take(&mut self.rbuf);
+                    let mut v = Vec::new();
+                    let res = compress::decompress(c.alg, &h, &c.raw[FRAME_HEADER..FRAME_HEADER + h.compressed_len], &mut v);
+                    plain.extend_from_slice(&v);
+                    self.rbuf = plain;
+                    res.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                    c.raw.advance(FRAME_HEADER + h.compressed_len);
+                    c.seq = h.seq.wrapping_add(1);
+                    let n = self.rbuf.len() - before;
+                    if n > 0 {
+                        return Ok(n);
+                    }
+                    continue;
+                }
+                c.raw.reserve(FRAME_HEADER + h.compressed_len - c.raw.len());
+            } else if c.raw.capacity() - c.raw.len() < 1024 {
+                c.raw.reserve(BUF_SIZE);
+            }
+            if self.stream.read_buf(&mut c.raw).await? == 0 {
+                return Ok(0);
+            }
+        }
+    }
+
+    /// Writes plain packet bytes to the client.
+    pub async fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        match &mut self.comp {
+            None => self.stream.write_all(data).await,
+            Some(c) => {
+                c.out.clear();
+                c.seq = compress::compress(c.alg, data, c.seq, &mut c.out);
+                self.stream.write_all(&c.out).await
+            }
+        }
+    }
+
+    /// Frames and writes one payload.
+    pub async fn write_packet(&mut self, payload: &[u8], seq: u8) -> io::Result<()> {
+        let mut out = Vec::with_capacity(payload.len() + 4);
+        frame(&mut out, payload, seq);
+        self.write(&out).await
+    }
+
+    /// Sends an ERR packet.
+    pub async fn send_err(&mut self, seq: u8, code: u16, state: &[u8; 5], msg: &str) -> io::Result<()> {
+        let mut p = Vec::with_capacity(msg.len() + 9);
+        sluice_proto::basic::err_payload(&mut p, code, state, msg);
+        self.write_packet(&p, seq).await
+    }
+
+    pub async fn shutdown(&mut self) {
+        let _ = self.stream.shutdown().await;
+    }
+}

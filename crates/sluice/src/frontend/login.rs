@@ -1,0 +1,398 @@
+//! The connection phase: sluice's greeting, the client's handshake response (with the switch to
+//! TLS), authentication in passthrough or users mode, and the backend connection it ends with.
+
+use std::sync::Arc;
+
+use sluice_proto::auth;
+use sluice_proto::consts::{cap, err as code, mariadb_cap, status};
+use sluice_proto::handshake::{Greeting, HandshakeResponse, is_ssl_request, write_auth_switch};
+
+use super::Listener;
+use crate::backend::conn::{self as bconn, Credential};
+use crate::backend::{Backend, BackendGuard, ServerInfo};
+use crate::config::AuthMode;
+use crate::ctx::Ctx;
+use crate::error::{Error, Result, Side};
+use crate::metrics::Reject;
+use crate::net::{PacketConn, Stream};
+use crate::session::{SessionHandle, SessionState};
+
+/// Largest packet a client may send before it is logged in.
+const LOGIN_PACKET_LIMIT: usize = 64 * 1024;
+
+/// Plugin name sent to a backend in passthrough mode. No server has it, so the server answers
+/// with an auth switch carrying its own scramble, which sluice relays to the client.
+const PASSTHROUGH_PLUGIN: &[u8] = b"sluice_passthrough";
+
+/// The backend side of a finished login.
+struct Backed {
+    backend: PacketConn,
+    guard: BackendGuard,
+    backend_thread_id: u32,
+    backend_caps: u32,
+    credential: Option<Credential>,
+    counted_user: Option<String>,
+}
+
+/// A logged-in session, ready for the command relay.
+pub struct LoggedIn {
+    pub client: PacketConn,
+    pub backend: PacketConn,
+    pub guard: BackendGuard,
+    pub backend_thread_id: u32,
+    /// Capabilities in force between client and sluice.
+    pub client_caps: u32,
+    /// Capabilities in force between sluice and the backend.
+    pub backend_caps: u32,
+    pub compression: Option<sluice_proto::compress::Algorithm>,
+    pub state: SessionState,
+    pub credential: Option<Credential>,
+    /// The user counted against `max_connections`, released when the session ends.
+    pub counted_user: Option<String>,
+}
+
+/// An error for the client at a given sequence id, and what to record.
+pub struct Refusal {
+    pub error: Error,
+    pub reject: Option<Reject>,
+}
+
+impl From<Error> for Refusal {
+    fn from(error: Error) -> Self {
+        Refusal { error, reject: None }
+    }
+}
+
+fn refuse(reject: Reject, error: Error) -> Refusal {
+    Refusal { error, reject: Some(reject) }
+}
+
+/// A backend connection, opened and greeted, before login.
+struct Opened {
+    backend: Arc<Backend>,
+    conn: PacketConn,
+    greeting: Greeting,
+}
+
+/// Opens a connection to the next usable backend, trying others when one cannot be reached.
+async fn open_any(ctx: &Ctx, tried: &mut Vec<(usize, String)>) -> std::result::Result<Opened, Refusal> {
+    loop {
+        let exclude: Vec<usize> = tried.iter().map(|(i, _)| *i).collect();
+        let Some(b) = ctx.balancer.pick(&ctx.backends, &exclude) else {
+            let what = if ctx.backends.list.is_empty() { "no backends are configured".to_string() } else { ctx.backends.describe_unusable(tried) };
+            return Err(refuse(
+                Reject::NoBackend,
+                Error::proxy(code::CONN_HOST_ERROR, format!("sluice: no backend available: {what}")).state(b"08S01"),
+            ));
+        };
+        match bconn::open(&b, ctx.config.proxy.connect_timeout).await {
+            Ok((conn, greeting)) => return Ok(Opened { backend: b, conn, greeting }),
+            Err(e) => {
+                tracing::warn!(backend = %b.name, error = %e.message, "backend unreachable at login; trying the next one");
+                tried.push((b.index, e.message));
+            }
+        }
+    }
+}
+
+/// Sluice's greeting, repeating the backend's real version and capabilities.
+fn greeting(ctx: &Ctx, info: &ServerInfo, id: u32, scramble: &[u8; 20]) -> Greeting {
+    let mut caps = cap::SLUICE_SUPPORTED & info.capabilities | cap::COMPRESS | cap::ZSTD_COMPRESSION;
+    caps |= cap::PROTOCOL_41 | cap::SECURE_CONNECTION | cap::PLUGIN_AUTH;
+    if ctx.tls.is_some() {
+        caps |= cap::SSL;
+    }
+    Greeting {
+        server_version: info.version.clone(),
+        connection_id: id,
+        scramble: scramble.to_vec(),
+        capabilities: caps,
+        mariadb_capabilities: info.mariadb_capabilities & mariadb_cap::SLUICE_SUPPORTED,
+        collation: info.collation,
+        status: status::AUTOCOMMIT,
+        auth_plugin: auth::NATIVE.to_vec(),
+    }
+}
+
+fn random_scramble() -> [u8; 20] {
+    let mut r = [0u8; 20];
+    if aws_lc_rs::rand::fill(&mut r).is_err() {
+        // Never expected; fall back to time-derived bytes rather than fail the login.
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        for (i, b) in r.iter_mut().enumerate() {
+            *b = (t >> (i % 16 * 8)) as u8 ^ i as u8;
+        }
+    }
+    auth::make_scramble(r)
+}
+
+/// Runs the whole connection phase. On failure the client has been sent an ERR where possible.
+pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: &Listener) -> std::result::Result<LoggedIn, Refusal> {
+    let mut client = PacketConn::new(stream);
+    let mut tried = Vec::new();
+    // The greeting repeats a backend's version; with none known yet, connect first to learn it.
+    let mut pre = None;
+    let info = match ctx.backends.server_info() {
+        Some(i) => i,
+        None => match open_any(ctx, &mut tried).await {
+            Ok(o) => {
+                let i = o.backend.info.lock().clone().unwrap_or_default();
+                pre = Some(o);
+                i
+            }
+            Err(r) => {
+                send_error(&mut client, 0, &r.error).await;
+                return Err(r);
+            }
+        },
+    };
+    let scramble = random_scramble();
+    let g = greeting(ctx, &info, handle.id, &scramble);
+    let mut out = Vec::with_capacity(128);
+    g.write(&mut out);
+    client.write_packet(&out, 0).await.map_err(|e| Error::io(Side::Client, "sending greeting", e))?;
+
+    let (mut seq, mut payload) = read_client(&mut client).await?;
+    if is_ssl_request(&payload) {
+        let Some(tls) = ctx.tls.clone() else {
+            return Err(Error::client("client asked for TLS, which is not configured").into());
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let s = acceptor.accept(client.stream).await.map_err(|e| Error::client(format!("TLS handshake: {e}")))?;
+        client = PacketConn::new(Stream::Tls(Box::new(tokio_rustls::TlsStream::Server(s))));
+        (seq, payload) = read_client(&mut client).await?;
+    }
+    let hr = HandshakeResponse::parse(&payload).map_err(|e| Error::malformed(Side::Client, e))?;
+    let next = seq.wrapping_add(1);
+    let client_caps = hr.capabilities & g.capabilities;
+    let compression = if client_caps & cap::ZSTD_COMPRESSION != 0 {
+        Some(sluice_proto::compress::Algorithm::Zstd { level: hr.zstd_level.unwrap_or(3).clamp(1, 22) as i32 })
+    } else if client_caps & cap::COMPRESS != 0 {
+        Some(sluice_proto::compress::Algorithm::Zlib)
+    } else {
+        None
+    };
+    let user = String::from_utf8_lossy(&hr.user).into_owned();
+    let mut state = SessionState {
+        user: user.clone(),
+        schema: hr.database.as_ref().map(|d| String::from_utf8_lossy(d).into_owned()),
+        collation: hr.collation,
+        status: status::AUTOCOMMIT,
+        multi_statements: client_caps & cap::MULTI_STATEMENTS != 0,
+        ..Default::default()
+    };
+    let result = match listener.auth {
+        AuthMode::Passthrough => {
+            state.passthrough = true;
+            passthrough(ctx, &mut client, next, &hr, client_caps, pre, &mut tried).await
+        }
+        AuthMode::Users => users(ctx, &mut client, next, &hr, &g, client_caps, pre, &mut tried).await,
+    };
+    match result {
+        Ok(b) => Ok(LoggedIn {
+            client,
+            backend: b.backend,
+            guard: b.guard,
+            backend_thread_id: b.backend_thread_id,
+            client_caps,
+            backend_caps: b.backend_caps,
+            compression,
+            state,
+            credential: b.credential,
+            counted_user: b.counted_user,
+        }),
+        Err((r, seq)) => {
+            if let Some(seq) = seq {
+                send_error(&mut client, seq, &r.error).await;
+            }
+            Err(r)
+        }
+    }
+}
+
+async fn read_client(client: &mut PacketConn) -> Result<(u8, Vec<u8>)> {
+    client.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| Error::io(Side::Client, "reading handshake response", e))
+}
+
+async fn send_error(client: &mut PacketConn, seq: u8, e: &Error) {
+    let mut p = Vec::new();
+    sluice_proto::basic::err_payload(&mut p, e.code, &e.sql_state, &e.message);
+    let _ = client.write_packet(&p, seq).await;
+}
+
+/// A failure and the sequence id at which the client should get the error (None: already sent).
+type Fail = (Refusal, Option<u8>);
+
+fn backend_response(hr: &HandshakeResponse, g: &Greeting, client_caps: u32, tls: bool) -> HandshakeResponse {
+    HandshakeResponse {
+        capabilities: bconn::backend_capabilities(client_caps, g, tls),
+        mariadb_capabilities: hr.mariadb_capabilities & g.mariadb_capabilities & mariadb_cap::SLUICE_SUPPORTED,
+        max_packet: hr.max_packet,
+        collation: hr.collation,
+        user: hr.user.clone(),
+        auth_response: Vec::new(),
+        database: hr.database.clone(),
+        auth_plugin: None,
+        attributes: hr.attributes.clone(),
+        zstd_level: None,
+    }
+}
+
+/// Passthrough: the backend authenticates the client; sluice relays the exchange.
+async fn passthrough(
+    ctx: &Ctx,
+    client: &mut PacketConn,
+    mut cseq: u8,
+    hr: &HandshakeResponse,
+    client_caps: u32,
+    pre: Option<Opened>,
+    tried: &mut Vec<(usize, String)>,
+) -> std::result::Result<Backed, Fail> {
+    if client_caps & cap::PLUGIN_AUTH == 0 {
+        let e = Error::new(Side::Client, code::NOT_SUPPORTED_YET, "sluice passthrough needs a client with plugin authentication");
+        return Err((e.into(), Some(cseq)));
+    }
+    let o = match pre {
+        Some(o) => o,
+        None => open_any(ctx, tried).await.map_err(|r| (r, Some(cseq)))?,
+    };
+    let tls = o.backend.tls.is_some();
+    let mut bhr = backend_response(hr, &o.greeting, client_caps, tls);
+    bhr.auth_plugin = Some(PASSTHROUGH_PLUGIN.to_vec());
+    let (mut backend, bseq) = bconn::maybe_tls(&o.backend, o.conn, &o.greeting, &bhr).await.map_err(|e| (e.into(), Some(cseq)))?;
+    let mut out = Vec::new();
+    bhr.write(&mut out);
+    let io_b = |e| (Refusal::from(Error::io(Side::Backend, "login", e)), Some(cseq));
+    backend.write_packet(&out, bseq).await.map_err(io_b)?;
+    let guard = o.backend.bind();
+    let backend_caps = bhr.capabilities;
+    // Relay the exchange until the backend says OK or ERR.
+    loop {
+        let (bseq, p) = backend.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| (Error::io(Side::Backend, "login", e).into(), Some(cseq)))?;
+        client.write_packet(&p, cseq).await.map_err(|e| (Error::io(Side::Client, "login", e).into(), None))?;
+        cseq = cseq.wrapping_add(1);
+        match p.first() {
+            Some(0x00) => {
+                return Ok(Backed {
+                    backend,
+                    guard,
+                    backend_thread_id: o.greeting.connection_id,
+                    backend_caps,
+                    credential: None,
+                    counted_user: None,
+                });
+            }
+            Some(0xff) => {
+                let e = sluice_proto::basic::Err::parse(&p).map_err(|e| (Error::malformed(Side::Backend, e).into(), None))?;
+                let mut err = Error::new(Side::Client, e.code, String::from_utf8_lossy(e.message).into_owned());
+                err.sql_state = e.sql_state;
+                let reject = (e.code == code::ACCESS_DENIED).then_some(Reject::AccessDenied);
+                return Err((Refusal { error: err, reject }, None));
+            }
+            Some(0x01) if p.get(1) == Some(&3) => continue,
+            Some(0xfe) | Some(0x01) => {
+                let (_, reply) = client.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| (Error::io(Side::Client, "login", e).into(), None))?;
+                cseq = cseq.wrapping_add(1);
+                backend.write_packet(&reply, bseq.wrapping_add(1)).await.map_err(|e| (Error::io(Side::Backend, "login", e).into(), Some(cseq)))?;
+            }
+            _ => return Err((Error::backend("unexpected packet during login").into(), Some(cseq))),
+        }
+    }
+}
+
+/// Users mode: sluice checks the password, then logs in to a backend as the same user.
+#[allow(clippy::too_many_arguments)]
+async fn users(
+    ctx: &Ctx,
+    client: &mut PacketConn,
+    mut cseq: u8,
+    hr: &HandshakeResponse,
+    g: &Greeting,
+    client_caps: u32,
+    pre: Option<Opened>,
+    tried: &mut Vec<(usize, String)>,
+) -> std::result::Result<Backed, Fail> {
+    let name = String::from_utf8_lossy(&hr.user).into_owned();
+    let denied = |seq: u8, used_password: bool| {
+        let msg = format!(
+            "Access denied for user '{}' (using password: {})",
+            name,
+            if used_password { "YES" } else { "NO" }
+        );
+        (refuse(Reject::AccessDenied, Error::new(Side::Client, code::ACCESS_DENIED, msg).state(b"28000")), Some(seq))
+    };
+    let Some(user) = ctx.users.get(&name) else {
+        crate::auth::phantom_check(&g.scramble, &hr.auth_response);
+        return Err(denied(cseq, !hr.auth_response.is_empty()));
+    };
+    if user.require_tls && !client.stream.is_tls() {
+        let e = Error::new(Side::Client, code::SECURE_TRANSPORT_REQUIRED, format!("user '{name}' must connect with TLS"));
+        return Err((refuse(Reject::TlsRequired, e.state(b"HY000")), Some(cseq)));
+    }
+    let plugin = hr.auth_plugin.clone().unwrap_or_else(|| auth::NATIVE.to_vec());
+    let io_c = |e| (Refusal::from(Error::io(Side::Client, "login", e)), None);
+    let mut reply = hr.auth_response.clone();
+    let mut check = user.check(&plugin, &g.scramble, &reply);
+    if let crate::auth::Check::SwitchToNative = check {
+        let mut p = Vec::new();
+        write_auth_switch(&mut p, auth::NATIVE, &g.scramble);
+        client.write_packet(&p, cseq).await.map_err(io_c)?;
+        let (s, r) = client.read_packet(LOGIN_PACKET_LIMIT).await.map_err(io_c)?;
+        cseq = s.wrapping_add(1);
+        reply = r;
+        check = user.check(auth::NATIVE, &g.scramble, &reply);
+    } else if plugin == auth::CACHING_SHA2 && matches!(check, crate::auth::Check::Ok) {
+        // Fast authentication succeeded; the OK follows.
+        client.write_packet(&[0x01, 0x03], cseq).await.map_err(io_c)?;
+        cseq = cseq.wrapping_add(1);
+    }
+    if !matches!(check, crate::auth::Check::Ok) {
+        return Err(denied(cseq, !reply.is_empty()));
+    }
+    if !user.acquire() {
+        let e = Error::new(
+            Side::Client,
+            code::TOO_MANY_USER_CONNECTIONS,
+            format!("User '{name}' has exceeded the 'max_user_connections' resource"),
+        )
+        .state(b"42000");
+        return Err((refuse(Reject::MaxUserConnections, e), Some(cseq)));
+    }
+    let release = |r: Fail| {
+        user.release();
+        r
+    };
+    let Some(credential) = user.credential() else {
+        return Err(release((Error::proxy(code::UNKNOWN_ERROR, "no credential for backend login").into(), Some(cseq))));
+    };
+    let mut pre = pre;
+    let b = loop {
+        let o = match pre.take() {
+            Some(o) => o,
+            None => open_any(ctx, tried).await.map_err(|r| release((r, Some(cseq))))?,
+        };
+        let tls = o.backend.tls.is_some();
+        let bhr = backend_response(hr, &o.greeting, client_caps, tls);
+        let backend_caps = bhr.capabilities;
+        match bconn::login(&o.backend, o.conn, &o.greeting, bhr, &credential).await {
+            Ok(conn) => {
+                break Backed {
+                    backend: conn,
+                    guard: o.backend.bind(),
+                    backend_thread_id: o.greeting.connection_id,
+                    backend_caps,
+                    credential: Some(credential.clone()),
+                    counted_user: Some(name.clone()),
+                };
+            }
+            Err(e) if e.retry == crate::error::Retry::Safe => tried.push((o.backend.index, e.message)),
+            Err(e) => return Err(release((e.into(), Some(cseq)))),
+        }
+    };
+    let mut ok = Vec::new();
+    sluice_proto::basic::ok_payload(&mut ok, 0, 0, 0, status::AUTOCOMMIT, 0);
+    if let Err(e) = client.write_packet(&ok, cseq).await {
+        return Err(release(io_c(e)));
+    }
+    Ok(b)
+}

@@ -1,0 +1,460 @@
+//! The command relay: read a command from the client, forward it, follow the backend's response
+//! header by header while writing it to the client straight from the read buffer, update the
+//! session state, repeat.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use bytes::Buf;
+use sluice_proto::consts::{MAX_PAYLOAD, com, err as code};
+use sluice_proto::packet::{HEADER, Header};
+use sluice_proto::response::{Expect, ResponseTracker, State};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::client::ClientConn;
+use super::login::LoggedIn;
+use crate::backend::BackendGuard;
+use crate::backend::conn::Credential;
+use crate::ctx::Ctx;
+use crate::error::{Error, Result, Side};
+use crate::net::{BUF_SIZE, PacketConn};
+use crate::session::{SessionHandle, SessionState, StateSink};
+
+/// Commands up to this size are read whole before being forwarded; larger ones are streamed.
+const INSPECT_LIMIT: usize = 1 << 20;
+
+pub struct Session<'a> {
+    pub(super) ctx: &'a Ctx,
+    pub(super) handle: &'a SessionHandle,
+    pub(super) client: ClientConn,
+    pub(super) backend: PacketConn,
+    pub(super) guard: BackendGuard,
+    pub(super) tracker: ResponseTracker,
+    pub(super) state: SessionState,
+    client_caps: u32,
+    backend_caps: u32,
+    #[allow(dead_code)]
+    pub(super) credential: Option<Credential>,
+    /// The backend went away while the session was idle; the next command gets this error.
+    backend_lost: Option<String>,
+}
+
+/// What to do after a command.
+pub(super) enum Flow {
+    Continue,
+    Close,
+}
+
+impl<'a> Session<'a> {
+    pub fn new(ctx: &'a Ctx, handle: &'a SessionHandle, l: LoggedIn) -> Session<'a> {
+        let deprecate_eof = l.backend_caps & sluice_proto::consts::cap::DEPRECATE_EOF != 0;
+        let session_track = l.backend_caps & sluice_proto::consts::cap::SESSION_TRACK != 0;
+        Session {
+            ctx,
+            handle,
+            client: ClientConn::new(l.client, l.compression),
+            backend: l.backend,
+            guard: l.guard,
+            tracker: ResponseTracker::new(deprecate_eof, session_track),
+            state: l.state,
+            client_caps: l.client_caps,
+            backend_caps: l.backend_caps,
+            credential: l.credential,
+            backend_lost: None,
+        }
+    }
+
+    pub(super) fn client_caps(&self) -> u32 {
+        self.client_caps
+    }
+
+    pub(super) fn backend_caps(&self) -> u32 {
+        self.backend_caps
+    }
+
+    pub async fn run(&mut self) -> Result<()> {
+        self.handle.publish(&self.state);
+        loop {
+            let Some(h) = self.wait_command().await? else {
+                return Ok(());
+            };
+            self.handle.busy.store(true, Ordering::Relaxed);
+            let flow = self.command(h).await;
+            self.handle.busy.store(false, Ordering::Relaxed);
+            match flow? {
+                Flow::Continue => {}
+                Flow::Close => return Ok(()),
+            }
+            if self.ctx.is_draining() && !self.state.in_transaction() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Waits until a command's first packet (or its first megabyte) is buffered. Returns None
+    /// when the session should end: the client left, it was killed, it idled out, or sluice is
+    /// draining and the session is between transactions.
+    async fn wait_command(&mut self) -> Result<Option<Header>> {
+        let idle = self.ctx.config.proxy.idle_timeout;
+        let idle_deadline = (!idle.is_zero()).then(|| tokio::time::Instant::now() + idle);
+        loop {
+            if let Some(h) = Header::parse(&self.client.rbuf) {
+                let want = HEADER + h.len.min(INSPECT_LIMIT);
+                if self.client.rbuf.len() >= want {
+                    return Ok(Some(h));
+                }
+                self.client.rbuf.reserve(want - self.client.rbuf.len());
+            }
+            if self.handle.killed.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            if self.ctx.is_draining() && !self.state.in_transaction() && self.client.rbuf.is_empty() {
+                return Ok(None);
+            }
+            let Session { client, backend, handle, backend_lost, .. } = self;
+            let watch_backend = backend_lost.is_none();
+            if backend.rbuf.capacity() - backend.rbuf.len() < 1024 {
+                backend.rbuf.reserve(BUF_SIZE);
+            }
+            tokio::select! {
+                biased;
+                r = client.fill() => match r {
+                    Ok(0) => return Ok(None),
+                    Ok(_) => {}
+                    Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
+                },
+                r = backend.stream.read_buf(&mut backend.rbuf), if watch_backend => {
+                    *backend_lost = Some(match r {
+                        Ok(0) | Err(_) => "the backend closed the connection".to_string(),
+                        Ok(_) => lost_reason(&backend.rbuf),
+                    });
+                    tracing::info!(session = handle.id, reason = backend_lost.as_deref().unwrap_or(""), "backend connection lost while idle");
+                }
+                _ = handle.wake.notified() => {}
+                _ = sleep_until(idle_deadline) => {
+                    tracing::info!(session = handle.id, "closing idle session");
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// Handles one command whose first packet header is `h`.
+    async fn command(&mut self, h: Header) -> Result<Flow> {
+        if h.seq != 0 {
+            self.client_error(h.seq.wrapping_add(1), code::NET_PACKETS_OUT_OF_ORDER, b"08S01", "Got packets out of order").await;
+            return Err(Error::client(format!("command packet with sequence id {}", h.seq)));
+        }
+        if h.len as u64 > self.ctx.config.proxy.max_packet_size {
+            self.ctx.metrics.reject(crate::metrics::Reject::PacketTooLarge);
+            let msg = "Got a packet bigger than 'max_allowed_packet' bytes";
+            self.client_error(1, code::NET_PACKET_TOO_LARGE, b"08S01", msg).await;
+            return Err(Error::client(format!("command of {} bytes exceeds max_packet_size", h.len)));
+        }
+        let Some(&cmd) = self.client.rbuf.get(HEADER) else {
+            self.client_error(1, code::NET_READ_ERROR, b"08S01", "Empty command packet").await;
+            return Err(Error::client("empty command packet"));
+        };
+        self.ctx.metrics.command(cmd);
+        self.handle.queries.fetch_add(1, Ordering::Relaxed);
+        if let Some(msg) = self.backend_lost.take() {
+            self.skip_request(h).await?;
+            let text = format!("Lost connection to backend {}: {msg}", self.guard.name);
+            self.client_error(1, code::SERVER_LOST, b"HY000", &text).await;
+            return Err(Error::backend(text));
+        }
+        let body_end = HEADER + h.len.min(INSPECT_LIMIT);
+        let expect = match cmd {
+            com::QUIT => {
+                let _ = self.backend.stream.write_all(&self.client.rbuf[..HEADER + 1]).await;
+                return Ok(Flow::Close);
+            }
+            com::BINLOG_DUMP | com::BINLOG_DUMP_GTID | com::REGISTER_SLAVE | com::TABLE_DUMP | com::CONNECT_OUT | com::DAEMON
+            | com::CONNECT | com::DELAYED_INSERT | com::TIME | com::SLEEP => {
+                self.skip_request(h).await?;
+                let name = com::name(cmd);
+                let msg = format!("sluice does not relay this command ({name} / 0x{cmd:02x})");
+                self.client_error(1, code::UNKNOWN_COM, b"08S01", &msg).await;
+                return Ok(Flow::Continue);
+            }
+            com::PROCESS_KILL | com::QUERY => {
+                if let Some(flow) = self.intercept_kill(cmd, h, body_end).await? {
+                    return Ok(flow);
+                }
+                Expect::Results
+            }
+            com::CHANGE_USER => return self.change_user(h).await,
+            com::STMT_PREPARE => Expect::Prepare,
+            com::STMT_FETCH => Expect::Rows,
+            com::FIELD_LIST => Expect::FieldList,
+            com::STATISTICS => Expect::Single,
+            com::STMT_CLOSE | com::STMT_SEND_LONG_DATA => Expect::Nothing,
+            _ => Expect::Results,
+        };
+        let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        // The statement text is kept for COM_STMT_PREPARE (re-preparing elsewhere needs it).
+        let preparing = (cmd == com::STMT_PREPARE).then(|| self.client.rbuf[HEADER + 1..body_end].to_vec());
+        let init_db = (cmd == com::INIT_DB).then(|| String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into_owned());
+        self.before_command(cmd, stmt_id);
+        let started = Instant::now();
+        self.forward_request(h).await?;
+        let mut sink = StateSink {
+            state: &mut self.state,
+            preparing: preparing.as_deref(),
+            executing: matches!(cmd, com::STMT_EXECUTE | com::STMT_FETCH).then_some(stmt_id).flatten(),
+            error: None,
+            changed: false,
+        };
+        relay_response(&mut self.tracker, expect, &mut self.backend, &mut self.client, &mut sink, self.ctx).await?;
+        let (error, changed) = (sink.error, sink.changed);
+        let now = Instant::now();
+        self.guard.metrics.latency.observe_nanos((now - started).as_nanos() as u64);
+        self.guard.activity.record(self.ctx.ms_at(now));
+        if let (Some(db), None) = (init_db, error) {
+            self.state.schema = Some(db);
+        }
+        if self.after_command(cmd, error.is_none()) || changed {
+            self.handle.publish(&self.state);
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// State changes known from the command itself.
+    fn before_command(&mut self, cmd: u8, stmt_id: Option<u32>) {
+        let prepared = stmt_id.and_then(|id| self.state.prepared.get_mut(&id));
+        match (cmd, prepared) {
+            (com::STMT_SEND_LONG_DATA, Some(p)) => p.long_data = true,
+            (com::STMT_EXECUTE, Some(p)) => {
+                p.long_data = false;
+                p.cursor = false;
+            }
+            (com::STMT_RESET, Some(p)) => {
+                p.long_data = false;
+                p.cursor = false;
+            }
+            (com::STMT_CLOSE, Some(_)) => {
+                if let Some(id) = stmt_id {
+                    self.state.prepared.remove(&id);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// State changes that take effect when the command succeeded. Returns whether state changed.
+    fn after_command(&mut self, cmd: u8, ok: bool) -> bool {
+        if !ok {
+            return false;
+        }
+        match cmd {
+            com::INIT_DB => true,
+            com::RESET_CONNECTION => {
+                self.state.reset();
+                true
+            }
+            com::STMT_CLOSE | com::STMT_SEND_LONG_DATA => true,
+            _ => false,
+        }
+    }
+
+    /// Sends an ERR to the client (best effort: it may be gone).
+    pub(super) async fn client_error(&mut self, seq: u8, code: u16, state: &[u8; 5], msg: &str) {
+        let _ = self.client.send_err(seq, code, state, msg).await;
+    }
+
+    /// Forwards a client request (one logical packet, of any size) to the backend.
+    pub(super) async fn forward_request(&mut self, h: Header) -> Result<()> {
+        let mut walk = ClientPackets::request();
+        self.pipe_from_client(&mut walk).await?;
+        if h.len > MAX_PAYLOAD {
+            return Err(Error::client("oversized packet header"));
+        }
+        Ok(())
+    }
+
+    /// Consumes a request without forwarding it.
+    pub(super) async fn skip_request(&mut self, _h: Header) -> Result<()> {
+        let mut walk = ClientPackets::request();
+        loop {
+            let n = walk.scan(&self.client.rbuf);
+            self.client.rbuf.advance(n);
+            if walk.done {
+                return Ok(());
+            }
+            self.fill_client().await?;
+        }
+    }
+
+    async fn fill_client(&mut self) -> Result<()> {
+        match self.client.fill().await {
+            Ok(0) => Err(Error::client("client closed the connection in the middle of a request")),
+            Ok(_) => Ok(()),
+            Err(e) => Err(Error::io(Side::Client, "reading request", e)),
+        }
+    }
+
+    /// Forwards client packets to the backend as `walk` delimits them.
+    async fn pipe_from_client(&mut self, walk: &mut ClientPackets) -> Result<()> {
+        let limit = self.ctx.config.proxy.max_packet_size;
+        loop {
+            let n = walk.scan(&self.client.rbuf);
+            if walk.total > limit {
+                self.ctx.metrics.reject(crate::metrics::Reject::PacketTooLarge);
+                return Err(Error::client(format!("request of more than {limit} bytes exceeds max_packet_size")));
+            }
+            if n > 0 {
+                self.backend
+                    .stream
+                    .write_all(&self.client.rbuf[..n])
+                    .await
+                    .map_err(|e| Error::io(Side::Backend, "forwarding request", e))?;
+                self.ctx.metrics.bytes_from_clients.inc_by(n as u64);
+                self.client.rbuf.advance(n);
+            }
+            if walk.done {
+                return Ok(());
+            }
+            self.fill_client().await?;
+        }
+    }
+}
+
+/// Follows the backend's response to one command and writes it to the client as it arrives.
+pub(super) async fn relay_response(
+    tracker: &mut ResponseTracker,
+    expect: Expect,
+    backend: &mut PacketConn,
+    client: &mut ClientConn,
+    sink: &mut StateSink<'_>,
+    ctx: &Ctx,
+) -> Result<()> {
+    tracker.start(expect);
+    loop {
+        let scan = tracker.scan(&backend.rbuf, sink).map_err(|e| Error::malformed(Side::Backend, e))?;
+        if scan.consumed > 0 {
+            client
+                .write(&backend.rbuf[..scan.consumed])
+                .await
+                .map_err(|e| Error::io(Side::Client, "writing response", e))?;
+            ctx.metrics.bytes_to_clients.inc_by(scan.consumed as u64);
+            backend.rbuf.advance(scan.consumed);
+        }
+        match scan.state {
+            State::Done => {
+                if !backend.rbuf.is_empty() {
+                    return Err(Error::backend("backend sent more than one response"));
+                }
+                return Ok(());
+            }
+            State::LocalInfile => {
+                relay_infile(backend, client, ctx).await?;
+                tracker.after_infile();
+            }
+            State::Pending => {
+                if backend.rbuf.capacity() - backend.rbuf.len() < 4096 {
+                    backend.rbuf.reserve(BUF_SIZE);
+                }
+                match backend.stream.read_buf(&mut backend.rbuf).await {
+                    Ok(0) => {
+                        let e = Error::backend("the backend closed the connection in the middle of a response");
+                        if tracker.at_packet_boundary() {
+                            let mut p = Vec::new();
+                            sluice_proto::basic::err_payload(&mut p, code::SERVER_LOST, b"HY000", &format!("sluice: {}", e.message));
+                            let _ = client.write_packet(&p, tracker.last_seq.wrapping_add(1)).await;
+                        }
+                        return Err(e);
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Err(Error::io(Side::Backend, "reading response", e)),
+                }
+            }
+        }
+    }
+}
+
+/// LOCAL INFILE: the client's file arrives as packets ending with an empty one.
+async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &Ctx) -> Result<()> {
+    let mut walk = ClientPackets::until_empty();
+    loop {
+        let n = walk.scan(&client.rbuf);
+        if n > 0 {
+            backend.stream.write_all(&client.rbuf[..n]).await.map_err(|e| Error::io(Side::Backend, "forwarding file", e))?;
+            ctx.metrics.bytes_from_clients.inc_by(n as u64);
+            client.rbuf.advance(n);
+        }
+        if walk.done {
+            return Ok(());
+        }
+        match client.fill().await {
+            Ok(0) => return Err(Error::client("client closed the connection during LOAD DATA LOCAL")),
+            Ok(_) => {}
+            Err(e) => return Err(Error::io(Side::Client, "reading file data", e)),
+        }
+    }
+}
+
+/// Delimits client packets: one logical request, or a LOCAL INFILE upload.
+pub(super) struct ClientPackets {
+    skip: usize,
+    continued: bool,
+    until_empty: bool,
+    last: bool,
+    pub done: bool,
+    pub total: u64,
+}
+
+impl ClientPackets {
+    pub fn request() -> Self {
+        ClientPackets { skip: 0, continued: false, until_empty: false, last: false, done: false, total: 0 }
+    }
+
+    fn until_empty() -> Self {
+        ClientPackets { until_empty: true, ..Self::request() }
+    }
+
+    /// Returns how many bytes of `buf` belong to the message; sets `done` at its end.
+    pub fn scan(&mut self, buf: &[u8]) -> usize {
+        let mut pos = 0;
+        loop {
+            if self.skip > 0 {
+                let n = self.skip.min(buf.len() - pos);
+                pos += n;
+                self.skip -= n;
+                if self.skip > 0 {
+                    return pos;
+                }
+            }
+            if self.last {
+                self.done = true;
+                return pos;
+            }
+            let Some(h) = Header::parse(&buf[pos..]) else { return pos };
+            pos += HEADER;
+            self.skip = h.len;
+            self.total += h.len as u64;
+            let was_continued = self.continued;
+            self.continued = h.continues();
+            if self.until_empty {
+                self.last = h.len == 0 && !was_continued;
+            } else {
+                self.last = !self.continued;
+            }
+        }
+    }
+}
+
+/// Reads what a backend sent unasked (a shutdown or kill notice) to explain a lost connection.
+fn lost_reason(buf: &[u8]) -> String {
+    let payload = buf.get(HEADER..).unwrap_or_default();
+    match sluice_proto::basic::Err::parse(payload) {
+        Ok(e) => format!("{} {}", e.code, String::from_utf8_lossy(e.message)),
+        Err(_) => "the backend sent data while the session was idle".into(),
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

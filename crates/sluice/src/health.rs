@@ -1,0 +1,126 @@
+//! Health checks: every `interval` each backend is probed; `fall` failures in a row take it out
+//! of rotation and `rise` successes in a row bring it back (HAProxy's semantics).
+//!
+//! With a monitor user the probe logs in, pings and quits, which no server logs. Without one it
+//! reads the greeting and closes; MariaDB logs such a pre-authentication close as an aborted
+//! connection, so a backend that served a session successfully since the last probe is counted
+//! healthy without being probed at all (passive check), and only idle backends are probed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sluice_proto::consts::{cap, com};
+use sluice_proto::handshake::HandshakeResponse;
+
+use crate::backend::Backend;
+use crate::backend::conn::{self as bconn, Credential};
+use crate::config::HealthConfig;
+use crate::ctx::Ctx;
+
+/// Milliseconds since an arbitrary origin at which a backend last served traffic successfully.
+#[derive(Default)]
+pub struct Activity {
+    last_ok_ms: AtomicU64,
+}
+
+impl Activity {
+    /// Records success at `now_ms` (cheap: stores only when the stored value is stale).
+    #[inline]
+    pub fn record(&self, now_ms: u64) {
+        if now_ms.saturating_sub(self.last_ok_ms.load(Ordering::Relaxed)) > 100 {
+            self.last_ok_ms.store(now_ms, Ordering::Relaxed);
+        }
+    }
+
+    pub fn since_ms(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.last_ok_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// Runs the checks of every backend until the process ends.
+pub async fn run(ctx: Arc<Ctx>) {
+    for b in ctx.backends.list.clone() {
+        let ctx = ctx.clone();
+        tokio::spawn(async move { check_loop(&ctx, &b).await });
+    }
+}
+
+async fn check_loop(ctx: &Ctx, b: &Backend) {
+    let cfg = &ctx.config.health;
+    let monitor = match (&cfg.user, &cfg.password) {
+        (Some(u), p) => Some((u.clone(), Credential::Password(p.clone().unwrap_or_default().into_bytes()))),
+        _ => None,
+    };
+    let mut ticker = tokio::time::interval(cfg.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let now = ctx.clock_ms();
+        let passive = b.is_up() && monitor.is_none() && b.activity.since_ms(now) < cfg.interval.as_millis() as u64;
+        let result = if passive { Ok(()) } else { probe(ctx, b, cfg, monitor.as_ref()).await };
+        apply(b, cfg, result);
+    }
+}
+
+/// One probe; Err carries the reason for logs, errors and the admin API.
+pub async fn probe(ctx: &Ctx, b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Credential)>) -> Result<(), String> {
+    let work = async {
+        let (conn, g) = bconn::open(b, cfg.timeout).await.map_err(|e| e.message)?;
+        let Some((user, cred)) = monitor else {
+            drop(conn);
+            return Ok(());
+        };
+        let hr = HandshakeResponse {
+            capabilities: bconn::backend_capabilities(cap::SLUICE_SUPPORTED, &g, b.tls.is_some()) & !cap::CONNECT_WITH_DB,
+            max_packet: 1 << 24,
+            collation: g.collation,
+            user: user.as_bytes().to_vec(),
+            ..Default::default()
+        };
+        let mut conn = bconn::login(b, conn, &g, hr, cred).await.map_err(|e| format!("monitor login: {}", e.message))?;
+        conn.write_packet(&[com::PING], 0).await.map_err(|e| format!("ping: {e}"))?;
+        let (_, p) = conn.read_packet(1 << 16).await.map_err(|e| format!("ping: {e}"))?;
+        if p.first() != Some(&0) {
+            return Err("ping was not answered with OK".to_string());
+        }
+        bconn::quit(conn).await;
+        Ok(())
+    };
+    let _ = ctx;
+    match tokio::time::timeout(cfg.timeout + Duration::from_millis(100), work).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no answer within {:?}", cfg.timeout)),
+    }
+}
+
+/// Applies a probe result with rise/fall hysteresis.
+pub fn apply(b: &Backend, cfg: &HealthConfig, result: Result<(), String>) {
+    let mut h = b.health.lock();
+    h.checks += 1;
+    h.last_check = Some(Instant::now());
+    match result {
+        Ok(()) => {
+            h.consecutive_ok += 1;
+            h.consecutive_fail = 0;
+            if b.is_up() {
+                h.reason = None;
+            } else if h.consecutive_ok >= cfg.rise {
+                b.set_up(true);
+                h.reason = None;
+                h.since = Instant::now();
+                tracing::info!(backend = %b.name, address = %b.address, "backend is up again");
+            }
+        }
+        Err(reason) => {
+            h.consecutive_fail += 1;
+            h.consecutive_ok = 0;
+            if b.is_up() && h.consecutive_fail >= cfg.fall {
+                b.set_up(false);
+                h.since = Instant::now();
+                tracing::warn!(backend = %b.name, address = %b.address, reason = %reason, "backend is down: no new sessions go to it");
+            }
+            h.reason = Some(reason);
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! sluice: a MySQL-protocol proxy. See docs/ARCHITECTURE.md for how a connection flows through
+//! these modules.
+
+pub mod admin;
+pub mod auth;
+pub mod backend;
+pub mod balance;
+pub mod cli;
+pub mod config;
+pub mod ctx;
+pub mod error;
+pub mod frontend;
+pub mod health;
+pub mod metrics;
+pub mod net;
+pub mod runtime;
+pub mod session;
+pub mod tls;

@@ -1,0 +1,229 @@
+//! Metrics: plain atomics on the hot path, exported in the Prometheus text format through
+//! `prometheus-client`. Every labelled series is resolved once at start-up, so recording a
+//! query is a few relaxed atomic adds and never takes a lock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::Registry;
+
+use crate::error::Side;
+
+/// Latency buckets in seconds: 50 µs to 10 s.
+const BUCKETS: [f64; 16] =
+    [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+
+/// A histogram of fixed buckets kept in atomics (the crate's own histogram takes a mutex).
+#[derive(Debug, Default, Clone)]
+pub struct AtomicHistogram(Arc<HistInner>);
+
+#[derive(Debug, Default)]
+struct HistInner {
+    buckets: [AtomicU64; BUCKETS.len() + 1],
+    sum_nanos: AtomicU64,
+}
+
+impl AtomicHistogram {
+    pub fn observe_nanos(&self, nanos: u64) {
+        let secs = nanos as f64 / 1e9;
+        let i = BUCKETS.iter().position(|&b| secs <= b).unwrap_or(BUCKETS.len());
+        self.0.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.0.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.0.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl TypedMetric for AtomicHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for AtomicHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let mut cumulative = 0;
+        let mut buckets = Vec::with_capacity(BUCKETS.len() + 1);
+        for (i, bound) in BUCKETS.iter().copied().chain(std::iter::once(f64::MAX)).enumerate() {
+            cumulative += self.0.buckets[i].load(Ordering::Relaxed);
+            buckets.push((bound, cumulative));
+        }
+        let sum = self.0.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, cumulative, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Per-backend series.
+#[derive(Clone)]
+pub struct BackendMetrics {
+    pub up: Gauge,
+    pub sessions: Gauge,
+    pub connect_errors: Counter,
+    pub latency: AtomicHistogram,
+}
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy)]
+pub enum Reject {
+    MaxConnections,
+    MaxUserConnections,
+    HandshakeTimeout,
+    NoBackend,
+    ShuttingDown,
+    TlsRequired,
+    AccessDenied,
+    PacketTooLarge,
+}
+
+impl Reject {
+    const ALL: [Reject; 8] = [
+        Reject::MaxConnections,
+        Reject::MaxUserConnections,
+        Reject::HandshakeTimeout,
+        Reject::NoBackend,
+        Reject::ShuttingDown,
+        Reject::TlsRequired,
+        Reject::AccessDenied,
+        Reject::PacketTooLarge,
+    ];
+    fn as_str(self) -> &'static str {
+        match self {
+            Reject::MaxConnections => "max_connections",
+            Reject::MaxUserConnections => "max_user_connections",
+            Reject::HandshakeTimeout => "handshake_timeout",
+            Reject::NoBackend => "no_backend",
+            Reject::ShuttingDown => "shutting_down",
+            Reject::TlsRequired => "tls_required",
+            Reject::AccessDenied => "access_denied",
+            Reject::PacketTooLarge => "packet_too_large",
+        }
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub client_connections: Gauge,
+    pub client_connections_total: Counter,
+    rejected: Vec<Counter>,
+    /// Indexed by command byte.
+    commands: Vec<Counter>,
+    pub bytes_from_clients: Counter,
+    pub bytes_to_clients: Counter,
+    errors: [Counter; 3],
+    pub backends: Vec<BackendMetrics>,
+}
+
+impl Metrics {
+    pub fn new(backend_names: &[String]) -> Metrics {
+        let mut registry = Registry::with_prefix("sluice");
+        let client_connections = Gauge::default();
+        registry.register("client_connections", "Client connections open now", client_connections.clone());
+        let client_connections_total = Counter::default();
+        registry.register("client_connections", "Client connections accepted", client_connections_total.clone());
+
+        let rejected_family = Family::<Labels, Counter>::default();
+        registry.register("rejected_connections", "Client connections refused, by reason", rejected_family.clone());
+        let rejected = Reject::ALL.iter().map(|r| rejected_family.get_or_create(&vec![("reason", r.as_str().into())]).clone()).collect();
+
+        let commands_family = Family::<Labels, Counter>::default();
+        registry.register("commands", "Client commands relayed, by command", commands_family.clone());
+        let commands = (0..=255u8)
+            .map(|c| commands_family.get_or_create(&vec![("command", sluice_proto::consts::com::name(c).into())]).clone())
+            .collect();
+
+        let bytes = Family::<Labels, Counter>::default();
+        registry.register("bytes", "Bytes relayed, by direction", bytes.clone());
+        let bytes_from_clients = bytes.get_or_create(&vec![("direction", "from_clients".into())]).clone();
+        let bytes_to_clients = bytes.get_or_create(&vec![("direction", "to_clients".into())]).clone();
+
+        let errors_family = Family::<Labels, Counter>::default();
+        registry.register("errors", "Failed sessions and commands, by whose fault it was", errors_family.clone());
+        let errors = [Side::Client, Side::Backend, Side::Proxy]
+            .map(|s| errors_family.get_or_create(&vec![("side", s.as_str().into())]).clone());
+
+        let up = Family::<Labels, Gauge>::default();
+        registry.register("backend_up", "1 when the backend passes health checks", up.clone());
+        let sessions = Family::<Labels, Gauge>::default();
+        registry.register("backend_sessions", "Client sessions on the backend now", sessions.clone());
+        let connect_errors = Family::<Labels, Counter>::default();
+        registry.register("backend_connect_errors", "Failed connection attempts to the backend", connect_errors.clone());
+        let latency = Family::<Labels, AtomicHistogram>::default();
+        registry.register(
+            "backend_query_duration_seconds",
+            "Time from a command reaching the backend to the end of its response",
+            latency.clone(),
+        );
+        let backends = backend_names
+            .iter()
+            .map(|n| {
+                let l = vec![("backend", n.clone())];
+                BackendMetrics {
+                    up: up.get_or_create(&l).clone(),
+                    sessions: sessions.get_or_create(&l).clone(),
+                    connect_errors: connect_errors.get_or_create(&l).clone(),
+                    latency: latency.get_or_create(&l).clone(),
+                }
+            })
+            .collect();
+
+        Metrics {
+            registry,
+            client_connections,
+            client_connections_total,
+            rejected,
+            commands,
+            bytes_from_clients,
+            bytes_to_clients,
+            errors,
+            backends,
+        }
+    }
+
+    #[inline]
+    pub fn command(&self, cmd: u8) {
+        self.commands[cmd as usize].inc();
+    }
+
+    pub fn reject(&self, r: Reject) {
+        self.rejected[r as usize].inc();
+    }
+
+    pub fn error(&self, side: Side) {
+        self.errors[side as usize].inc();
+    }
+
+    /// The Prometheus text exposition of every series.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_pre_registered_series() {
+        let m = Metrics::new(&["db1".into()]);
+        m.command(sluice_proto::consts::com::QUERY);
+        m.reject(Reject::MaxConnections);
+        m.backends[0].latency.observe_nanos(300_000);
+        let text = m.render();
+        assert!(text.contains("sluice_commands_total{command=\"query\"} 1"), "{text}");
+        assert!(text.contains("sluice_rejected_connections_total{reason=\"max_connections\"} 1"), "{text}");
+        assert!(text.contains("sluice_backend_query_duration_seconds_bucket{le=\"0.0005\",backend=\"db1\"} 1"), "{text}");
+    }
+}

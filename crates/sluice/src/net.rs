@@ -1,0 +1,142 @@
+//! Byte streams (TCP, Unix, TLS over either) and packet-level I/O for the connection phase.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use sluice_proto::packet::{HEADER, Header};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpStream, UnixStream};
+
+/// A connection to a client or a backend.
+pub enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+    Tls(Box<tokio_rustls::TlsStream<Stream>>),
+}
+
+impl Stream {
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Stream::Tls(_))
+    }
+
+    pub fn is_unix(&self) -> bool {
+        match self {
+            Stream::Unix(_) => true,
+            Stream::Tcp(_) => false,
+            Stream::Tls(t) => t.get_ref().0.is_unix(),
+        }
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self.get_mut() {
+            Stream::Tcp($s) => {
+                let $s = Pin::new($s);
+                $e
+            }
+            Stream::Unix($s) => {
+                let $s = Pin::new($s);
+                $e
+            }
+            Stream::Tls($s) => {
+                let $s = Pin::new(&mut **$s);
+                $e
+            }
+        }
+    };
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        delegate!(self, s => s.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        delegate!(self, s => s.poll_write(cx, buf))
+    }
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        delegate!(self, s => s.poll_write_vectored(cx, bufs))
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Tcp(s) => s.is_write_vectored(),
+            Stream::Unix(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        delegate!(self, s => s.poll_flush(cx))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        delegate!(self, s => s.poll_shutdown(cx))
+    }
+}
+
+/// Initial read buffer size of a connection.
+pub const BUF_SIZE: usize = 16 * 1024;
+
+/// A stream with a read buffer, for reading whole packets during the connection phase.
+pub struct PacketConn {
+    pub stream: Stream,
+    pub rbuf: BytesMut,
+}
+
+impl PacketConn {
+    pub fn new(stream: Stream) -> Self {
+        PacketConn { stream, rbuf: BytesMut::with_capacity(BUF_SIZE) }
+    }
+
+    /// Reads one physical packet (at most `limit` bytes of payload); returns its sequence id and
+    /// payload. Used only outside the relay's hot path.
+    pub async fn read_packet(&mut self, limit: usize) -> io::Result<(u8, Vec<u8>)> {
+        loop {
+            if let Some(h) = Header::parse(&self.rbuf) {
+                if h.len > limit {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, format!("packet of {} bytes is too large here", h.len)));
+                }
+                if self.rbuf.len() >= HEADER + h.len {
+                    let payload = self.rbuf[HEADER..HEADER + h.len].to_vec();
+                    self.rbuf.advance(HEADER + h.len);
+                    return Ok((h.seq, payload));
+                }
+                self.rbuf.reserve(HEADER + h.len - self.rbuf.len());
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Reads more bytes into the buffer; end of stream is an error.
+    pub async fn fill(&mut self) -> io::Result<usize> {
+        if self.rbuf.capacity() - self.rbuf.len() < 1024 {
+            self.rbuf.reserve(BUF_SIZE);
+        }
+        let n = self.stream.read_buf(&mut self.rbuf).await?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
+        }
+        Ok(n)
+    }
+
+    /// Frames and writes one payload.
+    pub async fn write_packet(&mut self, payload: &[u8], seq: u8) -> io::Result<u8> {
+        let mut out = Vec::with_capacity(payload.len() + HEADER);
+        let next = sluice_proto::packet::frame(&mut out, payload, seq);
+        self.stream.write_all(&out).await?;
+        Ok(next)
+    }
+}
+
+/// Sets TCP_NODELAY and keepalive on an accepted or connected TCP socket.
+pub fn tune_tcp(s: &TcpStream) {
+    let _ = s.set_nodelay(true);
+    let sock = socket2::SockRef::from(s);
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(60))
+        .with_interval(std::time::Duration::from_secs(10));
+    let _ = sock.set_tcp_keepalive(&ka);
+}

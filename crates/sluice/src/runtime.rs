@@ -1,0 +1,301 @@
+//! Threads and runtimes: the worker runtimes that own client sessions, the control thread
+//! (health checks, admin API, signals), listener sockets, and graceful shutdown.
+
+use std::net::SocketAddr;
+use std::os::unix::net::UnixListener as StdUnixListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::sync::watch;
+
+use crate::config::{Address, RuntimeFlavor, parse_address};
+use crate::ctx::Ctx;
+use crate::frontend::{self, Listener};
+use crate::net::{Stream, tune_tcp};
+
+/// A bound listener: one TCP socket per worker (SO_REUSEPORT), or one Unix socket shared by all.
+enum Bound {
+    Tcp(Vec<std::net::TcpListener>, SocketAddr),
+    Unix(StdUnixListener, PathBuf),
+}
+
+fn bind_tcp(addr: SocketAddr, count: usize) -> std::io::Result<(Vec<std::net::TcpListener>, SocketAddr)> {
+    let mut out = Vec::with_capacity(count);
+    let mut actual = addr;
+    for _ in 0..count.max(1) {
+        let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        s.set_reuse_address(true)?;
+        s.set_reuse_port(true)?;
+        s.set_nonblocking(true)?;
+        s.bind(&actual.into())?;
+        s.listen(1024)?;
+        let l: std::net::TcpListener = s.into();
+        actual = l.local_addr()?;
+        out.push(l);
+    }
+    Ok((out, actual))
+}
+
+fn bind_unix(path: &PathBuf) -> std::io::Result<StdUnixListener> {
+    if path.exists() {
+        // A socket file nobody listens on is left over from a previous run.
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, "another process listens on this socket"));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let l = StdUnixListener::bind(path)?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+/// Runs sluice until a graceful shutdown completes.
+pub fn run(ctx: Arc<Ctx>) -> Result<(), String> {
+    let workers = ctx.config.workers();
+    let flavor = ctx.config.proxy.runtime;
+    let per_socket = if flavor == RuntimeFlavor::PerCore { workers } else { 1 };
+    let mut bound = Vec::new();
+    let mut names = Vec::new();
+    for l in &ctx.config.listeners {
+        let info = Arc::new(Listener { name: l.address.get_ref().clone(), auth: ctx.config.auth_mode(l) });
+        match parse_address(l.address.get_ref())? {
+            Address::Tcp(a) => {
+                let (socks, actual) = bind_tcp(a, per_socket).map_err(|e| format!("listen on {a}: {e}"))?;
+                names.push(actual.to_string());
+                bound.push((Bound::Tcp(socks, actual), info));
+            }
+            Address::Unix(p) => {
+                let l = bind_unix(&p).map_err(|e| format!("listen on {}: {e}", p.display()))?;
+                names.push(p.display().to_string());
+                bound.push((Bound::Unix(l, p), info));
+            }
+        }
+    }
+    let admin = match &ctx.config.admin.listen {
+        Some(a) => {
+            let addr = match parse_address(a.get_ref())? {
+                Address::Tcp(a) => a,
+                Address::Unix(_) => return Err("admin.listen must be HOST:PORT".into()),
+            };
+            let l = std::net::TcpListener::bind(addr).map_err(|e| format!("admin listen on {addr}: {e}"))?;
+            l.set_nonblocking(true).map_err(|e| e.to_string())?;
+            Some(l)
+        }
+        None => None,
+    };
+    let admin_name = admin.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_else(|| "none".into());
+    for (l, _) in &bound {
+        if let Bound::Tcp(_, a) = l {
+            if !a.ip().is_loopback() {
+                tracing::warn!(address = %a, "listening on a non-loopback address");
+            }
+        }
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    spawn_control(ctx.clone(), admin, stop_tx, done_tx)?;
+    match flavor {
+        RuntimeFlavor::PerCore => spawn_per_core(&ctx, bound, workers, stop_rx)?,
+        RuntimeFlavor::Multi => spawn_multi(&ctx, bound, workers, stop_rx)?,
+    }
+    let joined = names.join(",");
+    tracing::info!(listeners = ?joined, admin = ?admin_name, workers, runtime = ?flavor, "sluice ready");
+    let _ = done_rx.recv();
+    tracing::info!("shutdown complete");
+    Ok(())
+}
+
+fn spawn_per_core(ctx: &Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, workers: usize, stop: watch::Receiver<bool>) -> Result<(), String> {
+    // Hand each worker its own TCP socket and a duplicate of every Unix socket.
+    let mut per_worker: Vec<Vec<(Bound, Arc<Listener>)>> = (0..workers).map(|_| Vec::new()).collect();
+    for (b, info) in bound {
+        match b {
+            Bound::Tcp(socks, a) => {
+                for (i, s) in socks.into_iter().enumerate() {
+                    per_worker[i % workers].push((Bound::Tcp(vec![s], a), info.clone()));
+                }
+            }
+            Bound::Unix(l, p) => {
+                for w in per_worker.iter_mut() {
+                    let dup = l.try_clone().map_err(|e| e.to_string())?;
+                    w.push((Bound::Unix(dup, p.clone()), info.clone()));
+                }
+            }
+        }
+    }
+    for (i, mine) in per_worker.into_iter().enumerate() {
+        let ctx = ctx.clone();
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name(format!("sluice-w{i}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start worker runtime");
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    for (b, info) in mine {
+                        start_accept(ctx.clone(), b, info, stop.clone());
+                    }
+                    std::future::pending::<()>().await;
+                });
+            })
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn spawn_multi(ctx: &Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, workers: usize, stop: watch::Receiver<bool>) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name("sluice-w")
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let ctx = ctx.clone();
+    std::thread::Builder::new()
+        .name("sluice-rt".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                for (b, info) in bound {
+                    start_accept(ctx.clone(), b, info, stop.clone());
+                }
+                std::future::pending::<()>().await;
+            });
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Starts accept loops on the current runtime for a bound listener.
+fn start_accept(ctx: Arc<Ctx>, b: Bound, info: Arc<Listener>, stop: watch::Receiver<bool>) {
+    match b {
+        Bound::Tcp(socks, _) => {
+            for s in socks {
+                let (ctx, info, mut stop) = (ctx.clone(), info.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let l = match tokio::net::TcpListener::from_std(s) {
+                        Ok(l) => l,
+                        Err(e) => return tracing::error!(error = %e, "listener"),
+                    };
+                    loop {
+                        tokio::select! {
+                            r = l.accept() => match r {
+                                Ok((s, peer)) => {
+                                    tune_tcp(&s);
+                                    tokio::spawn(frontend::serve(ctx.clone(), Stream::Tcp(s), peer.to_string(), info.clone()));
+                                }
+                                Err(e) => accept_error(e).await,
+                            },
+                            _ = stop.changed() => return,
+                        }
+                    }
+                });
+            }
+        }
+        Bound::Unix(s, path) => {
+            let mut stop = stop;
+            tokio::spawn(async move {
+                let l = match tokio::net::UnixListener::from_std(s) {
+                    Ok(l) => l,
+                    Err(e) => return tracing::error!(error = %e, "listener"),
+                };
+                let peer = format!("unix:{}", path.display());
+                loop {
+                    tokio::select! {
+                        r = l.accept() => match r {
+                            Ok((s, _)) => {
+                                tokio::spawn(frontend::serve(ctx.clone(), Stream::Unix(s), peer.clone(), info.clone()));
+                            }
+                            Err(e) => accept_error(e).await,
+                        },
+                        _ = stop.changed() => return,
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// Out of file descriptors and similar: log, back off briefly, keep serving.
+async fn accept_error(e: std::io::Error) {
+    tracing::warn!(side = "sluice", error = %e, "accept failed");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+}
+
+fn spawn_control(
+    ctx: Arc<Ctx>,
+    admin: Option<std::net::TcpListener>,
+    stop_tx: watch::Sender<bool>,
+    done_tx: std::sync::mpsc::Sender<()>,
+) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    std::thread::Builder::new()
+        .name("sluice-control".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                crate::health::run(ctx.clone()).await;
+                if let Some(l) = admin {
+                    match tokio::net::TcpListener::from_std(l) {
+                        Ok(l) => {
+                            let app = crate::admin::router(ctx.clone());
+                            tokio::spawn(async move {
+                                if let Err(e) = axum::serve(l, app).await {
+                                    tracing::error!(error = %e, "admin API stopped");
+                                }
+                            });
+                        }
+                        Err(e) => tracing::error!(error = %e, "admin listener"),
+                    }
+                }
+                wait_for_signal().await;
+                drain(&ctx, &stop_tx).await;
+                let _ = done_tx.send(());
+            });
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+        _ = int.recv() => tracing::info!("SIGINT: draining"),
+    }
+}
+
+/// Graceful shutdown: stop accepting, let sessions finish their transaction, then give up.
+async fn drain(ctx: &Ctx, stop_tx: &watch::Sender<bool>) {
+    ctx.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = stop_tx.send(true);
+    let deadline = Instant::now() + ctx.config.proxy.shutdown_timeout;
+    loop {
+        for h in ctx.sessions.all() {
+            h.wake.notify_one();
+        }
+        let left = ctx.sessions.len();
+        if left == 0 {
+            break;
+        }
+        if Instant::now() >= deadline {
+            tracing::warn!(sessions = left, "shutdown_timeout reached; closing the remaining sessions");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for l in &ctx.config.listeners {
+        if let Ok(Address::Unix(p)) = parse_address(l.address.get_ref()) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! Session state, owned in one place.
+//!
+//! [`SessionState`] is everything a client session has changed on its backend connection: the
+//! user, schema, collation, transaction status, session variables, prepared statements, and the
+//! reasons it is pinned to its backend. The session task owns it and updates it from the
+//! commands it relays and the responses it follows; pooling, migration and capture read it.
+//! A copy is published to the session's [`SessionHandle`] after each command that changed it,
+//! which is what the admin API shows.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Instant, SystemTime};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+use sluice_proto::basic::{self, StateChange};
+use sluice_proto::consts::status;
+use sluice_proto::response::Sink;
+
+/// A prepared statement as the client knows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Prepared {
+    pub sql: String,
+    pub params: u16,
+    pub columns: u16,
+    /// COM_STMT_SEND_LONG_DATA was sent and not yet consumed by an execute.
+    pub long_data: bool,
+    /// A cursor is open on it (COM_STMT_FETCH may follow).
+    pub cursor: bool,
+}
+
+/// Why a session cannot leave its backend connection right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pin {
+    /// A transaction is open.
+    Transaction,
+    /// A cursor is open on a prepared statement.
+    Cursor,
+    /// Long data was sent for a prepared statement that has not been executed.
+    LongData,
+    /// Sluice relays the client's login and holds no credentials to log in elsewhere.
+    PassthroughAuth,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SessionState {
+    pub user: String,
+    pub schema: Option<String>,
+    pub collation: u8,
+    /// Server status flags from the last OK/EOF.
+    pub status: u16,
+    /// Session variables the backend reported as changed (SESSION_TRACK).
+    pub variables: BTreeMap<String, String>,
+    pub prepared: HashMap<u32, Prepared>,
+    pub multi_statements: bool,
+    pub passthrough: bool,
+}
+
+impl SessionState {
+    pub fn in_transaction(&self) -> bool {
+        self.status & status::IN_TRANS != 0
+    }
+
+    /// Every reason the session is pinned to its backend connection now.
+    pub fn pins(&self) -> Vec<Pin> {
+        let mut v = Vec::new();
+        if self.in_transaction() {
+            v.push(Pin::Transaction);
+        }
+        if self.prepared.values().any(|p| p.cursor) {
+            v.push(Pin::Cursor);
+        }
+        if self.prepared.values().any(|p| p.long_data) {
+            v.push(Pin::LongData);
+        }
+        if self.passthrough {
+            v.push(Pin::PassthroughAuth);
+        }
+        v
+    }
+
+    /// Whether the session could be moved to another backend connection between commands.
+    pub fn at_safe_point(&self) -> bool {
+        !self.in_transaction() && !self.prepared.values().any(|p| p.cursor || p.long_data)
+    }
+
+    fn apply_ok(&mut self, ok: &basic::Ok<'_>) {
+        self.status = ok.status;
+        for change in basic::state_changes(ok.session_state) {
+            match change {
+                StateChange::Schema(s) => self.schema = Some(String::from_utf8_lossy(s).into_owned()),
+                StateChange::SystemVariable { name, value } => {
+                    self.variables
+                        .insert(String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned());
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Forgets what COM_RESET_CONNECTION or COM_CHANGE_USER resets on the server.
+    pub fn reset(&mut self) {
+        self.prepared.clear();
+        self.variables.clear();
+        self.status &= !status::IN_TRANS;
+    }
+}
+
+/// Updates the state from the response of one command (the tracker's sink).
+pub struct StateSink<'a> {
+    pub state: &'a mut SessionState,
+    /// The statement being prepared, when the command is COM_STMT_PREPARE.
+    pub preparing: Option<&'a [u8]>,
+    /// The statement executed, when the command is COM_STMT_EXECUTE or COM_STMT_FETCH.
+    pub executing: Option<u32>,
+    pub error: Option<u16>,
+    pub changed: bool,
+}
+
+impl Sink for StateSink<'_> {
+    fn ok(&mut self, ok: &basic::Ok<'_>) {
+        if ok.status != self.state.status || !ok.session_state.is_empty() {
+            self.changed = true;
+        }
+        self.state.apply_ok(ok);
+        if let Some(id) = self.executing {
+            if let Some(p) = self.state.prepared.get_mut(&id) {
+                p.cursor = ok.status & status::CURSOR_EXISTS != 0 && ok.status & status::LAST_ROW_SENT == 0;
+            }
+        }
+    }
+
+    fn eof(&mut self, st: u16) {
+        if st != self.state.status {
+            self.changed = true;
+        }
+        self.state.status = st;
+        if let Some(id) = self.executing {
+            if let Some(p) = self.state.prepared.get_mut(&id) {
+                p.cursor = st & status::CURSOR_EXISTS != 0 && st & status::LAST_ROW_SENT == 0;
+            }
+        }
+    }
+
+    fn err(&mut self, e: &basic::Err<'_>) {
+        self.error = Some(e.code);
+    }
+
+    fn prepared(&mut self, id: u32, columns: u16, params: u16) {
+        let sql = String::from_utf8_lossy(self.preparing.unwrap_or_default()).into_owned();
+        self.state.prepared.insert(id, Prepared { sql, params, columns, long_data: false, cursor: false });
+        self.changed = true;
+    }
+}
+
+/// What the admin API shows of a session.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionInfo {
+    pub id: u32,
+    pub client: String,
+    pub listener: String,
+    pub tls: bool,
+    pub compressed: bool,
+    pub connected_at_unix: u64,
+    pub backend: Option<String>,
+    pub backend_thread_id: Option<u32>,
+    pub state: SessionState,
+    pub pins: Vec<Pin>,
+    pub safe_point: bool,
+    pub queries: u64,
+    pub busy: bool,
+}
+
+/// The shared face of a session: what other tasks may see or ask of it.
+pub struct SessionHandle {
+    pub id: u32,
+    pub started: Instant,
+    pub queries: AtomicU64,
+    pub busy: AtomicBool,
+    /// Set by KILL CONNECTION or a forced shutdown.
+    pub killed: AtomicBool,
+    /// Woken to make an idle session look at `killed` and the drain flag.
+    pub wake: tokio::sync::Notify,
+    pub backend_index: AtomicU32,
+    pub backend_thread_id: AtomicU32,
+    pub info: Mutex<SessionInfo>,
+}
+
+impl SessionHandle {
+    pub fn new(id: u32, client: String, listener: String) -> SessionHandle {
+        let connected_at_unix = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        SessionHandle {
+            id,
+            started: Instant::now(),
+            queries: AtomicU64::new(0),
+            busy: AtomicBool::new(false),
+            killed: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+            backend_index: AtomicU32::new(u32::MAX),
+            backend_thread_id: AtomicU32::new(0),
+            info: Mutex::new(SessionInfo {
+                id,
+                client,
+                listener,
+                tls: false,
+                compressed: false,
+                connected_at_unix,
+                backend: None,
+                backend_thread_id: None,
+                state: SessionState::default(),
+                pins: Vec::new(),
+                safe_point: true,
+                queries: 0,
+                busy: false,
+            }),
+        }
+    }
+
+    /// Publishes the session's state for the admin API.
+    pub fn publish(&self, state: &SessionState) {
+        let mut i = self.info.lock();
+        i.pins = state.pins();
+        i.safe_point = state.at_safe_point();
+        i.state = state.clone();
+    }
+
+    pub fn snapshot(&self) -> SessionInfo {
+        let mut i = self.info.lock().clone();
+        i.queries = self.queries.load(Ordering::Relaxed);
+        i.busy = self.busy.load(Ordering::Relaxed);
+        i
+    }
+
+    pub fn kill(&self) {
+        self.killed.store(true, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+}
+
+/// All live sessions by sluice connection id.
+#[derive(Default)]
+pub struct Registry {
+    map: Mutex<HashMap<u32, Arc<SessionHandle>>>,
+    next_id: AtomicU32,
+}
+
+impl Registry {
+    pub fn next_id(&self) -> u32 {
+        // Ids start at 1 and skip 0 on wrap-around.
+        loop {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+            if id != 0 {
+                return id;
+            }
+        }
+    }
+
+    pub fn insert(&self, h: Arc<SessionHandle>) {
+        self.map.lock().insert(h.id, h);
+    }
+
+    pub fn remove(&self, id: u32) {
+        self.map.lock().remove(&id);
+    }
+
+    pub fn get(&self, id: u32) -> Option<Arc<SessionHandle>> {
+        self.map.lock().get(&id).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<SessionHandle>> {
+        let mut v: Vec<_> = self.map.lock().values().cloned().collect();
+        v.sort_by_key(|h| h.id);
+        v
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,313 @@
+//! Real MariaDB servers for tests and benchmarks: each one gets its own data directory (copied
+//! from a template initialised once per machine), its own loopback port and Unix socket.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Users every test server has (created in the template).
+pub const SETUP_SQL: &str = "
+CREATE USER 'app'@'%' IDENTIFIED BY 'apppw';
+GRANT ALL ON *.* TO 'app'@'%' WITH GRANT OPTION;
+CREATE USER 'other'@'%' IDENTIFIED BY 'otherpw';
+GRANT ALL ON test.* TO 'other'@'%';
+CREATE USER 'nopw'@'%';
+GRANT ALL ON test.* TO 'nopw'@'%';
+CREATE USER 'ed'@'%' IDENTIFIED VIA ed25519 USING PASSWORD('edpw');
+GRANT ALL ON test.* TO 'ed'@'%';
+CREATE USER 'monitor'@'%' IDENTIFIED BY 'monitorpw';
+CREATE USER 'sbtest'@'%' IDENTIFIED BY 'sbtest';
+GRANT ALL ON *.* TO 'sbtest'@'%';
+CREATE DATABASE IF NOT EXISTS test;
+CREATE DATABASE IF NOT EXISTS sbtest;
+FLUSH PRIVILEGES;
+";
+
+fn server_binary() -> Option<PathBuf> {
+    ["/usr/sbin/mariadbd", "/usr/bin/mariadbd", "/usr/sbin/mysqld"].iter().map(PathBuf::from).find(|p| p.exists())
+}
+
+/// Installs mariadb-server with apt when no server binary is present (serialised by a lock so
+/// that parallel tests do not run apt twice).
+pub fn ensure_installed() -> PathBuf {
+    if let Some(p) = server_binary() {
+        return p;
+    }
+    let _lock = FileLock::acquire(&std::env::temp_dir().join("sluice-testkit-apt.lock"));
+    if let Some(p) = server_binary() {
+        return p;
+    }
+    eprintln!("testkit: installing mariadb-server with apt-get");
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server mariadb-client >/dev/null")
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "could not install mariadb-server with apt-get");
+    server_binary().expect("mariadbd after install")
+}
+
+/// A crude cross-process lock on a file (held while the value lives).
+struct FileLock(PathBuf);
+
+impl FileLock {
+    fn acquire(path: &Path) -> FileLock {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            match fs::OpenOptions::new().write(true).create_new(true).open(path) {
+                Ok(mut f) => {
+                    let _ = write!(f, "{}", std::process::id());
+                    return FileLock(path.to_path_buf());
+                }
+                Err(_) => {
+                    // A lock left by a dead process is taken over.
+                    let stale = fs::read_to_string(path)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<u32>().ok())
+                        .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+                    if stale {
+                        let _ = fs::remove_file(path);
+                        continue;
+                    }
+                    assert!(Instant::now() < deadline, "timed out waiting for {}", path.display());
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+/// Where test servers live: under the cargo target directory when known, else the temp dir.
+pub fn work_root() -> PathBuf {
+    let base = std::env::var_os("SLUICE_TESTKIT_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+            .join("testkit")
+    });
+    fs::create_dir_all(&base).expect("create testkit dir");
+    base
+}
+
+fn server_args(bin: &Path, datadir: &Path, socket: &Path, port: Option<u16>) -> Command {
+    let mut c = Command::new(bin);
+    c.arg("--no-defaults")
+        .arg(format!("--datadir={}", datadir.display()))
+        .arg(format!("--socket={}", socket.display()))
+        .arg(format!("--pid-file={}", datadir.join("mariadb.pid").display()))
+        .arg(format!("--log-error={}", datadir.join("error.log").display()))
+        .arg("--user=root")
+        .arg("--innodb-buffer-pool-size=64M")
+        .arg("--innodb-log-file-size=16M")
+        .arg("--innodb-flush-log-at-trx-commit=2")
+        .arg("--skip-log-bin")
+        .arg("--skip-name-resolve")
+        .arg("--max-connections=4000")
+        .arg("--max-allowed-packet=256M")
+        .arg("--plugin-load-add=auth_ed25519")
+        .arg("--local-infile=1")
+        .arg("--performance-schema=OFF");
+    match port {
+        Some(p) => c.arg(format!("--port={p}")).arg("--bind-address=127.0.0.1"),
+        None => c.arg("--skip-networking"),
+    };
+    c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    c
+}
+
+/// Builds the template data directory once per machine (it is reused across test runs).
+fn template(bin: &Path) -> PathBuf {
+    let root = work_root();
+    let dir = root.join("mariadb-template");
+    if dir.join("READY").exists() {
+        return dir;
+    }
+    let _lock = FileLock::acquire(&root.join("template.lock"));
+    if dir.join("READY").exists() {
+        return dir;
+    }
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).expect("template dir");
+    let install = ["/usr/bin/mariadb-install-db", "/usr/bin/mysql_install_db"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("mariadb-install-db");
+    let out = Command::new(install)
+        .arg("--no-defaults")
+        .arg(format!("--datadir={}", dir.display()))
+        .arg("--user=root")
+        .arg("--auth-root-authentication-method=normal")
+        .arg("--skip-test-db")
+        .arg("--innodb-log-file-size=16M")
+        .output()
+        .expect("run mariadb-install-db");
+    assert!(out.status.success(), "mariadb-install-db failed: {}", String::from_utf8_lossy(&out.stderr));
+    let socket = root.join("template.sock");
+    let mut child = server_args(bin, &dir, &socket, None).spawn().expect("start template server");
+    wait_socket(&socket, &mut child, &dir);
+    run_sql(&socket, SETUP_SQL).expect("template setup SQL");
+    run_sql(&socket, "SHUTDOWN").ok();
+    let _ = child.wait();
+    fs::write(dir.join("READY"), b"ok").expect("mark template");
+    dir
+}
+
+fn wait_socket(socket: &Path, child: &mut Child, datadir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            return;
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            let log = fs::read_to_string(datadir.join("error.log")).unwrap_or_default();
+            panic!("mariadbd exited with {st} during start:\n{log}");
+        }
+        assert!(Instant::now() < deadline, "mariadbd did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs SQL as root over the server's Unix socket with the `mariadb` command-line client and
+/// returns its tab-separated output.
+pub fn run_sql(socket: &Path, sql: &str) -> Result<String, String> {
+    let mut child = Command::new("mariadb")
+        .arg(format!("--socket={}", socket.display()))
+        .args(["-uroot", "--batch", "--skip-column-names"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("run mariadb client: {e}"))?;
+    child.stdin.take().expect("stdin").write_all(sql.as_bytes()).map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// A free loopback port (bound and released; the server binds it right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// One running MariaDB server. Stopped and removed when dropped.
+pub struct MariaDb {
+    pub port: u16,
+    pub socket: PathBuf,
+    pub dir: PathBuf,
+    bin: PathBuf,
+    child: Option<Child>,
+}
+
+impl MariaDb {
+    /// Starts a fresh server on a free loopback port.
+    pub fn start() -> MariaDb {
+        let bin = ensure_installed();
+        let tpl = template(&bin);
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let dir = work_root().join(format!("db-{}-{}", std::process::id(), n));
+        let _ = fs::remove_dir_all(&dir);
+        copy_dir(&tpl, &dir);
+        let _ = fs::remove_file(dir.join("READY"));
+        let socket = dir.join("mariadb.sock");
+        let mut db = MariaDb { port: 0, socket, dir, bin, child: None };
+        db.launch(free_port());
+        db
+    }
+
+    fn launch(&mut self, port: u16) {
+        self.port = port;
+        let mut child = server_args(&self.bin, &self.dir, &self.socket, Some(port)).spawn().expect("spawn mariadbd");
+        wait_socket(&self.socket, &mut child, &self.dir);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "mariadbd not listening on {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child = Some(child);
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn sql(&self, sql: &str) -> String {
+        run_sql(&self.socket, sql).unwrap_or_else(|e| panic!("SQL failed: {sql}: {e}"))
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// SIGKILL: the server dies without closing connections cleanly.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// A normal shutdown (SIGTERM), waiting for the process to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe_free_kill(c.id(), "TERM");
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and data directory.
+    pub fn restart(&mut self) {
+        self.stop();
+        let _ = fs::remove_file(&self.socket);
+        self.launch(self.port);
+    }
+
+    /// Whether the server answers with a greeting right now.
+    pub fn greets(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else { return false };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).is_ok() && b[4] == 10
+    }
+}
+
+fn unsafe_free_kill(pid: u32, sig: &str) {
+    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+}
+
+impl Drop for MariaDb {
+    fn drop(&mut self) {
+        self.kill();
+        if std::env::var_os("SLUICE_KEEP_TEST_DIRS").is_none() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).expect("create data dir");
+    for entry in fs::read_dir(from).expect("read template") {
+        let entry = entry.expect("template entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else if entry.file_type().expect("file type").is_file() {
+            fs::copy(entry.path(), &target).expect("copy template file");
+        }
+    }
+}
