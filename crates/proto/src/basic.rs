@@ -42,6 +42,39 @@ impl<'a> Ok<'a> {
     }
 }
 
+fn lenenc_len(n: u64) -> usize {
+    match n {
+        0..=0xfa => 1,
+        0xfb..=0xffff => 3,
+        0x1_0000..=0xff_ffff => 4,
+        _ => 9,
+    }
+}
+
+/// Length of an OK payload without its info string and session-state block.
+pub fn ok_fixed_len(ok: &Ok<'_>) -> usize {
+    1 + lenenc_len(ok.affected_rows) + lenenc_len(ok.last_insert_id) + 4
+}
+
+/// Rewrites an OK payload that carries SESSION_TRACK data (a length-encoded info string and a
+/// state-change block) into the form a client without CLIENT_SESSION_TRACK expects: without
+/// the state block, and with the info as a plain string (MySQL) or still length-encoded
+/// (`lenenc_info`: MariaDB servers always send it so). Returns None when nothing changes.
+pub fn strip_session_track(payload: &[u8], lenenc_info: bool) -> Option<Vec<u8>> {
+    let ok = Ok::parse(payload, true).ok()?;
+    let mut plain = Vec::with_capacity(payload.len());
+    let status = ok.status & !crate::consts::status::SESSION_STATE_CHANGED;
+    ok_payload(&mut plain, payload[0], ok.affected_rows, ok.last_insert_id, status, ok.warnings);
+    if lenenc_info {
+        if !ok.info.is_empty() {
+            crate::packet::put_lenenc_bytes(&mut plain, ok.info);
+        }
+    } else {
+        plain.extend_from_slice(ok.info);
+    }
+    (plain != payload).then_some(plain)
+}
+
 /// Reads only the status flags of an OK or EOF payload; cheap, for the hot path.
 /// A 0xfe packet is an OK-shaped terminator when DEPRECATE_EOF was negotiated, else a classic EOF.
 pub fn terminator_status(payload: &[u8], deprecate_eof: bool) -> Option<u16> {
@@ -178,6 +211,23 @@ mod tests {
             ]
         );
         assert_eq!(terminator_status(&p, true), Some(status::AUTOCOMMIT | status::SESSION_STATE_CHANGED));
+    }
+
+    #[test]
+    fn strip_session_track_info() {
+        let mut p = Vec::new();
+        ok_payload(&mut p, 0, 1, 0, status::SESSION_STATE_CHANGED | status::AUTOCOMMIT, 0);
+        crate::packet::put_lenenc_bytes(&mut p, b"Rows matched: 1");
+        crate::packet::put_lenenc_bytes(&mut p, b"\x01\x05\x04test");
+        let plain = strip_session_track(&p, false).unwrap();
+        let ok = Ok::parse(&plain, false).unwrap();
+        assert_eq!((ok.status, ok.info), (status::AUTOCOMMIT, &b"Rows matched: 1"[..]));
+        let mariadb = strip_session_track(&p, true).unwrap();
+        let ok = Ok::parse(&mariadb, true).unwrap();
+        assert_eq!((ok.status, ok.info, ok.session_state), (status::AUTOCOMMIT, &b"Rows matched: 1"[..], &b""[..]));
+        let mut bare = Vec::new();
+        ok_payload(&mut bare, 0, 0, 0, status::AUTOCOMMIT, 0);
+        assert_eq!(strip_session_track(&bare, false), None);
     }
 
     #[test]

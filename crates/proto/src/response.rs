@@ -62,6 +62,10 @@ pub enum State {
     /// The server asked for a LOCAL INFILE upload; the client's data packets follow, ending with
     /// an empty packet, after which [`ResponseTracker::after_infile`] resumes tracking.
     LocalInfile,
+    /// The `len` bytes after `consumed` are an OK packet (already processed) that carries
+    /// SESSION_TRACK data the client did not ask for: the caller sends a rewritten copy
+    /// (see [`crate::basic::strip_session_track`]) instead, skips them, and scans on.
+    Rewrite { len: usize },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +90,12 @@ pub struct ResponseTracker {
     phase: Phase,
     deprecate_eof: bool,
     session_track: bool,
+    /// The client lacks CLIENT_SESSION_TRACK while the server sends it: OKs with tracking data
+    /// are reported as [`State::Rewrite`].
+    strip_session_track: bool,
+    /// The server writes OK info length-encoded even without SESSION_TRACK (MariaDB).
+    lenenc_info: bool,
+    rewrite: bool,
     /// Payload bytes of the current packet still to pass without looking.
     skip: usize,
     /// The packet being skipped is 0xffffff long: the next one continues it.
@@ -102,11 +112,22 @@ impl ResponseTracker {
             phase: Phase::Done,
             deprecate_eof,
             session_track,
+            strip_session_track: false,
+            lenenc_info: false,
+            rewrite: false,
             skip: 0,
             continued: false,
             last_status: None,
             last_seq: 0,
         }
+    }
+
+    /// Reports OKs with SESSION_TRACK data for rewriting (client without CLIENT_SESSION_TRACK).
+    /// `lenenc_info`: the server is MariaDB, whose OK info is length-encoded either way.
+    pub fn strip_session_track(mut self, on: bool, lenenc_info: bool) -> Self {
+        self.strip_session_track = on && self.session_track;
+        self.lenenc_info = lenenc_info;
+        self
     }
 
     /// Begins following the response to a new command.
@@ -127,6 +148,10 @@ impl ResponseTracker {
     /// Resumes after the client finished a LOCAL INFILE upload: the server answers OK or ERR.
     pub fn after_infile(&mut self) {
         self.phase = Phase::First;
+    }
+
+    pub fn lenenc_info(&self) -> bool {
+        self.lenenc_info
     }
 
     /// True when the next byte would start a packet (an error can be injected cleanly).
@@ -180,9 +205,13 @@ impl ResponseTracker {
                 if body.len() < h.len {
                     return Ok(Scan { consumed: pos, state: State::Pending });
                 }
+                let start = pos;
                 pos += HEADER + h.len;
                 if self.control(&body[..h.len], sink)? {
                     return Ok(Scan { consumed: pos, state: State::LocalInfile });
+                }
+                if std::mem::take(&mut self.rewrite) {
+                    return Ok(Scan { consumed: start, state: State::Rewrite { len: HEADER + h.len } });
                 }
             } else {
                 self.data(first, sink);
@@ -330,6 +359,8 @@ impl ResponseTracker {
         } else {
             let ok = basic::Ok::parse(p, self.session_track)?;
             sink.ok(&ok);
+            self.rewrite = self.strip_session_track
+                && (ok.status & status::SESSION_STATE_CHANGED != 0 || (!self.lenenc_info && p.len() > basic::ok_fixed_len(&ok)));
             ok.status
         };
         self.last_status = Some(st);

@@ -252,3 +252,22 @@ fn garbage_is_an_error_not_a_panic() {
     t.start(Expect::Results);
     assert!(t.scan(&[0xff, 0xff, 0xff, 0, 0], &mut NoSink).is_err());
 }
+
+#[test]
+fn session_track_ok_is_reported_for_rewrite() {
+    let mut p = Vec::new();
+    ok_payload(&mut p, 0, 1, 0, status::SESSION_STATE_CHANGED, 0);
+    crate::packet::put_lenenc_bytes(&mut p, b"");
+    crate::packet::put_lenenc_bytes(&mut p, b"\x01\x02\x01x");
+    let mut s = Stream::new();
+    s.packet(&p);
+    let mut t = ResponseTracker::new(true, true).strip_session_track(true, true);
+    t.start(Expect::Results);
+    let r = t.scan(&s.out, &mut NoSink).unwrap();
+    assert_eq!((r.consumed, r.state), (0, State::Rewrite { len: s.out.len() }));
+    assert!(t.is_done());
+    // A client that asked for SESSION_TRACK gets the packet as it is.
+    let mut t = ResponseTracker::new(true, true).strip_session_track(false, true);
+    t.start(Expect::Results);
+    assert_eq!(t.scan(&s.out, &mut NoSink).unwrap().state, State::Done);
+}

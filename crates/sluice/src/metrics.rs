@@ -130,7 +130,7 @@ impl Metrics {
         let client_connections = Gauge::default();
         registry.register("client_connections", "Client connections open now", client_connections.clone());
         let client_connections_total = Counter::default();
-        registry.register("client_connections", "Client connections accepted", client_connections_total.clone());
+        registry.register("client_connections_accepted", "Client connections accepted", client_connections_total.clone());
 
         let rejected_family = Family::<Labels, Counter>::default();
         registry.register("rejected_connections", "Client connections refused, by reason", rejected_family.clone());

@@ -2,6 +2,7 @@
 //! loopback ports with their own data directories, and a sluice process under test.
 
 pub mod mariadb;
+pub mod raw;
 pub mod sluice;
 
 pub use mariadb::MariaDb;

@@ -126,6 +126,42 @@ fn server_args(bin: &Path, datadir: &Path, socket: &Path, port: Option<u16>) -> 
     c
 }
 
+/// Spawns a process that is killed when this process ends, however it ends (a crashed test, a
+/// killed benchmark), so no server outlives its harness. The parent-death signal is tied to the
+/// spawning thread, so every child is spawned from one thread that lives as long as the process.
+pub fn spawn(mut c: Command) -> std::io::Result<Child> {
+    use std::sync::mpsc;
+    type Job = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: std::sync::OnceLock<std::sync::Mutex<mpsc::Sender<Job>>> = std::sync::OnceLock::new();
+    die_with_parent(&mut c);
+    let tx = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("testkit-spawner".into())
+            .spawn(move || {
+                for (mut c, reply) in rx {
+                    let _ = reply.send(c.spawn());
+                }
+            })
+            .expect("spawner thread");
+        std::sync::Mutex::new(tx)
+    });
+    let (rtx, rrx) = mpsc::channel();
+    tx.lock().map_err(|_| std::io::Error::other("spawner poisoned"))?.send((c, rtx)).map_err(|_| std::io::Error::other("spawner gone"))?;
+    rrx.recv().map_err(|_| std::io::Error::other("spawner gone"))?
+}
+
+fn die_with_parent(c: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches only the child's own state.
+    unsafe {
+        c.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
 /// Builds the template data directory once per machine (it is reused across test runs).
 fn template(bin: &Path) -> PathBuf {
     let root = work_root();
@@ -154,7 +190,7 @@ fn template(bin: &Path) -> PathBuf {
         .expect("run mariadb-install-db");
     assert!(out.status.success(), "mariadb-install-db failed: {}", String::from_utf8_lossy(&out.stderr));
     let socket = root.join("template.sock");
-    let mut child = server_args(bin, &dir, &socket, None).spawn().expect("start template server");
+    let mut child = spawn(server_args(bin, &dir, &socket, None)).expect("start template server");
     wait_socket(&socket, &mut child, &dir);
     run_sql(&socket, SETUP_SQL).expect("template setup SQL");
     run_sql(&socket, "SHUTDOWN").ok();
@@ -220,6 +256,9 @@ impl MariaDb {
         let bin = ensure_installed();
         let tpl = template(&bin);
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        if n == 0 {
+            remove_stale_dirs();
+        }
         let dir = work_root().join(format!("db-{}-{}", std::process::id(), n));
         let _ = fs::remove_dir_all(&dir);
         copy_dir(&tpl, &dir);
@@ -232,7 +271,7 @@ impl MariaDb {
 
     fn launch(&mut self, port: u16) {
         self.port = port;
-        let mut child = server_args(&self.bin, &self.dir, &self.socket, Some(port)).spawn().expect("spawn mariadbd");
+        let mut child = spawn(server_args(&self.bin, &self.dir, &self.socket, Some(port))).expect("spawn mariadbd");
         wait_socket(&self.socket, &mut child, &self.dir);
         let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -265,7 +304,7 @@ impl MariaDb {
     /// A normal shutdown (SIGTERM), waiting for the process to exit.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            unsafe_free_kill(c.id(), "TERM");
+            signal(c.id(), "TERM");
             let _ = c.wait();
         }
     }
@@ -286,7 +325,7 @@ impl MariaDb {
     }
 }
 
-fn unsafe_free_kill(pid: u32, sig: &str) {
+fn signal(pid: u32, sig: &str) {
     let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
 }
 
@@ -295,6 +334,20 @@ impl Drop for MariaDb {
         self.kill();
         if std::env::var_os("SLUICE_KEEP_TEST_DIRS").is_none() {
             let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Removes data directories left by test processes that no longer exist.
+fn remove_stale_dirs() {
+    let Ok(entries) = fs::read_dir(work_root()) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name.strip_prefix("db-").and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = fs::remove_dir_all(e.path());
+            }
         }
     }
 }

@@ -30,15 +30,14 @@ impl SluiceProc {
             std::process::id(),
             crate::unique_id()
         ));
-        let mut child = Command::new(bin)
-            .args(args)
+        let mut cmd = Command::new(bin);
+        cmd.args(args)
             .env("RUST_LOG", std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "info".into()))
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn sluice");
+            .stderr(Stdio::piped());
+        let mut child = crate::mariadb::spawn(cmd).expect("spawn sluice");
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = mpsc::channel();
         let log_path = log.clone();

@@ -76,8 +76,10 @@ pub async fn maybe_tls(b: &Backend, conn: PacketConn, g: &Greeting, hr: &Handsha
 }
 
 /// The capabilities sluice asks a backend for on behalf of a client.
+/// SESSION_TRACK is always asked for when the backend has it: sluice follows schema and
+/// variable changes through it even for clients that did not ask (their OKs are rewritten).
 pub fn backend_capabilities(client: u32, g: &Greeting, tls: bool) -> u32 {
-    let mut c = client & g.capabilities & !cap::TRANSPORT;
+    let mut c = (client | cap::SESSION_TRACK) & g.capabilities & !cap::TRANSPORT;
     if tls {
         c |= cap::SSL;
     }

@@ -122,7 +122,10 @@ impl Session<'_> {
         let io_b = |e| Error::io(Side::Backend, "change user", e);
         self.backend.write_packet(&payload, 0).await.map_err(io_b)?;
         loop {
-            let (seq, p) = self.backend.read_packet(1 << 20).await.map_err(io_b)?;
+            let (seq, mut p) = self.backend.read_packet(1 << 20).await.map_err(io_b)?;
+            if p.first() == Some(&0) && caps & cap::SESSION_TRACK == 0 {
+                p = sluice_proto::basic::strip_session_track(&p, self.mariadb).unwrap_or(p);
+            }
             self.client.write_packet(&p, seq).await.map_err(|e| Error::io(Side::Client, "change user", e))?;
             match p.first() {
                 Some(0x00) => {

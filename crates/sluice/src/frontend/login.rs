@@ -30,6 +30,8 @@ struct Backed {
     guard: BackendGuard,
     backend_thread_id: u32,
     backend_caps: u32,
+    /// The backend is MariaDB, whose OK packets carry length-encoded info in any case.
+    mariadb: bool,
     credential: Option<Credential>,
     counted_user: Option<String>,
 }
@@ -44,6 +46,7 @@ pub struct LoggedIn {
     pub client_caps: u32,
     /// Capabilities in force between sluice and the backend.
     pub backend_caps: u32,
+    pub mariadb: bool,
     pub compression: Option<sluice_proto::compress::Algorithm>,
     pub state: SessionState,
     pub credential: Option<Credential>,
@@ -196,6 +199,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
             backend_thread_id: b.backend_thread_id,
             client_caps,
             backend_caps: b.backend_caps,
+            mariadb: b.mariadb,
             compression,
             state,
             credential: b.credential,
@@ -266,9 +270,13 @@ async fn passthrough(
     backend.write_packet(&out, bseq).await.map_err(io_b)?;
     let guard = o.backend.bind();
     let backend_caps = bhr.capabilities;
+    let mariadb = o.greeting.capabilities & cap::LONG_PASSWORD == 0;
     // Relay the exchange until the backend says OK or ERR.
     loop {
-        let (bseq, p) = backend.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| (Error::io(Side::Backend, "login", e).into(), Some(cseq)))?;
+        let (bseq, mut p) = backend.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| (Error::io(Side::Backend, "login", e).into(), Some(cseq)))?;
+        if p.first() == Some(&0) && client_caps & cap::SESSION_TRACK == 0 {
+            p = sluice_proto::basic::strip_session_track(&p, mariadb).unwrap_or(p);
+        }
         client.write_packet(&p, cseq).await.map_err(|e| (Error::io(Side::Client, "login", e).into(), None))?;
         cseq = cseq.wrapping_add(1);
         match p.first() {
@@ -278,6 +286,7 @@ async fn passthrough(
                     guard,
                     backend_thread_id: o.greeting.connection_id,
                     backend_caps,
+                    mariadb,
                     credential: None,
                     counted_user: None,
                 });
@@ -381,6 +390,7 @@ async fn users(
                     guard: o.backend.bind(),
                     backend_thread_id: o.greeting.connection_id,
                     backend_caps,
+                    mariadb: o.greeting.capabilities & cap::LONG_PASSWORD == 0,
                     credential: Some(credential.clone()),
                     counted_user: Some(name.clone()),
                 };

@@ -33,6 +33,7 @@ pub struct Session<'a> {
     pub(super) state: SessionState,
     client_caps: u32,
     backend_caps: u32,
+    pub(super) mariadb: bool,
     #[allow(dead_code)]
     pub(super) credential: Option<Credential>,
     /// The backend went away while the session was idle; the next command gets this error.
@@ -47,18 +48,21 @@ pub(super) enum Flow {
 
 impl<'a> Session<'a> {
     pub fn new(ctx: &'a Ctx, handle: &'a SessionHandle, l: LoggedIn) -> Session<'a> {
-        let deprecate_eof = l.backend_caps & sluice_proto::consts::cap::DEPRECATE_EOF != 0;
-        let session_track = l.backend_caps & sluice_proto::consts::cap::SESSION_TRACK != 0;
+        use sluice_proto::consts::cap;
+        let deprecate_eof = l.backend_caps & cap::DEPRECATE_EOF != 0;
+        let session_track = l.backend_caps & cap::SESSION_TRACK != 0;
+        let client_track = l.client_caps & cap::SESSION_TRACK != 0;
         Session {
             ctx,
             handle,
             client: ClientConn::new(l.client, l.compression),
             backend: l.backend,
             guard: l.guard,
-            tracker: ResponseTracker::new(deprecate_eof, session_track),
+            tracker: ResponseTracker::new(deprecate_eof, session_track).strip_session_track(!client_track, l.mariadb),
             state: l.state,
             client_caps: l.client_caps,
             backend_caps: l.backend_caps,
+            mariadb: l.mariadb,
             credential: l.credential,
             backend_lost: None,
         }
@@ -349,6 +353,13 @@ pub(super) async fn relay_response(
             State::LocalInfile => {
                 relay_infile(backend, client, ctx).await?;
                 tracker.after_infile();
+            }
+            State::Rewrite { len } => {
+                let packet = &backend.rbuf[..len];
+                let plain = sluice_proto::basic::strip_session_track(&packet[HEADER..], tracker.lenenc_info());
+                let payload = plain.as_deref().unwrap_or(&packet[HEADER..]);
+                client.write_packet(payload, packet[3]).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
+                backend.rbuf.advance(len);
             }
             State::Pending => {
                 if backend.rbuf.capacity() - backend.rbuf.len() < 4096 {

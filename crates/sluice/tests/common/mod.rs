@@ -1,0 +1,102 @@
+//! Shared set-up for the integration tests: real MariaDB servers and a sluice process.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use mysql_async::prelude::*;
+use mysql_async::{Conn, Opts, OptsBuilder};
+pub use sluice_testkit::raw::{Raw, err_code};
+pub use sluice_testkit::{MariaDb, SluiceProc};
+
+pub fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+/// One MariaDB server shared by the tests of a test binary (killed when the binary exits).
+pub fn shared_db() -> &'static MariaDb {
+    static DB: OnceLock<MariaDb> = OnceLock::new();
+    DB.get_or_init(MariaDb::start)
+}
+
+/// A passthrough sluice in front of the shared server, shared by the tests of a binary.
+pub fn shared_sluice() -> &'static SluiceProc {
+    static S: OnceLock<SluiceProc> = OnceLock::new();
+    S.get_or_init(|| start_sluice(&[shared_db()], &[]))
+}
+
+/// Starts sluice in front of `dbs` with quick-start flags plus `extra`.
+pub fn start_sluice(dbs: &[&MariaDb], extra: &[&str]) -> SluiceProc {
+    let mut args = vec!["--listen".to_string(), "127.0.0.1:0".into(), "--admin".into(), "127.0.0.1:0".into()];
+    for d in dbs {
+        args.push("--backend".into());
+        args.push(d.addr());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    SluiceProc::start(bin(), &args)
+}
+
+/// Starts sluice with a configuration file whose text is given.
+pub fn start_sluice_config(toml: &str) -> SluiceProc {
+    let path = sluice_testkit::mariadb::work_root().join(format!("cfg-{}-{}.toml", std::process::id(), sluice_testkit::unique_id()));
+    std::fs::write(&path, toml).expect("write config");
+    SluiceProc::start(bin(), &["--config".to_string(), path.display().to_string()])
+}
+
+/// `[[backends]]` entries for servers.
+pub fn backends_toml(dbs: &[&MariaDb]) -> String {
+    dbs.iter().map(|d| format!("[[backends]]\naddress = \"{}\"\n", d.addr())).collect()
+}
+
+pub fn opts(addr: &str, user: &str, pass: &str) -> OptsBuilder {
+    let (host, port) = addr.rsplit_once(':').expect("host:port");
+    OptsBuilder::default()
+        .ip_or_hostname(host.to_string())
+        .tcp_port(port.parse().expect("port"))
+        .user(Some(user.to_string()))
+        .pass(Some(pass.to_string()))
+        .prefer_socket(false)
+}
+
+pub async fn connect(addr: &str, user: &str, pass: &str) -> Conn {
+    Conn::new(Opts::from(opts(addr, user, pass))).await.unwrap_or_else(|e| panic!("connect {user}@{addr}: {e}"))
+}
+
+pub async fn app(s: &SluiceProc) -> Conn {
+    connect(&s.listen, "app", "apppw").await
+}
+
+/// A fresh database for one test, so that tests sharing a server do not collide.
+pub async fn fresh_db(c: &mut Conn, name: &str) {
+    c.query_drop(format!("DROP DATABASE IF EXISTS {name}")).await.expect("drop db");
+    c.query_drop(format!("CREATE DATABASE {name}")).await.expect("create db");
+    c.query_drop(format!("USE {name}")).await.expect("use db");
+}
+
+/// GET on the admin API; returns (status, body).
+pub fn admin_get(s: &SluiceProc, path: &str, token: Option<&str>) -> (u16, String) {
+    use std::io::{Read, Write};
+    let addr = s.admin.as_ref().expect("admin API enabled");
+    let mut t = std::net::TcpStream::connect(addr).expect("admin connect");
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(t, "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").expect("admin write");
+    let mut out = String::new();
+    t.read_to_string(&mut out).expect("admin read");
+    let status = out.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+/// Waits (bounded) until `cond` holds; panics with `what` otherwise. Not a timing assertion:
+/// the bound only keeps a broken build from hanging.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+}
+
+pub fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("bad JSON ({e}): {body}"))
+}

@@ -1,0 +1,36 @@
+//! Starts local MariaDB servers for `scripts/run.sh` and the benchmarks, prints one
+//! `HOST:PORT` line per server to stdout, and keeps them running until it is killed (the
+//! servers die with it).
+//!
+//! Usage: sluice-mariadb [--count N] [--dir DIR]
+
+use std::io::Write;
+
+fn main() {
+    let mut count = 2usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--count" => count = args.next().and_then(|v| v.parse().ok()).expect("--count N"),
+            "--dir" => {
+                let dir = args.next().expect("--dir DIR");
+                // SAFETY: no other thread exists yet, so nothing reads the environment concurrently.
+                unsafe { std::env::set_var("SLUICE_TESTKIT_DIR", dir) };
+            }
+            "-h" | "--help" => {
+                println!("usage: sluice-mariadb [--count N] [--dir DIR]");
+                return;
+            }
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let servers: Vec<_> = (0..count).map(|_| sluice_testkit::MariaDb::start()).collect();
+    let mut out = std::io::stdout();
+    for s in &servers {
+        let _ = writeln!(out, "{}", s.addr());
+    }
+    let _ = out.flush();
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}

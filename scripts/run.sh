@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs sluice for real. With no --backend and no --config among the arguments, it first starts
+# two local MariaDB servers of its own (data under .sluice/, loopback ports) as the backends.
+# Usage: scripts/run.sh [sluice arguments...]
+# Then: mariadb -h127.0.0.1 -P6033 -uapp -papppw     (admin API: curl 127.0.0.1:6034/health)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cargo build --release -q -p sluice -p sluice-testkit
+args=("$@")
+have_backend=no
+for a in "$@"; do case "$a" in --backend|--backend=*|--config|--config=*|-c|check-config) have_backend=yes;; esac; done
+if [ "$have_backend" = no ]; then
+  mkdir -p .sluice
+  target/release/sluice-mariadb --count 2 --dir "$PWD/.sluice/backends" > .sluice/backends.txt &
+  backends_pid=$!
+  trap 'kill $backends_pid 2>/dev/null || true' EXIT
+  for _ in $(seq 1 600); do
+    [ "$(wc -l < .sluice/backends.txt)" -ge 2 ] && break
+    kill -0 $backends_pid 2>/dev/null || { echo "run: MariaDB backends failed to start" >&2; exit 1; }
+    sleep 0.1
+  done
+  while read -r b; do args+=(--backend "$b"); done < .sluice/backends.txt
+  echo "run: local MariaDB backends: $(paste -sd' ' .sluice/backends.txt) (users app/apppw, root via socket)" >&2
+  has() { for a in "${args[@]}"; do [ "$a" = "$1" ] && return 0; done; return 1; }
+  has --listen || args+=(--listen 127.0.0.1:6033)
+  has --admin || args+=(--admin 127.0.0.1:6034)
+fi
+target/release/sluice "${args[@]}" &
+sluice_pid=$!
+trap 'kill -TERM $sluice_pid 2>/dev/null || true; wait $sluice_pid 2>/dev/null || true; kill ${backends_pid:-} 2>/dev/null || true' EXIT INT TERM
+wait $sluice_pid
