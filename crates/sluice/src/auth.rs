@@ -83,7 +83,8 @@ impl User {
         if plugin == auth::CACHING_SHA2 {
             if let Some(pw) = &self.password {
                 if reply.is_empty() || reply == [0] {
-                    return if pw.is_empty() { Check::Ok } else { Check::Denied };
+                    // Some clients send nothing when the greeting named another plugin.
+                    return if pw.is_empty() { Check::Ok } else { Check::SwitchToNative };
                 }
                 if pw.is_empty() {
                     return Check::Denied;

@@ -1,5 +1,5 @@
 //! Shared set-up for the integration tests: real MariaDB servers and a sluice process.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -99,4 +99,32 @@ pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 
 pub fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("bad JSON ({e}): {body}"))
+}
+
+/// Writes a fresh self-signed certificate and key for "localhost"/127.0.0.1; returns their paths.
+pub fn self_signed_cert() -> (std::path::PathBuf, std::path::PathBuf) {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()]).expect("certificate");
+    let dir = sluice_testkit::mariadb::work_root();
+    let n = sluice_testkit::unique_id();
+    let cert = dir.join(format!("cert-{}-{n}.pem", std::process::id()));
+    let key = dir.join(format!("key-{}-{n}.pem", std::process::id()));
+    std::fs::write(&cert, ck.cert.pem()).expect("write cert");
+    std::fs::write(&key, ck.signing_key.serialize_pem()).expect("write key");
+    (cert, key)
+}
+
+/// Runs the `mariadb` command-line client; Ok(stdout) or Err(stderr).
+pub fn cli(port: u16, user: &str, pass: &str, extra: &[&str], sql: &str) -> Result<String, String> {
+    let mut c = std::process::Command::new("mariadb");
+    c.args(["-h127.0.0.1", &format!("-P{port}"), &format!("-u{user}"), "-N", "-B"]);
+    if !pass.is_empty() {
+        c.arg(format!("-p{pass}"));
+    }
+    c.args(extra).args(["-e", sql]);
+    let out = c.output().expect("run mariadb client");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
 }

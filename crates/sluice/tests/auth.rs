@@ -1,0 +1,131 @@
+//! Authentication in both modes, for each plugin, with right and wrong passwords; TLS; limits
+//! on users; the admin token.
+
+mod common;
+
+use common::*;
+use mysql_async::prelude::*;
+
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn passthrough_relays_every_plugin_and_the_backend_errors_unchanged() {
+    let db = shared_db();
+    let s = shared_sluice();
+    let direct = port_of(&db.addr());
+    let via = s.port();
+    for (user, pass) in [("app", "apppw"), ("ed", "edpw"), ("nopw", "")] {
+        let a = cli(direct, user, pass, &[], "SELECT CURRENT_USER()").expect("direct login");
+        let b = cli(via, user, pass, &[], "SELECT CURRENT_USER()").unwrap_or_else(|e| panic!("{user} via sluice: {e}"));
+        assert_eq!(a, b);
+    }
+    for (user, pass) in [("app", "nope"), ("ed", "nope"), ("nopw", "something"), ("nosuchuser", "x"), ("app", "")] {
+        let a = cli(direct, user, pass, &[], "SELECT 1").expect_err("direct refuses");
+        let b = cli(via, user, pass, &[], "SELECT 1").expect_err("sluice refuses");
+        assert!(b.contains("1045"), "{b}");
+        // The backend's message reaches the client unchanged (host part included).
+        assert_eq!(a, b, "{user}");
+    }
+    // A client that starts with caching_sha2_password is switched by the backend.
+    let r = cli(via, "app", "apppw", &["--default-auth=caching_sha2_password"], "SELECT 1").unwrap();
+    assert_eq!(r, "1");
+}
+
+fn users_config(db: &MariaDb, extra: &str) -> String {
+    format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{}\n\
+         [[users]]\nname = \"app\"\npassword = \"apppw\"\n\
+         [[users]]\nname = \"other\"\npassword_hash = \"{}\"\nmax_connections = 2\n\
+         [[users]]\nname = \"nopw\"\n{extra}",
+        backends_toml(&[db]),
+        db.sql("SELECT PASSWORD('otherpw')").trim()
+    )
+}
+
+#[tokio::test]
+async fn users_mode_checks_passwords_itself() {
+    let db = shared_db();
+    let s = start_sluice_config(&users_config(db, ""));
+    let p = s.port();
+    assert_eq!(cli(p, "app", "apppw", &[], "SELECT CURRENT_USER()").unwrap(), "app@%");
+    assert_eq!(cli(p, "other", "otherpw", &[], "SELECT CURRENT_USER()").unwrap(), "other@%");
+    assert_eq!(cli(p, "nopw", "", &[], "SELECT CURRENT_USER()").unwrap(), "nopw@%");
+    assert_eq!(cli(p, "app", "apppw", &["--default-auth=caching_sha2_password"], "SELECT 1").unwrap(), "1");
+    assert_eq!(cli(p, "other", "otherpw", &["--default-auth=caching_sha2_password"], "SELECT 1").unwrap(), "1");
+    assert_eq!(cli(p, "app", "apppw", &["--default-auth=client_ed25519"], "SELECT 1").unwrap(), "1");
+    for (user, pass, extra) in [
+        ("app", "wrong", &[][..]),
+        ("app", "", &[][..]),
+        ("other", "wrong", &[][..]),
+        ("other", "", &[][..]),
+        ("nopw", "x", &[][..]),
+        ("ghost", "x", &[][..]),
+        ("ghost", "", &[][..]),
+        ("app", "wrong", &["--default-auth=caching_sha2_password"][..]),
+        ("other", "wrong", &["--default-auth=caching_sha2_password"][..]),
+        // A user known to the backend but not to sluice gets nowhere.
+        ("ed", "edpw", &[][..]),
+    ] {
+        let e = cli(p, user, pass, extra, "SELECT 1").expect_err("refused");
+        assert!(e.contains("1045") && e.contains("Access denied"), "{user}/{pass}: {e}");
+    }
+    // mysql_async (native password) too, and per-user connection limits.
+    let mut a = connect(&s.listen, "other", "otherpw").await;
+    let b = connect(&s.listen, "other", "otherpw").await;
+    let third = mysql_async::Conn::new(mysql_async::Opts::from(opts(&s.listen, "other", "otherpw"))).await;
+    let e = third.err().expect("third connection refused");
+    assert!(e.to_string().contains("1203"), "{e}");
+    let one: Option<i32> = a.query_first("SELECT 1").await.unwrap();
+    assert_eq!(one, Some(1));
+    b.disconnect().await.unwrap();
+    // The slot is free again once a session ends.
+    wait_for("user slot released", || admin_get(&s, "/sessions", None).1.matches("\"user\":\"other\"").count() == 1);
+    let mut c = connect(&s.listen, "other", "otherpw").await;
+    c.ping().await.unwrap();
+    let (_, metrics) = admin_get(&s, "/metrics", None);
+    assert!(metrics.contains("sluice_rejected_connections_total{reason=\"max_user_connections\"} 1"), "{metrics}");
+    assert!(!s.log_text().contains("otherpw") && !s.log_text().contains("apppw"), "secrets in the log");
+}
+
+#[tokio::test]
+async fn tls_from_clients_and_require_tls() {
+    let db = shared_db();
+    let (cert, key) = self_signed_cert();
+    let cfg = users_config(db, "require_tls = true\n")
+        + &format!("[tls]\ncert = \"{}\"\nkey = \"{}\"\n", cert.display(), key.display());
+    let s = start_sluice_config(&cfg);
+    let ssl = mysql_async::SslOpts::default().with_danger_accept_invalid_certs(true);
+    let mut c = mysql_async::Conn::new(mysql_async::Opts::from(opts(&s.listen, "app", "apppw").ssl_opts(ssl.clone()))).await.unwrap();
+    let big: Option<u64> = c.query_first("SELECT LENGTH(REPEAT('x', 5000000))").await.unwrap();
+    assert_eq!(big, Some(5_000_000));
+    let id = c.id();
+    let (_, body) = admin_get(&s, "/sessions", None);
+    let v = json(&body);
+    let me = v.as_array().unwrap().iter().find(|x| x["id"] == id).unwrap().clone();
+    assert_eq!(me["tls"], true);
+    // The CLI over TLS, with compression on top.
+    assert_eq!(cli(s.port(), "app", "apppw", &["--ssl", "--compress"], "SELECT 40+2").unwrap(), "42");
+    // nopw must use TLS.
+    let e = cli(s.port(), "nopw", "", &["--skip-ssl"], "SELECT 1").expect_err("TLS required");
+    assert!(e.contains("3159"), "{e}");
+    assert_eq!(cli(s.port(), "nopw", "", &["--ssl"], "SELECT 1").unwrap(), "1");
+    c.disconnect().await.unwrap();
+}
+
+#[test]
+fn admin_api_needs_its_token() {
+    let db = shared_db();
+    let cfg = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"s3cret-token\"\n{}",
+        backends_toml(&[db])
+    );
+    let s = start_sluice_config(&cfg);
+    for path in ["/health", "/metrics", "/sessions", "/backends"] {
+        assert_eq!(admin_get(&s, path, None).0, 401, "{path} without token");
+        assert_eq!(admin_get(&s, path, Some("wrong")).0, 401, "{path} with a wrong token");
+        assert_eq!(admin_get(&s, path, Some("s3cret-token")).0, 200, "{path} with the token");
+    }
+    assert!(!s.log_text().contains("s3cret-token"));
+}
