@@ -127,6 +127,14 @@ pub fn err_payload(out: &mut Vec<u8>, code: u16, sql_state: &[u8; 5], message: &
     out.extend_from_slice(message.as_bytes());
 }
 
+/// Builds an ERR payload sent instead of a greeting: before capabilities are negotiated there
+/// is no SQL state marker.
+pub fn err_payload_pre_handshake(out: &mut Vec<u8>, code: u16, message: &str) {
+    out.push(0xff);
+    out.extend_from_slice(&code.to_le_bytes());
+    out.extend_from_slice(message.as_bytes());
+}
+
 /// Builds an OK payload (header 0x00, or 0xfe when it stands in for an EOF).
 pub fn ok_payload(out: &mut Vec<u8>, header: u8, affected: u64, insert_id: u64, status: u16, warnings: u16) {
     out.push(header);

@@ -192,7 +192,9 @@ pub mod err {
     pub const NO_SUCH_THREAD: u16 = 1094;
     pub const SECURE_TRANSPORT_REQUIRED: u16 = 3159;
     pub const SERVER_SHUTDOWN: u16 = 1053;
-    pub const CONN_HOST_ERROR: u16 = 2003;
+    /// No backend could take the session (a server-side code: clients refuse 2xxx codes from
+    /// a server before login).
+    pub const NO_BACKEND: u16 = 1105;
     pub const SERVER_LOST: u16 = 2013;
     pub const UNKNOWN_ERROR: u16 = 1105;
 }

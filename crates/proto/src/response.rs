@@ -130,8 +130,10 @@ impl ResponseTracker {
         self
     }
 
-    /// Begins following the response to a new command.
-    pub fn start(&mut self, expect: Expect) {
+    /// Begins following the response to a new command whose last packet had sequence id
+    /// `request_seq` (the response continues from there).
+    pub fn start(&mut self, expect: Expect, request_seq: u8) {
+        self.last_seq = request_seq;
         self.phase = match expect {
             Expect::Results => Phase::First,
             Expect::Prepare => Phase::PrepareOk,

@@ -107,7 +107,7 @@ fn check(expect: Expect, deprecate_eof: bool, stream: &[u8]) -> Count {
     let mut last = None;
     for chunk in [1, 2, 3, 7, 64, usize::MAX] {
         let mut t = ResponseTracker::new(deprecate_eof, true);
-        t.start(expect);
+        t.start(expect, 0);
         let mut c = Count::default();
         let (n, state) = drive(&mut t, stream, chunk, &mut c);
         assert_eq!(n, stream.len(), "chunk {chunk}: response must end exactly at the stream's end");
@@ -166,7 +166,7 @@ fn rows_larger_than_one_packet() {
     let mut s = Stream::new();
     s.count(1).coldef().row(&big).row(b"small").ok_eof(0);
     let mut t = ResponseTracker::new(true, true);
-    t.start(Expect::Results);
+    t.start(Expect::Results, 0);
     let mut c = Count::default();
     let (n, st) = drive(&mut t, &s.out, 1 << 20, &mut c);
     assert_eq!((n, st, c.rows), (s.out.len(), State::Done, 2));
@@ -179,7 +179,7 @@ fn row_that_starts_with_fe_is_a_row() {
     let mut s = Stream::new();
     s.count(1).coldef().row(&big).ok_eof(0);
     let mut t = ResponseTracker::new(true, true);
-    t.start(Expect::Results);
+    t.start(Expect::Results, 0);
     let mut c = Count::default();
     let (n, _) = drive(&mut t, &s.out, 1 << 16, &mut c);
     assert_eq!((n, c.rows, c.oks), (s.out.len(), 1, 1));
@@ -221,7 +221,7 @@ fn cursor_open_ends_after_metadata() {
 fn local_infile_pauses_and_resumes() {
     let s = Stream::new().packet(b"\xfb/tmp/data.csv").out.clone();
     let mut t = ResponseTracker::new(true, true);
-    t.start(Expect::Results);
+    t.start(Expect::Results, 0);
     let r = t.scan(&s, &mut NoSink).unwrap();
     assert_eq!((r.consumed, r.state), (s.len(), State::LocalInfile));
     t.after_infile();
@@ -237,19 +237,19 @@ fn field_list_and_single_and_nothing() {
     check(Expect::FieldList, false, &s.out);
     check(Expect::Single, true, &Stream::new().packet(b"Uptime: 5").out);
     let mut t = ResponseTracker::new(true, true);
-    t.start(Expect::Nothing);
+    t.start(Expect::Nothing, 0);
     assert_eq!(t.scan(&[], &mut NoSink).unwrap().state, State::Done);
 }
 
 #[test]
 fn garbage_is_an_error_not_a_panic() {
     let mut t = ResponseTracker::new(false, true);
-    t.start(Expect::Results);
+    t.start(Expect::Results, 0);
     let mut s = Stream::new();
     s.count(1).coldef().packet(b"\x42nonsense");
     assert!(t.scan(&s.out, &mut NoSink).is_err());
     let mut t = ResponseTracker::new(true, true);
-    t.start(Expect::Results);
+    t.start(Expect::Results, 0);
     assert!(t.scan(&[0xff, 0xff, 0xff, 0, 0], &mut NoSink).is_err());
 }
 
@@ -262,12 +262,12 @@ fn session_track_ok_is_reported_for_rewrite() {
     let mut s = Stream::new();
     s.packet(&p);
     let mut t = ResponseTracker::new(true, true).strip_session_track(true, true);
-    t.start(Expect::Results);
+    t.start(Expect::Results, 0);
     let r = t.scan(&s.out, &mut NoSink).unwrap();
     assert_eq!((r.consumed, r.state), (0, State::Rewrite { len: s.out.len() }));
     assert!(t.is_done());
     // A client that asked for SESSION_TRACK gets the packet as it is.
     let mut t = ResponseTracker::new(true, true).strip_session_track(false, true);
-    t.start(Expect::Results);
+    t.start(Expect::Results, 0);
     assert_eq!(t.scan(&s.out, &mut NoSink).unwrap().state, State::Done);
 }

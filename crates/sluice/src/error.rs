@@ -65,7 +65,7 @@ impl Error {
 
     /// The connection to a backend could not be made; nothing was sent.
     pub fn connect(message: impl Into<String>) -> Error {
-        Error { retry: Retry::Safe, ..Error::new(Side::Backend, code::CONN_HOST_ERROR, message).state(b"08S01") }
+        Error { retry: Retry::Safe, ..Error::new(Side::Backend, code::NO_BACKEND, message).state(b"08S01") }
     }
 
     pub fn state(mut self, s: &[u8; 5]) -> Error {

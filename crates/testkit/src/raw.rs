@@ -137,7 +137,7 @@ impl Raw {
     /// Reads a response of the given shape, packet by packet.
     pub fn response(&mut self, expect: Expect) -> Vec<Vec<u8>> {
         let mut t = ResponseTracker::new(self.caps & cap::DEPRECATE_EOF != 0, self.caps & cap::SESSION_TRACK != 0);
-        t.start(expect);
+        t.start(expect, 0);
         let mut packets = Vec::new();
         if t.is_done() {
             return packets;

@@ -33,7 +33,7 @@ impl Session<'_> {
                 None => return Ok(None),
             }
         };
-        self.skip_request(h).await?;
+        self.skip_request().await?;
         let target = u32::try_from(kill.id).ok().and_then(|id| self.ctx.sessions.get(id));
         let Some(target) = target else {
             self.client_error(1, code::NO_SUCH_THREAD, b"HY000", &format!("Unknown thread id: {}", kill.id)).await;
@@ -48,7 +48,7 @@ impl Session<'_> {
             sluice_proto::packet::frame(&mut pkt, &q, 0);
             self.backend.stream.write_all(&pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
             let mut sink = StateSink { state: &mut self.state, preparing: None, executing: None, error: None, changed: false };
-            relay_response(&mut self.tracker, Expect::Results, &mut self.backend, &mut self.client, &mut sink, self.ctx).await?;
+            relay_response(&mut self.tracker, Expect::Results, 0, &mut self.backend, &mut self.client, &mut sink, self.ctx).await?;
             sink.error.is_none()
         } else {
             self.kill_elsewhere(tb, &q).await?
@@ -95,7 +95,7 @@ impl Session<'_> {
     /// (passthrough) or answered by sluice with the new user's credentials (users mode).
     pub(super) async fn change_user(&mut self, h: Header) -> Result<Flow> {
         if h.len + HEADER > self.client.rbuf.len() {
-            self.skip_request(h).await?;
+            self.skip_request().await?;
             self.client_error(1, code::NET_PACKET_TOO_LARGE, b"08S01", "COM_CHANGE_USER too large").await;
             return Ok(Flow::Continue);
         }

@@ -85,7 +85,7 @@ async fn open_any(ctx: &Ctx, tried: &mut Vec<(usize, String)>) -> std::result::R
             let what = if ctx.backends.list.is_empty() { "no backends are configured".to_string() } else { ctx.backends.describe_unusable(tried) };
             return Err(refuse(
                 Reject::NoBackend,
-                Error::proxy(code::CONN_HOST_ERROR, format!("sluice: no backend available: {what}")).state(b"08S01"),
+                Error::proxy(code::NO_BACKEND, format!("sluice: no backend available: {what}")).state(b"08S01"),
             ));
         };
         match bconn::open(&b, ctx.config.proxy.connect_timeout).await {
@@ -220,7 +220,11 @@ async fn read_client(client: &mut PacketConn) -> Result<(u8, Vec<u8>)> {
 
 async fn send_error(client: &mut PacketConn, seq: u8, e: &Error) {
     let mut p = Vec::new();
-    sluice_proto::basic::err_payload(&mut p, e.code, &e.sql_state, &e.message);
+    if seq == 0 {
+        sluice_proto::basic::err_payload_pre_handshake(&mut p, e.code, &e.message);
+    } else {
+        sluice_proto::basic::err_payload(&mut p, e.code, &e.sql_state, &e.message);
+    }
     let _ = client.write_packet(&p, seq).await;
 }
 

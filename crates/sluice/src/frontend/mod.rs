@@ -43,13 +43,13 @@ pub async fn serve(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Li
     let _slot = ConnectionSlot(ctx);
     if ctx.is_draining() {
         ctx.metrics.reject(Reject::ShuttingDown);
-        refuse_early(stream, code::SERVER_SHUTDOWN, b"08S01", "sluice is shutting down").await;
+        refuse_early(stream, code::SERVER_SHUTDOWN, "sluice is shutting down").await;
         return;
     }
     if open >= ctx.config.proxy.max_connections {
         ctx.metrics.reject(Reject::MaxConnections);
         tracing::warn!(client = %peer, limit = ctx.config.proxy.max_connections, "refusing client: max_connections reached");
-        refuse_early(stream, code::CON_COUNT, b"08004", "Too many connections").await;
+        refuse_early(stream, code::CON_COUNT, "Too many connections").await;
         return;
     }
     let id = ctx.sessions.next_id();
@@ -117,10 +117,10 @@ fn log_error(ctx: &Ctx, id: u32, peer: &str, e: &Error, what: &str) {
 }
 
 /// Sends an ERR instead of a greeting (sequence id 0) and closes.
-async fn refuse_early(stream: Stream, code: u16, state: &[u8; 5], msg: &str) {
+async fn refuse_early(stream: Stream, code: u16, msg: &str) {
     let mut conn = PacketConn::new(stream);
     let mut p = Vec::new();
-    sluice_proto::basic::err_payload(&mut p, code, state, msg);
+    sluice_proto::basic::err_payload_pre_handshake(&mut p, code, msg);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), conn.write_packet(&p, 0)).await;
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use bytes::Buf;
-use sluice_proto::consts::{MAX_PAYLOAD, com, err as code};
+use sluice_proto::consts::{com, err as code};
 use sluice_proto::packet::{HEADER, Header};
 use sluice_proto::response::{Expect, ResponseTracker, State};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -162,7 +162,7 @@ impl<'a> Session<'a> {
         self.ctx.metrics.command(cmd);
         self.handle.queries.fetch_add(1, Ordering::Relaxed);
         if let Some(msg) = self.backend_lost.take() {
-            self.skip_request(h).await?;
+            self.skip_request().await?;
             let text = format!("Lost connection to backend {}: {msg}", self.guard.name);
             self.client_error(1, code::SERVER_LOST, b"HY000", &text).await;
             return Err(Error::backend(text));
@@ -175,7 +175,7 @@ impl<'a> Session<'a> {
             }
             com::BINLOG_DUMP | com::BINLOG_DUMP_GTID | com::REGISTER_SLAVE | com::TABLE_DUMP | com::CONNECT_OUT | com::DAEMON
             | com::CONNECT | com::DELAYED_INSERT | com::TIME | com::SLEEP => {
-                self.skip_request(h).await?;
+                self.skip_request().await?;
                 let name = com::name(cmd);
                 let msg = format!("sluice does not relay this command ({name} / 0x{cmd:02x})");
                 self.client_error(1, code::UNKNOWN_COM, b"08S01", &msg).await;
@@ -201,7 +201,7 @@ impl<'a> Session<'a> {
         let init_db = (cmd == com::INIT_DB).then(|| String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into_owned());
         self.before_command(cmd, stmt_id);
         let started = Instant::now();
-        self.forward_request(h).await?;
+        let request_seq = self.forward_request().await?;
         let mut sink = StateSink {
             state: &mut self.state,
             preparing: preparing.as_deref(),
@@ -209,7 +209,7 @@ impl<'a> Session<'a> {
             error: None,
             changed: false,
         };
-        relay_response(&mut self.tracker, expect, &mut self.backend, &mut self.client, &mut sink, self.ctx).await?;
+        relay_response(&mut self.tracker, expect, request_seq, &mut self.backend, &mut self.client, &mut sink, self.ctx).await?;
         let (error, changed) = (sink.error, sink.changed);
         let now = Instant::now();
         self.guard.metrics.latency.observe_nanos((now - started).as_nanos() as u64);
@@ -266,18 +266,16 @@ impl<'a> Session<'a> {
         let _ = self.client.send_err(seq, code, state, msg).await;
     }
 
-    /// Forwards a client request (one logical packet, of any size) to the backend.
-    pub(super) async fn forward_request(&mut self, h: Header) -> Result<()> {
+    /// Forwards a client request (one logical packet, of any size) to the backend; returns the
+    /// sequence id of its last packet.
+    pub(super) async fn forward_request(&mut self) -> Result<u8> {
         let mut walk = ClientPackets::request();
         self.pipe_from_client(&mut walk).await?;
-        if h.len > MAX_PAYLOAD {
-            return Err(Error::client("oversized packet header"));
-        }
-        Ok(())
+        Ok(walk.last_seq)
     }
 
     /// Consumes a request without forwarding it.
-    pub(super) async fn skip_request(&mut self, _h: Header) -> Result<()> {
+    pub(super) async fn skip_request(&mut self) -> Result<()> {
         let mut walk = ClientPackets::request();
         loop {
             let n = walk.scan(&self.client.rbuf);
@@ -327,12 +325,13 @@ impl<'a> Session<'a> {
 pub(super) async fn relay_response(
     tracker: &mut ResponseTracker,
     expect: Expect,
+    request_seq: u8,
     backend: &mut PacketConn,
     client: &mut ClientConn,
     sink: &mut StateSink<'_>,
     ctx: &Ctx,
 ) -> Result<()> {
-    tracker.start(expect);
+    tracker.start(expect, request_seq);
     loop {
         let scan = tracker.scan(&backend.rbuf, sink).map_err(|e| Error::malformed(Side::Backend, e))?;
         if scan.consumed > 0 {
@@ -412,11 +411,12 @@ pub(super) struct ClientPackets {
     last: bool,
     pub done: bool,
     pub total: u64,
+    pub last_seq: u8,
 }
 
 impl ClientPackets {
     pub fn request() -> Self {
-        ClientPackets { skip: 0, continued: false, until_empty: false, last: false, done: false, total: 0 }
+        ClientPackets { skip: 0, continued: false, until_empty: false, last: false, done: false, total: 0, last_seq: 0 }
     }
 
     fn until_empty() -> Self {
@@ -442,6 +442,7 @@ impl ClientPackets {
             let Some(h) = Header::parse(&buf[pos..]) else { return pos };
             pos += HEADER;
             self.skip = h.len;
+            self.last_seq = h.seq;
             self.total += h.len as u64;
             let was_continued = self.continued;
             self.continued = h.continues();
