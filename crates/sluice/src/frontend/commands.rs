@@ -22,7 +22,7 @@ const SWITCH_PLUGIN: &[u8] = b"sluice_passthrough";
 impl Session<'_> {
     /// KILL [QUERY] <sluice id> and COM_PROCESS_KILL: translated to the target's backend thread.
     /// Returns None when the command is not a KILL of a connection id.
-    pub(super) async fn intercept_kill(&mut self, cmd: u8, h: Header, body_end: usize) -> Result<Option<Flow>> {
+    pub(super) async fn intercept_kill(&mut self, cmd: u8, body_end: usize) -> Result<Option<Flow>> {
         let payload = &self.client.rbuf[HEADER + 1..body_end];
         let kill = if cmd == com::PROCESS_KILL {
             let Some(b) = payload.get(..4) else { return Ok(None) };

@@ -182,7 +182,7 @@ impl<'a> Session<'a> {
                 return Ok(Flow::Continue);
             }
             com::PROCESS_KILL | com::QUERY => {
-                if let Some(flow) = self.intercept_kill(cmd, h, body_end).await? {
+                if let Some(flow) = self.intercept_kill(cmd, body_end).await? {
                     return Ok(flow);
                 }
                 Expect::Results
