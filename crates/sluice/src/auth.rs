@@ -37,6 +37,9 @@ pub enum Check {
     Denied,
     /// The client used another plugin: ask it to switch to mysql_native_password.
     SwitchToNative,
+    /// caching_sha2_password for a user stored as a native hash: the clear password is needed
+    /// (full authentication over TLS, or RSA-encrypted).
+    FullAuth,
 }
 
 impl User {
@@ -65,7 +68,9 @@ impl User {
     pub fn check(&self, plugin: &[u8], scramble: &[u8], reply: &[u8]) -> Check {
         if plugin == auth::NATIVE {
             if reply.is_empty() {
-                return if self.has_empty_password() { Check::Ok } else { Check::Denied };
+                // Clients send nothing when the greeting named another plugin; ask again with
+                // this one (a second empty reply is then a refusal).
+                return if self.has_empty_password() { Check::Ok } else { Check::SwitchToNative };
             }
             if self.has_empty_password() {
                 return Check::Denied;
@@ -90,6 +95,9 @@ impl User {
                     return Check::Denied;
                 }
                 return if auth::verify_sha2(scramble, reply, &auth::sha2_stage2(pw)) { Check::Ok } else { Check::Denied };
+            }
+            if !reply.is_empty() && reply != [0] {
+                return Check::FullAuth;
             }
         }
         Check::SwitchToNative
@@ -177,7 +185,7 @@ mod tests {
         let good = auth::native_reply_from_stage1(s, &auth::native_stage1(b"pw"));
         assert!(matches!(u.check(auth::NATIVE, s, &good), Check::Ok));
         assert!(matches!(u.check(auth::NATIVE, s, &[1; 20]), Check::Denied));
-        assert!(matches!(u.check(auth::NATIVE, s, b""), Check::Denied));
+        assert!(matches!(u.check(auth::NATIVE, s, b""), Check::SwitchToNative));
         assert!(matches!(u.check(auth::CACHING_SHA2, s, &auth::sha2_reply(s, b"pw")), Check::Ok));
         assert!(matches!(u.check(auth::CACHING_SHA2, s, &auth::sha2_reply(s, b"px")), Check::Denied));
         assert!(matches!(u.check(auth::ED25519, s, b"x"), Check::SwitchToNative));
@@ -187,7 +195,9 @@ mod tests {
         let good = auth::native_reply_from_stage1(s, &auth::native_stage1(b"secret"));
         assert!(matches!(h.check(auth::NATIVE, s, &good), Check::Ok));
         assert!(matches!(h.credential(), Some(Credential::NativeStage1(s1)) if s1 == auth::native_stage1(b"secret")));
-        assert!(matches!(h.check(auth::CACHING_SHA2, s, &[0; 32]), Check::SwitchToNative));
+        assert!(matches!(h.check(auth::CACHING_SHA2, s, &[0; 32]), Check::FullAuth));
+        assert!(matches!(h.check(auth::CACHING_SHA2, s, b""), Check::SwitchToNative));
+        assert!(h.check_clear(b"secret") && !h.check_clear(b"Secret"));
 
         let e = user(None, None);
         assert!(matches!(e.check(auth::NATIVE, s, b""), Check::Ok));

@@ -75,6 +75,26 @@ pub struct ProxyConfig {
     pub max_packet_size: u64,
     #[serde(deserialize_with = "duration")]
     pub shutdown_timeout: Duration,
+    /// The auth plugin sluice's greeting names in users mode: "mysql_native_password" or
+    /// "caching_sha2_password".
+    pub auth_plugin: AuthPlugin,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthPlugin {
+    #[default]
+    MysqlNativePassword,
+    CachingSha2Password,
+}
+
+impl AuthPlugin {
+    pub fn name(self) -> &'static [u8] {
+        match self {
+            AuthPlugin::MysqlNativePassword => sluice_proto::auth::NATIVE,
+            AuthPlugin::CachingSha2Password => sluice_proto::auth::CACHING_SHA2,
+        }
+    }
 }
 
 impl Default for ProxyConfig {
@@ -90,6 +110,7 @@ impl Default for ProxyConfig {
             idle_timeout: Duration::ZERO,
             max_packet_size: 1 << 30,
             shutdown_timeout: Duration::from_secs(30),
+            auth_plugin: AuthPlugin::MysqlNativePassword,
         }
     }
 }

@@ -19,6 +19,8 @@ pub struct Ctx {
     pub sessions: Registry,
     pub users: Users,
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// For caching_sha2_password full authentication without TLS (users mode only).
+    pub rsa: Option<crate::frontend::RsaKey>,
     /// Set when SIGTERM arrives: no new sessions, idle ones close, /health says draining.
     pub draining: AtomicBool,
     /// Client connections open now (for max_connections).
@@ -44,7 +46,9 @@ impl Ctx {
             Some(t) => Some(crate::tls::server_config(&t.cert, &t.key)?),
             None => None,
         };
+        let rsa = if config.users.is_empty() { None } else { Some(crate::frontend::RsaKey::generate()?) };
         Ok(Arc::new(Ctx {
+            rsa,
             users: Users::from_config(&config.users),
             balancer: Balancer::new(config.proxy.balance),
             backends: Backends::new(list),

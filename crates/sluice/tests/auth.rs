@@ -129,3 +129,48 @@ fn admin_api_needs_its_token() {
     }
     assert!(!s.log_text().contains("s3cret-token"));
 }
+
+#[tokio::test]
+async fn users_mode_change_user() {
+    let db = shared_db();
+    let s = start_sluice_config(&users_config(db, ""));
+    let mut c = app(&s).await;
+    c.change_user(mysql_async::ChangeUserOpts::default().with_user(Some("other".into())).with_pass(Some("otherpw".into())))
+        .await
+        .unwrap();
+    let u: Option<String> = c.query_first("SELECT CURRENT_USER()").await.unwrap();
+    assert_eq!(u.as_deref(), Some("other@%"));
+    let (_, body) = admin_get(&s, "/sessions", None);
+    assert!(body.contains("\"user\":\"other\""), "{body}");
+    let bad = c
+        .change_user(mysql_async::ChangeUserOpts::default().with_user(Some("app".into())).with_pass(Some("wrong".into())))
+        .await;
+    let e = bad.expect_err("wrong password refused");
+    assert!(e.to_string().contains("1045"), "{e}");
+    let ghost = c
+        .change_user(mysql_async::ChangeUserOpts::default().with_user(Some("ghost".into())).with_pass(Some("x".into())))
+        .await;
+    assert!(ghost.is_err());
+}
+
+#[test]
+fn caching_sha2_fast_path_and_full_authentication() {
+    let db = shared_db();
+    let (cert, key) = self_signed_cert();
+    let cfg = users_config(db, "")
+        + &format!("[tls]\ncert = \"{}\"\nkey = \"{}\"\n[proxy]\nauth_plugin = \"caching_sha2_password\"\n", cert.display(), key.display());
+    let s = start_sluice_config(&cfg);
+    let p = s.port();
+    // app has a clear password: the fast path. other is stored as a native hash: full
+    // authentication, with the clear password over TLS or RSA-encrypted without it.
+    for tls in ["--ssl", "--skip-ssl"] {
+        for (user, pass) in [("app", "apppw"), ("other", "otherpw")] {
+            let r = cli(p, user, pass, &[tls, "--default-auth=caching_sha2_password"], "SELECT CURRENT_USER()");
+            assert_eq!(r.unwrap_or_else(|e| panic!("{user} {tls}: {e}")), format!("{user}@%"));
+            let e = cli(p, user, "wrong", &[tls, "--default-auth=caching_sha2_password"], "SELECT 1").expect_err("refused");
+            assert!(e.contains("1045"), "{user} {tls}: {e}");
+        }
+    }
+    // Clients that prefer mysql_native_password are switched.
+    assert_eq!(cli(p, "other", "otherpw", &["--default-auth=mysql_native_password"], "SELECT 1").unwrap(), "1");
+}

@@ -127,12 +127,20 @@ pub async fn login(b: &Backend, conn: PacketConn, g: &Greeting, mut hr: Handshak
     let mut out = Vec::new();
     hr.write(&mut out);
     conn.write_packet(&out, seq).await.map_err(|e| Error::io(Side::Backend, "login", e))?;
+    answer_auth(b, &mut conn, cred).await?;
+    Ok(conn)
+}
+
+/// Answers the backend's side of an authentication exchange (auth switches, caching_sha2
+/// requests) with `cred` until it says OK (returned) or ERR (an error with its code).
+pub async fn answer_auth(b: &Backend, conn: &mut PacketConn, cred: &Credential) -> Result<Vec<u8>> {
+    let tls = conn.stream.is_tls();
     let io = |e| Error::io(Side::Backend, "login", e);
     loop {
         let (s, p) = conn.read_packet(LOGIN_PACKET_LIMIT).await.map_err(io)?;
         let seq = s.wrapping_add(1);
         match p.first() {
-            Some(0x00) => return Ok(conn),
+            Some(0x00) => return Ok(p),
             Some(0xff) => {
                 let e = sluice_proto::basic::Err::parse(&p).map_err(|e| Error::malformed(Side::Backend, e))?;
                 let mut err = Error::backend(String::from_utf8_lossy(e.message).into_owned());

@@ -72,6 +72,26 @@ impl ClientConn {
         }
     }
 
+    /// Reads one whole packet of at most `limit` bytes (auth exchanges after login).
+    pub async fn read_packet(&mut self, limit: usize) -> io::Result<(u8, Vec<u8>)> {
+        use sluice_proto::packet::{HEADER, Header};
+        loop {
+            if let Some(h) = Header::parse(&self.rbuf) {
+                if h.len > limit {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, "packet too large here"));
+                }
+                if self.rbuf.len() >= HEADER + h.len {
+                    let p = self.rbuf[HEADER..HEADER + h.len].to_vec();
+                    self.rbuf.advance(HEADER + h.len);
+                    return Ok((h.seq, p));
+                }
+            }
+            if self.fill().await? == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
+            }
+        }
+    }
+
     /// Writes plain packet bytes to the client.
     pub async fn write(&mut self, data: &[u8]) -> io::Result<()> {
         match &mut self.comp {
@@ -100,5 +120,17 @@ impl ClientConn {
 
     pub async fn shutdown(&mut self) {
         let _ = self.stream.shutdown().await;
+    }
+}
+
+impl super::verify::AuthIo for ClientConn {
+    async fn send(&mut self, payload: &[u8], seq: u8) -> io::Result<()> {
+        self.write_packet(payload, seq).await
+    }
+    async fn recv(&mut self) -> io::Result<(u8, Vec<u8>)> {
+        self.read_packet(1 << 16).await
+    }
+    fn secure(&self) -> bool {
+        self.stream.is_tls() || self.stream.is_unix()
     }
 }

@@ -12,6 +12,7 @@ use sluice_proto::sql::{self, Kill};
 use tokio::io::AsyncWriteExt;
 
 use super::relay::{Flow, Session, relay_response};
+use super::verify::{Verdict, verify};
 use crate::backend::conn as bconn;
 use crate::error::{Error, Result, Side};
 use crate::session::StateSink;
@@ -110,9 +111,7 @@ impl Session<'_> {
             }
         };
         if !self.state.passthrough {
-            self.client_error(1, code::NOT_SUPPORTED_YET, b"42000", "sluice: COM_CHANGE_USER is supported in passthrough mode only")
-                .await;
-            return Ok(Flow::Continue);
+            return self.change_user_users(cu).await;
         }
         cu.auth_response.clear();
         cu.auth_plugin = Some(SWITCH_PLUGIN.to_vec());
@@ -141,31 +140,87 @@ impl Session<'_> {
                 Some(0xff) => return Ok(Flow::Continue),
                 Some(0x01) if p.get(1) == Some(&3) => {}
                 Some(0xfe) | Some(0x01) => {
-                    let (cseq, reply) = self.client_packet().await?;
+                    let (cseq, reply) = self.client.read_packet(1 << 16).await.map_err(|e| Error::io(Side::Client, "change user", e))?;
                     self.backend.write_packet(&reply, cseq).await.map_err(io_b)?;
                 }
                 _ => return Err(Error::backend("unexpected packet during COM_CHANGE_USER")),
             }
         }
     }
+}
 
-    /// Reads one whole packet from the client (small packets of an auth exchange).
-    async fn client_packet(&mut self) -> Result<(u8, Vec<u8>)> {
-        loop {
-            if let Some(h) = Header::parse(&self.client.rbuf) {
-                if h.len > 1 << 16 {
-                    return Err(Error::client("auth packet too large"));
-                }
-                if self.client.rbuf.len() >= HEADER + h.len {
-                    let p = self.client.rbuf[HEADER..HEADER + h.len].to_vec();
-                    self.client.rbuf.advance(HEADER + h.len);
-                    return Ok((h.seq, p));
-                }
+impl Session<'_> {
+    /// COM_CHANGE_USER in users mode: sluice checks the new user's reply (computed over the
+    /// scramble of the session's greeting), then changes the backend connection's user with the
+    /// credentials it holds. On failure the session keeps its previous user, as the server does.
+    async fn change_user_users(&mut self, cu: ChangeUser) -> Result<Flow> {
+        let name = String::from_utf8_lossy(&cu.user).into_owned();
+        let plugin = cu.auth_plugin.clone().unwrap_or_else(|| sluice_proto::auth::NATIVE.to_vec());
+        let (verdict, seq) = verify(&mut self.client, 1, &self.ctx.users, self.ctx.rsa.as_ref(), &name, &plugin, &cu.auth_response, &self.scramble)
+            .await
+            .map_err(|e| Error::io(Side::Client, "change user", e))?;
+        let user = match verdict {
+            Verdict::Accepted(u) => u,
+            Verdict::Denied { used_password } => {
+                let msg = format!("Access denied for user '{name}' (using password: {})", if used_password { "YES" } else { "NO" });
+                self.client_error(seq, code::ACCESS_DENIED, b"28000", &msg).await;
+                return Ok(Flow::Continue);
             }
-            match self.client.fill().await {
-                Ok(0) => return Err(Error::client("client closed the connection during COM_CHANGE_USER")),
-                Ok(_) => {}
-                Err(e) => return Err(Error::io(Side::Client, "change user", e)),
+        };
+        if user.require_tls && !self.client.stream.is_tls() {
+            self.client_error(seq, code::SECURE_TRANSPORT_REQUIRED, b"HY000", &format!("user '{name}' must connect with TLS")).await;
+            return Ok(Flow::Continue);
+        }
+        if !user.acquire() {
+            let msg = format!("User '{name}' has exceeded the 'max_user_connections' resource");
+            self.client_error(seq, code::TOO_MANY_USER_CONNECTIONS, b"42000", &msg).await;
+            return Ok(Flow::Continue);
+        }
+        let Some(cred) = user.credential() else {
+            user.release();
+            self.client_error(seq, code::UNKNOWN_ERROR, b"HY000", "sluice holds no credential for this user yet").await;
+            return Ok(Flow::Continue);
+        };
+        let backend_cu = ChangeUser {
+            user: cu.user.clone(),
+            auth_response: Vec::new(),
+            database: cu.database.clone(),
+            collation: Some(cu.collation.unwrap_or(self.state.collation as u16)),
+            auth_plugin: Some(SWITCH_PLUGIN.to_vec()),
+            attributes: cu.attributes.clone(),
+        };
+        let mut payload = Vec::new();
+        backend_cu.write(&mut payload);
+        if let Err(e) = self.backend.write_packet(&payload, 0).await {
+            user.release();
+            return Err(Error::io(Side::Backend, "change user", e));
+        }
+        match bconn::answer_auth(&self.guard, &mut self.backend, &cred).await {
+            Ok(ok) => {
+                let ok = if self.client_caps() & cap::SESSION_TRACK == 0 {
+                    sluice_proto::basic::strip_session_track(&ok, self.mariadb).unwrap_or(ok)
+                } else {
+                    ok
+                };
+                self.client.write_packet(&ok, seq).await.map_err(|e| Error::io(Side::Client, "change user", e))?;
+                if let Some(old) = self.counted_user.replace(name.clone()).and_then(|u| self.ctx.users.get(&u)) {
+                    old.release();
+                }
+                self.credential = Some(cred);
+                self.state.reset();
+                self.state.user = name;
+                self.state.schema = (!cu.database.is_empty()).then(|| String::from_utf8_lossy(&cu.database).into_owned());
+                self.handle.publish(&self.state);
+                Ok(Flow::Continue)
+            }
+            Err(e) if e.code != code::SERVER_LOST => {
+                user.release();
+                self.client_error(seq, e.code, &e.sql_state, &e.message).await;
+                Ok(Flow::Continue)
+            }
+            Err(e) => {
+                user.release();
+                Err(e)
             }
         }
     }

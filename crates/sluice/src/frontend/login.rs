@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use sluice_proto::auth;
 use sluice_proto::consts::{cap, err as code, mariadb_cap, status};
-use sluice_proto::handshake::{Greeting, HandshakeResponse, is_ssl_request, write_auth_switch};
+use sluice_proto::handshake::{Greeting, HandshakeResponse, is_ssl_request};
 
 use super::Listener;
+use super::verify::{AuthIo, Verdict, verify};
 use crate::backend::conn::{self as bconn, Credential};
 use crate::backend::{Backend, BackendGuard, ServerInfo};
 use crate::config::AuthMode;
@@ -52,6 +53,7 @@ pub struct LoggedIn {
     pub credential: Option<Credential>,
     /// The user counted against `max_connections`, released when the session ends.
     pub counted_user: Option<String>,
+    pub scramble: [u8; 20],
 }
 
 /// An error for the client at a given sequence id, and what to record.
@@ -98,8 +100,20 @@ async fn open_any(ctx: &Ctx, tried: &mut Vec<(usize, String)>) -> std::result::R
     }
 }
 
+impl AuthIo for PacketConn {
+    async fn send(&mut self, payload: &[u8], seq: u8) -> std::io::Result<()> {
+        self.write_packet(payload, seq).await.map(|_| ())
+    }
+    async fn recv(&mut self) -> std::io::Result<(u8, Vec<u8>)> {
+        self.read_packet(LOGIN_PACKET_LIMIT).await
+    }
+    fn secure(&self) -> bool {
+        self.stream.is_tls() || self.stream.is_unix()
+    }
+}
+
 /// Sluice's greeting, repeating the backend's real version and capabilities.
-fn greeting(ctx: &Ctx, info: &ServerInfo, id: u32, scramble: &[u8; 20]) -> Greeting {
+fn greeting(ctx: &Ctx, info: &ServerInfo, id: u32, scramble: &[u8; 20], plugin: &[u8]) -> Greeting {
     let mut caps = cap::SLUICE_SUPPORTED & info.capabilities | cap::COMPRESS | cap::ZSTD_COMPRESSION;
     caps |= cap::PROTOCOL_41 | cap::SECURE_CONNECTION | cap::PLUGIN_AUTH;
     if ctx.tls.is_some() {
@@ -113,7 +127,7 @@ fn greeting(ctx: &Ctx, info: &ServerInfo, id: u32, scramble: &[u8; 20]) -> Greet
         mariadb_capabilities: info.mariadb_capabilities & mariadb_cap::SLUICE_SUPPORTED,
         collation: info.collation,
         status: status::AUTOCOMMIT,
-        auth_plugin: auth::NATIVE.to_vec(),
+        auth_plugin: plugin.to_vec(),
     }
 }
 
@@ -150,7 +164,11 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
         },
     };
     let scramble = random_scramble();
-    let g = greeting(ctx, &info, handle.id, &scramble);
+    let plugin = match listener.auth {
+        AuthMode::Users => ctx.config.proxy.auth_plugin.name(),
+        AuthMode::Passthrough => auth::NATIVE,
+    };
+    let g = greeting(ctx, &info, handle.id, &scramble, plugin);
     let mut out = Vec::with_capacity(128);
     g.write(&mut out);
     client.write_packet(&out, 0).await.map_err(|e| Error::io(Side::Client, "sending greeting", e))?;
@@ -204,6 +222,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
             state,
             credential: b.credential,
             counted_user: b.counted_user,
+            scramble,
         }),
         Err((r, seq)) => {
             if let Some(seq) = seq {
@@ -334,33 +353,19 @@ async fn users(
         );
         (refuse(Reject::AccessDenied, Error::new(Side::Client, code::ACCESS_DENIED, msg).state(b"28000")), Some(seq))
     };
-    let Some(user) = ctx.users.get(&name) else {
-        crate::auth::phantom_check(&g.scramble, &hr.auth_response);
-        return Err(denied(cseq, !hr.auth_response.is_empty()));
+    let plugin = hr.auth_plugin.clone().unwrap_or_else(|| auth::NATIVE.to_vec());
+    let io_c = |e| (Refusal::from(Error::io(Side::Client, "login", e)), None);
+    let (verdict, next) = verify(client, cseq, &ctx.users, ctx.rsa.as_ref(), &name, &plugin, &hr.auth_response, &g.scramble)
+        .await
+        .map_err(io_c)?;
+    cseq = next;
+    let user = match verdict {
+        Verdict::Accepted(u) => u,
+        Verdict::Denied { used_password } => return Err(denied(cseq, used_password)),
     };
     if user.require_tls && !client.stream.is_tls() {
         let e = Error::new(Side::Client, code::SECURE_TRANSPORT_REQUIRED, format!("user '{name}' must connect with TLS"));
         return Err((refuse(Reject::TlsRequired, e.state(b"HY000")), Some(cseq)));
-    }
-    let plugin = hr.auth_plugin.clone().unwrap_or_else(|| auth::NATIVE.to_vec());
-    let io_c = |e| (Refusal::from(Error::io(Side::Client, "login", e)), None);
-    let mut reply = hr.auth_response.clone();
-    let mut check = user.check(&plugin, &g.scramble, &reply);
-    if let crate::auth::Check::SwitchToNative = check {
-        let mut p = Vec::new();
-        write_auth_switch(&mut p, auth::NATIVE, &g.scramble);
-        client.write_packet(&p, cseq).await.map_err(io_c)?;
-        let (s, r) = client.read_packet(LOGIN_PACKET_LIMIT).await.map_err(io_c)?;
-        cseq = s.wrapping_add(1);
-        reply = r;
-        check = user.check(auth::NATIVE, &g.scramble, &reply);
-    } else if plugin == auth::CACHING_SHA2 && matches!(check, crate::auth::Check::Ok) {
-        // Fast authentication succeeded; the OK follows.
-        client.write_packet(&[0x01, 0x03], cseq).await.map_err(io_c)?;
-        cseq = cseq.wrapping_add(1);
-    }
-    if !matches!(check, crate::auth::Check::Ok) {
-        return Err(denied(cseq, !reply.is_empty()));
     }
     if !user.acquire() {
         let e = Error::new(

@@ -4,6 +4,9 @@ mod client;
 mod commands;
 mod login;
 mod relay;
+mod verify;
+
+pub use verify::RsaKey;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -74,7 +77,6 @@ pub async fn serve(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Li
         }
         Ok(Ok(l)) => l,
     };
-    let counted_user = logged_in.counted_user.clone();
     {
         let mut i = handle.info.lock();
         i.backend = Some(logged_in.guard.name.clone());
@@ -93,7 +95,7 @@ pub async fn serve(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Li
     // Tell the backend we are leaving, so it does not log an aborted connection.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), session.close_backend()).await;
     session.close_client().await;
-    if let Some(u) = counted_user.and_then(|u| ctx.users.get(&u)) {
+    if let Some(u) = session.counted_user.take().and_then(|u| ctx.users.get(&u)) {
         u.release();
     }
 }

@@ -34,8 +34,11 @@ pub struct Session<'a> {
     client_caps: u32,
     backend_caps: u32,
     pub(super) mariadb: bool,
-    #[allow(dead_code)]
     pub(super) credential: Option<Credential>,
+    /// The scramble of sluice's greeting (COM_CHANGE_USER replies are computed over it).
+    pub(super) scramble: [u8; 20],
+    /// The user counted against its connection limit.
+    pub(super) counted_user: Option<String>,
     /// The backend went away while the session was idle; the next command gets this error.
     backend_lost: Option<String>,
 }
@@ -64,6 +67,8 @@ impl<'a> Session<'a> {
             backend_caps: l.backend_caps,
             mariadb: l.mariadb,
             credential: l.credential,
+            scramble: l.scramble,
+            counted_user: l.counted_user,
             backend_lost: None,
         }
     }

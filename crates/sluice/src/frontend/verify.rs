@@ -1,0 +1,123 @@
+//! Users mode, client side: checking a client's reply for a configured user, with the auth
+//! switch to mysql_native_password, and caching_sha2_password's fast path and full
+//! authentication (clear password over TLS or a Unix socket, or RSA-encrypted otherwise).
+//! Used at login and for COM_CHANGE_USER.
+
+use std::future::Future;
+use std::io;
+
+use aws_lc_rs::encoding::AsDer;
+use aws_lc_rs::rsa::{KeySize, OAEP_SHA1_MGF1SHA1, OaepPrivateDecryptingKey, PrivateDecryptingKey};
+use sluice_proto::auth;
+use sluice_proto::handshake::write_auth_switch;
+
+use crate::auth::{Check, User, Users};
+
+/// Packet I/O with the client during an authentication exchange.
+pub(super) trait AuthIo {
+    fn send(&mut self, payload: &[u8], seq: u8) -> impl Future<Output = io::Result<()>>;
+    fn recv(&mut self) -> impl Future<Output = io::Result<(u8, Vec<u8>)>>;
+    /// Whether a clear password may cross this connection (TLS or a Unix socket).
+    fn secure(&self) -> bool;
+}
+
+/// The RSA key pair for caching_sha2_password full authentication without TLS.
+pub struct RsaKey {
+    key: OaepPrivateDecryptingKey,
+    /// The public key as PEM, as clients expect it.
+    pem: Vec<u8>,
+}
+
+impl RsaKey {
+    pub fn generate() -> Result<RsaKey, String> {
+        let private = PrivateDecryptingKey::generate(KeySize::Rsa2048).map_err(|_| "RSA key generation failed")?;
+        let der = private.public_key().as_der().map_err(|_| "RSA public key encoding failed")?;
+        let pem = pem("PUBLIC KEY", der.as_ref());
+        let key = OaepPrivateDecryptingKey::new(private).map_err(|_| "RSA key rejected")?;
+        Ok(RsaKey { key, pem })
+    }
+
+    fn decrypt(&self, ciphertext: &[u8]) -> Option<Vec<u8>> {
+        let mut out = vec![0u8; self.key.min_output_size()];
+        let n = self.key.decrypt(&OAEP_SHA1_MGF1SHA1, ciphertext, &mut out, None).ok()?.len();
+        out.truncate(n);
+        Some(out)
+    }
+}
+
+fn pem(label: &str, der: &[u8]) -> Vec<u8> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out.into_bytes()
+}
+
+/// The outcome of a client's authentication.
+pub(super) enum Verdict<'u> {
+    Accepted(&'u User),
+    Denied { used_password: bool },
+}
+
+/// Checks the reply a client computed with `plugin` over `scramble` for user `name`, asking for
+/// more (a switch, full authentication) as needed. `seq` is the sequence id of the next packet
+/// sluice sends; the returned one is the id for the final OK or ERR.
+pub(super) async fn verify<'u, C: AuthIo>(
+    io: &mut C,
+    mut seq: u8,
+    users: &'u Users,
+    rsa: Option<&RsaKey>,
+    name: &str,
+    plugin: &[u8],
+    reply: &[u8],
+    scramble: &[u8],
+) -> io::Result<(Verdict<'u>, u8)> {
+    let Some(user) = users.get(name) else {
+        crate::auth::phantom_check(scramble, reply);
+        return Ok((Verdict::Denied { used_password: !reply.is_empty() }, seq));
+    };
+    let denied = |reply: &[u8]| Verdict::Denied { used_password: !reply.is_empty() };
+    match user.check(plugin, scramble, reply) {
+        Check::Ok => {
+            if plugin == auth::CACHING_SHA2 {
+                // Fast authentication succeeded; the OK follows.
+                io.send(&[0x01, 0x03], seq).await?;
+                seq = seq.wrapping_add(1);
+            }
+            Ok((Verdict::Accepted(user), seq))
+        }
+        Check::Denied => Ok((denied(reply), seq)),
+        Check::SwitchToNative => {
+            let mut p = Vec::new();
+            write_auth_switch(&mut p, auth::NATIVE, scramble);
+            io.send(&p, seq).await?;
+            let (s, r) = io.recv().await?;
+            let ok = matches!(user.check(auth::NATIVE, scramble, &r), Check::Ok);
+            Ok((if ok { Verdict::Accepted(user) } else { denied(&r) }, s.wrapping_add(1)))
+        }
+        Check::FullAuth => {
+            io.send(&[0x01, 0x04], seq).await?;
+            let (mut s, mut r) = io.recv().await?;
+            if !io.secure() {
+                let Some(rsa) = rsa else { return Ok((denied(&r), s.wrapping_add(1))) };
+                if r.as_slice() == [0x02] {
+                    let mut p = vec![0x01];
+                    p.extend_from_slice(&rsa.pem);
+                    io.send(&p, s.wrapping_add(1)).await?;
+                    (s, r) = io.recv().await?;
+                }
+                r = match rsa.decrypt(&r) {
+                    Some(x) => auth::xor_with_scramble(&x, scramble),
+                    None => return Ok((denied(&r), s.wrapping_add(1))),
+                };
+            }
+            let password = r.strip_suffix(&[0]).unwrap_or(&r);
+            let ok = user.check_clear(password);
+            Ok((if ok { Verdict::Accepted(user) } else { denied(&r) }, s.wrapping_add(1)))
+        }
+    }
+}
