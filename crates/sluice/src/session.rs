@@ -218,6 +218,16 @@ impl SessionHandle {
         }
     }
 
+    /// Records the backend connection the session is bound to (before the client is told it is
+    /// logged in, so that a KILL naming this session can always find it).
+    pub fn bind_backend(&self, index: usize, name: &str, thread_id: u32) {
+        self.backend_index.store(index as u32, Ordering::Relaxed);
+        self.backend_thread_id.store(thread_id, Ordering::Relaxed);
+        let mut i = self.info.lock();
+        i.backend = Some(name.to_string());
+        i.backend_thread_id = Some(thread_id);
+    }
+
     /// Publishes the session's state for the admin API.
     pub fn publish(&self, state: &SessionState) {
         let mut i = self.info.lock();

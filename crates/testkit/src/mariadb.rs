@@ -248,11 +248,17 @@ pub struct MariaDb {
     pub dir: PathBuf,
     bin: PathBuf,
     child: Option<Child>,
+    extra: Vec<String>,
 }
 
 impl MariaDb {
     /// Starts a fresh server on a free loopback port.
     pub fn start() -> MariaDb {
+        Self::start_with(&[])
+    }
+
+    /// Starts a fresh server with extra server options (e.g. `--ssl-cert=...`).
+    pub fn start_with(extra: &[String]) -> MariaDb {
         let bin = ensure_installed();
         let tpl = template(&bin);
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
@@ -264,14 +270,16 @@ impl MariaDb {
         copy_dir(&tpl, &dir);
         let _ = fs::remove_file(dir.join("READY"));
         let socket = dir.join("mariadb.sock");
-        let mut db = MariaDb { port: 0, socket, dir, bin, child: None };
+        let mut db = MariaDb { port: 0, socket, dir, bin, child: None, extra: extra.to_vec() };
         db.launch(free_port());
         db
     }
 
     fn launch(&mut self, port: u16) {
         self.port = port;
-        let mut child = spawn(server_args(&self.bin, &self.dir, &self.socket, Some(port))).expect("spawn mariadbd");
+        let mut cmd = server_args(&self.bin, &self.dir, &self.socket, Some(port));
+        cmd.args(&self.extra);
+        let mut child = spawn(cmd).expect("spawn mariadbd");
         wait_socket(&self.socket, &mut child, &self.dir);
         let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {

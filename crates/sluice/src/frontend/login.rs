@@ -42,7 +42,6 @@ pub struct LoggedIn {
     pub client: PacketConn,
     pub backend: PacketConn,
     pub guard: BackendGuard,
-    pub backend_thread_id: u32,
     /// Capabilities in force between client and sluice.
     pub client_caps: u32,
     /// Capabilities in force between sluice and the backend.
@@ -205,16 +204,15 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
     let result = match listener.auth {
         AuthMode::Passthrough => {
             state.passthrough = true;
-            passthrough(ctx, &mut client, next, &hr, client_caps, pre, &mut tried).await
+            passthrough(ctx, &mut client, next, &hr, client_caps, pre, &mut tried, handle).await
         }
-        AuthMode::Users => users(ctx, &mut client, next, &hr, &g, client_caps, pre, &mut tried).await,
+        AuthMode::Users => users(ctx, &mut client, next, &hr, &g, client_caps, pre, &mut tried, handle).await,
     };
     match result {
         Ok(b) => Ok(LoggedIn {
             client,
             backend: b.backend,
             guard: b.guard,
-            backend_thread_id: b.backend_thread_id,
             client_caps,
             backend_caps: b.backend_caps,
             mariadb: b.mariadb,
@@ -274,6 +272,7 @@ async fn passthrough(
     client_caps: u32,
     pre: Option<Opened>,
     tried: &mut Vec<(usize, String)>,
+    handle: &SessionHandle,
 ) -> std::result::Result<Backed, Fail> {
     if client_caps & cap::PLUGIN_AUTH == 0 {
         let e = Error::new(Side::Client, code::NOT_SUPPORTED_YET, "sluice passthrough needs a client with plugin authentication");
@@ -297,8 +296,11 @@ async fn passthrough(
     // Relay the exchange until the backend says OK or ERR.
     loop {
         let (bseq, mut p) = backend.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| (Error::io(Side::Backend, "login", e).into(), Some(cseq)))?;
-        if p.first() == Some(&0) && client_caps & cap::SESSION_TRACK == 0 {
-            p = sluice_proto::basic::strip_session_track(&p, mariadb).unwrap_or(p);
+        if p.first() == Some(&0) {
+            handle.bind_backend(o.backend.index, &o.backend.name, o.greeting.connection_id);
+            if client_caps & cap::SESSION_TRACK == 0 {
+                p = sluice_proto::basic::strip_session_track(&p, mariadb).unwrap_or(p);
+            }
         }
         client.write_packet(&p, cseq).await.map_err(|e| (Error::io(Side::Client, "login", e).into(), None))?;
         cseq = cseq.wrapping_add(1);
@@ -343,6 +345,7 @@ async fn users(
     client_caps: u32,
     pre: Option<Opened>,
     tried: &mut Vec<(usize, String)>,
+    handle: &SessionHandle,
 ) -> std::result::Result<Backed, Fail> {
     let name = String::from_utf8_lossy(&hr.user).into_owned();
     let denied = |seq: u8, used_password: bool| {
@@ -408,6 +411,7 @@ async fn users(
             Err(e) => return Err(release((e.into(), Some(cseq)))),
         }
     };
+    handle.bind_backend(b.guard.index, &b.guard.name, b.backend_thread_id);
     let mut ok = Vec::new();
     sluice_proto::basic::ok_payload(&mut ok, 0, 0, 0, status::AUTOCOMMIT, 0);
     if let Err(e) = client.write_packet(&ok, cseq).await {

@@ -79,13 +79,9 @@ pub async fn serve(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Li
     };
     {
         let mut i = handle.info.lock();
-        i.backend = Some(logged_in.guard.name.clone());
-        i.backend_thread_id = Some(logged_in.backend_thread_id);
         i.tls = tls || logged_in.client.stream.is_tls();
         i.compressed = logged_in.compression.is_some();
     }
-    handle.backend_index.store(logged_in.guard.index as u32, Ordering::Relaxed);
-    handle.backend_thread_id.store(logged_in.backend_thread_id, Ordering::Relaxed);
     tracing::debug!(session = id, client = %peer, user = %logged_in.state.user, backend = %logged_in.guard.name, "session started");
     let mut session = relay::Session::new(ctx, &handle, logged_in);
     let result = session.run().await;

@@ -1,0 +1,125 @@
+//! Backend variants: Unix-socket backends, TLS to backends, monitor-user health checks,
+//! balancing policies, COM_PROCESS_KILL.
+
+mod common;
+
+use common::*;
+use mysql_async::prelude::*;
+use sluice_proto::consts::com;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_socket_backend() {
+    let db = shared_db();
+    let cfg = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[[backends]]\naddress = \"{}\"\n",
+        db.socket.display()
+    );
+    let s = start_sluice_config(&cfg);
+    let mut c = app(&s).await;
+    // Over the socket the server sees the client as localhost.
+    let host: Option<String> = c.query_first("SELECT SUBSTRING_INDEX(USER(), '@', -1)").await.unwrap();
+    assert_eq!(host.as_deref(), Some("localhost"));
+    c.disconnect().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_the_backend() {
+    let (cert, key) = self_signed_cert();
+    let db = MariaDb::start_with(&[format!("--ssl-cert={}", cert.display()), format!("--ssl-key={}", key.display())]);
+    let cfg = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [[backends]]\naddress = \"{}\"\ntls = true\ntls_ca = \"{}\"\n",
+        db.addr(),
+        cert.display()
+    );
+    for auth in ["", "[[users]]\nname = \"app\"\npassword = \"apppw\"\n"] {
+        let s = start_sluice_config(&(cfg.clone() + auth));
+        let mut c = app(&s).await;
+        let cipher: Option<(String, String)> = c.query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'").await.unwrap();
+        let cipher = cipher.unwrap().1;
+        assert!(!cipher.is_empty(), "the backend connection is encrypted ({auth:?})");
+        c.disconnect().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_user_health_checks_log_in_and_ping() {
+    let db = MariaDb::start();
+    db.sql("SET GLOBAL log_warnings = 4");
+    let counters = || db.sql("SHOW GLOBAL STATUS LIKE 'Aborted_c%'");
+    let aborted_lines = || std::fs::read_to_string(db.dir.join("error.log")).unwrap().matches("Aborted connection").count();
+    let (before, lines_before) = (counters(), aborted_lines());
+    let cfg = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [health]\ninterval = \"50ms\"\nuser = \"monitor\"\npassword = \"monitorpw\"\n{}",
+        backends_toml(&[&db])
+    );
+    let s = start_sluice_config(&cfg);
+    wait_for("health checks ran", || {
+        let (_, body) = admin_get(&s, "/backends", None);
+        json(&body)[0]["checks"].as_u64().unwrap_or(0) >= 10
+    });
+    let (_, body) = admin_get(&s, "/backends", None);
+    assert_eq!(json(&body)[0]["up"], true);
+    // Logged-in probes that quit leave no aborted connections behind.
+    assert_eq!(counters(), before);
+    assert_eq!(aborted_lines(), lines_before);
+    // A wrong monitor password takes the backend down, with the reason.
+    let bad = cfg.replace("monitorpw", "wrong");
+    let s2 = start_sluice_config(&bad);
+    wait_for("backend down", || admin_get(&s2, "/backends", None).1.contains("\"up\":false"));
+    assert!(admin_get(&s2, "/backends", None).1.contains("Access denied"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn balancing_policies_spread_sessions() {
+    let a = MariaDb::start();
+    let b = MariaDb::start();
+    let base = format!("[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+    let count_ports = |conns: &Vec<(u16, mysql_async::Conn)>| {
+        let on_a = conns.iter().filter(|(p, _)| *p == a.port).count();
+        (on_a, conns.len() - on_a)
+    };
+    // least-connections and round-robin: an even spread.
+    for policy in ["least-connections", "round-robin"] {
+        let s = start_sluice_config(&format!("{base}[proxy]\nbalance = \"{policy}\"\n{}", backends_toml(&[&a, &b])));
+        let mut conns = Vec::new();
+        for _ in 0..10 {
+            let mut c = app(&s).await;
+            let port: Option<u16> = c.query_first("SELECT @@port").await.unwrap();
+            conns.push((port.unwrap(), c));
+        }
+        assert_eq!(count_ports(&conns), (5, 5), "{policy}");
+    }
+    // weighted-random: a backend with weight 0 is refused, so use 1 and 9.
+    let cfg = format!(
+        "{base}[proxy]\nbalance = \"weighted-random\"\n[[backends]]\naddress = \"{}\"\nweight = 1\n[[backends]]\naddress = \"{}\"\nweight = 9\n",
+        a.addr(),
+        b.addr()
+    );
+    let s = start_sluice_config(&cfg);
+    let mut conns = Vec::new();
+    for _ in 0..40 {
+        let mut c = app(&s).await;
+        let port: Option<u16> = c.query_first("SELECT @@port").await.unwrap();
+        conns.push((port.unwrap(), c));
+    }
+    let (on_a, on_b) = count_ports(&conns);
+    assert!(on_b > on_a, "weight 9 gets more sessions than weight 1: {on_a} vs {on_b}");
+}
+
+#[test]
+fn com_process_kill_uses_sluice_ids() {
+    let s = shared_sluice();
+    let mut victim = Raw::login(&s.listen, "app", "apppw", None);
+    let victim_id = victim.greeting.as_ref().unwrap().connection_id;
+    let mut killer = Raw::login(&s.listen, "app", "apppw", None);
+    let mut p = vec![com::PROCESS_KILL];
+    p.extend_from_slice(&victim_id.to_le_bytes());
+    let r = killer.command(&p);
+    assert_eq!(r[0][0], 0, "{}", String::from_utf8_lossy(&r[0]));
+    assert!(victim.is_closed(), "the killed session is closed");
+    let mut p = vec![com::PROCESS_KILL];
+    p.extend_from_slice(&3_999_999u32.to_le_bytes());
+    assert_eq!(err_code(&killer.command(&p)[0]), Some(1094));
+}
