@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::time::{Instant, SystemTime};
 
 use parking_lot::Mutex;
@@ -87,7 +87,6 @@ impl SessionState {
     }
 
     fn apply_ok(&mut self, ok: &basic::Ok<'_>) {
-        self.status = ok.status;
         for change in basic::state_changes(ok.session_state) {
             match change {
                 StateChange::Schema(s) => self.schema = Some(String::from_utf8_lossy(s).into_owned()),
@@ -119,29 +118,32 @@ pub struct StateSink<'a> {
     pub changed: bool,
 }
 
-impl Sink for StateSink<'_> {
-    fn ok(&mut self, ok: &basic::Ok<'_>) {
-        if ok.status != self.state.status || !ok.session_state.is_empty() {
-            self.changed = true;
-        }
-        self.state.apply_ok(ok);
-        if let Some(id) = self.executing {
-            if let Some(p) = self.state.prepared.get_mut(&id) {
-                p.cursor = ok.status & status::CURSOR_EXISTS != 0 && ok.status & status::LAST_ROW_SENT == 0;
+impl StateSink<'_> {
+    /// Status flags are published through an atomic by the caller; only a change of cursor
+    /// state marks the state as changed here.
+    fn status(&mut self, st: u16) {
+        self.state.status = st;
+        if let Some(p) = self.executing.and_then(|id| self.state.prepared.get_mut(&id)) {
+            let cursor = st & status::CURSOR_EXISTS != 0 && st & status::LAST_ROW_SENT == 0;
+            if p.cursor != cursor {
+                p.cursor = cursor;
+                self.changed = true;
             }
         }
     }
+}
+
+impl Sink for StateSink<'_> {
+    fn ok(&mut self, ok: &basic::Ok<'_>) {
+        if !ok.session_state.is_empty() {
+            self.changed = true;
+            self.state.apply_ok(ok);
+        }
+        self.status(ok.status);
+    }
 
     fn eof(&mut self, st: u16) {
-        if st != self.state.status {
-            self.changed = true;
-        }
-        self.state.status = st;
-        if let Some(id) = self.executing {
-            if let Some(p) = self.state.prepared.get_mut(&id) {
-                p.cursor = st & status::CURSOR_EXISTS != 0 && st & status::LAST_ROW_SENT == 0;
-            }
-        }
+        self.status(st);
     }
 
     fn err(&mut self, e: &basic::Err<'_>) {
@@ -185,6 +187,9 @@ pub struct SessionHandle {
     pub wake: tokio::sync::Notify,
     pub backend_index: AtomicU32,
     pub backend_thread_id: AtomicU32,
+    /// Server status flags after the last command (changes every transaction: kept apart from
+    /// `info` so that publishing it costs one store).
+    pub status: AtomicU16,
     pub info: Mutex<SessionInfo>,
 }
 
@@ -200,6 +205,7 @@ impl SessionHandle {
             wake: tokio::sync::Notify::new(),
             backend_index: AtomicU32::new(u32::MAX),
             backend_thread_id: AtomicU32::new(0),
+            status: AtomicU16::new(status::AUTOCOMMIT),
             info: Mutex::new(SessionInfo {
                 id,
                 client,
@@ -228,16 +234,24 @@ impl SessionHandle {
         i.backend_thread_id = Some(thread_id);
     }
 
-    /// Publishes the session's state for the admin API.
+    /// Publishes the session's state for the admin API (after changes other than status).
     pub fn publish(&self, state: &SessionState) {
-        let mut i = self.info.lock();
-        i.pins = state.pins();
-        i.safe_point = state.at_safe_point();
-        i.state = state.clone();
+        self.info.lock().state = state.clone();
+        self.publish_status(state.status);
+    }
+
+    #[inline]
+    pub fn publish_status(&self, st: u16) {
+        if self.status.load(Ordering::Relaxed) != st {
+            self.status.store(st, Ordering::Relaxed);
+        }
     }
 
     pub fn snapshot(&self) -> SessionInfo {
         let mut i = self.info.lock().clone();
+        i.state.status = self.status.load(Ordering::Relaxed);
+        i.pins = i.state.pins();
+        i.safe_point = i.state.at_safe_point();
         i.queries = self.queries.load(Ordering::Relaxed);
         i.busy = self.busy.load(Ordering::Relaxed);
         i

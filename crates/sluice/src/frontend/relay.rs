@@ -224,6 +224,8 @@ impl<'a> Session<'a> {
         }
         if self.after_command(cmd, error.is_none()) || changed {
             self.handle.publish(&self.state);
+        } else {
+            self.handle.publish_status(self.state.status);
         }
         Ok(Flow::Continue)
     }
