@@ -110,6 +110,21 @@ impl PacketConn {
         }
     }
 
+    /// Reads one packet without reading past its end: used for the packet that may be an SSL
+    /// request, since the TLS handshake that follows it must get every byte after it.
+    pub async fn read_packet_exact(&mut self, limit: usize) -> io::Result<(u8, Vec<u8>)> {
+        debug_assert!(self.rbuf.is_empty());
+        let mut h = [0u8; HEADER];
+        self.stream.read_exact(&mut h).await?;
+        let h = Header::parse(&h).ok_or_else(|| io::Error::other("header"))?;
+        if h.len > limit {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("packet of {} bytes is too large here", h.len)));
+        }
+        let mut payload = vec![0u8; h.len];
+        self.stream.read_exact(&mut payload).await?;
+        Ok((h.seq, payload))
+    }
+
     /// Reads more bytes into the buffer; end of stream is an error.
     pub async fn fill(&mut self) -> io::Result<usize> {
         if self.rbuf.capacity() - self.rbuf.len() < 1024 {

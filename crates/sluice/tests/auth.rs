@@ -174,3 +174,99 @@ fn caching_sha2_fast_path_and_full_authentication() {
     // Clients that prefer mysql_native_password are switched.
     assert_eq!(cli(p, "other", "otherpw", &["--default-auth=mysql_native_password"], "SELECT 1").unwrap(), "1");
 }
+
+/// Accepts any server certificate (the test's own self-signed one).
+#[derive(Debug)]
+struct AnyCert;
+
+impl rustls::client::danger::ServerCertVerifier for AnyCert {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::aws_lc_rs::default_provider().signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[test]
+fn tls_hello_in_the_same_segment_as_the_ssl_request() {
+    use std::io::{Read, Write};
+    use sluice_proto::consts::cap;
+    let db = shared_db();
+    let (cert, key) = self_signed_cert();
+    let cfg = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n{}[tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+        backends_toml(&[db]),
+        cert.display(),
+        key.display()
+    );
+    let s = start_sluice_config(&cfg);
+    let mut r = Raw::connect(&s.listen);
+    r.read_packet().unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(AnyCert))
+        .with_no_client_auth();
+    let mut tls = rustls::ClientConnection::new(std::sync::Arc::new(config), "localhost".try_into().unwrap()).unwrap();
+    // The SSL request and the TLS ClientHello leave in one write, as some drivers send them.
+    let caps = sluice_testkit::raw::CLIENT_CAPS | cap::SSL;
+    let mut req = Vec::new();
+    sluice_proto::handshake::write_ssl_request(&mut req, caps, 0, 1 << 24, 45);
+    let mut bytes = Vec::new();
+    sluice_proto::packet::frame(&mut bytes, &req, 1);
+    tls.write_tls(&mut bytes).unwrap();
+    r.s.write_all(&bytes).unwrap();
+    let mut stream = rustls::StreamOwned::new(tls, r.s.try_clone().unwrap());
+    // Finish the handshake and log in over TLS as a passthrough client would.
+    let hr = sluice_proto::handshake::HandshakeResponse {
+        capabilities: caps,
+        max_packet: 1 << 24,
+        collation: 45,
+        user: b"nopw".to_vec(),
+        auth_plugin: Some(b"mysql_native_password".to_vec()),
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    hr.write(&mut out);
+    let mut framed = Vec::new();
+    sluice_proto::packet::frame(&mut framed, &out, 2);
+    stream.write_all(&framed).unwrap();
+    // The backend asks for its own scramble (auth switch); nopw answers with nothing.
+    let mut h = [0u8; 4];
+    stream.read_exact(&mut h).unwrap();
+    let mut p = vec![0u8; u32::from_le_bytes([h[0], h[1], h[2], 0]) as usize];
+    stream.read_exact(&mut p).unwrap();
+    assert_eq!(p[0], 0xfe, "auth switch: {}", String::from_utf8_lossy(&p));
+    let mut empty = Vec::new();
+    sluice_proto::packet::frame(&mut empty, &[], h[3] + 1);
+    stream.write_all(&empty).unwrap();
+    stream.read_exact(&mut h).unwrap();
+    let mut p = vec![0u8; u32::from_le_bytes([h[0], h[1], h[2], 0]) as usize];
+    stream.read_exact(&mut p).unwrap();
+    assert_eq!(p[0], 0x00, "logged in over TLS: {}", String::from_utf8_lossy(&p));
+}
