@@ -109,7 +109,7 @@ impl<'a> Err<'a> {
             return Err(Malformed("err header"));
         }
         let code = r.u16("error code")?;
-        let mut sql_state = *b"HY000";
+        let mut sql_state = NO_SQL_STATE;
         if r.peek() == Some(b'#') && r.remaining() >= 6 {
             r.u8("#")?;
             sql_state.copy_from_slice(r.bytes(5, "sql state")?);
@@ -118,12 +118,17 @@ impl<'a> Err<'a> {
     }
 }
 
-/// Builds an ERR payload.
+/// The SQL state of an ERR packet that carried none (servers omit it before the handshake).
+pub const NO_SQL_STATE: [u8; 5] = [0; 5];
+
+/// Builds an ERR payload; with [`NO_SQL_STATE`] the state marker is left out.
 pub fn err_payload(out: &mut Vec<u8>, code: u16, sql_state: &[u8; 5], message: &str) {
     out.push(0xff);
     out.extend_from_slice(&code.to_le_bytes());
-    out.push(b'#');
-    out.extend_from_slice(sql_state);
+    if *sql_state != NO_SQL_STATE {
+        out.push(b'#');
+        out.extend_from_slice(sql_state);
+    }
     out.extend_from_slice(message.as_bytes());
 }
 

@@ -68,6 +68,11 @@ impl Error {
         Error { retry: Retry::Safe, ..Error::new(Side::Backend, code::NO_BACKEND, message).state(b"08S01") }
     }
 
+    /// A backend answered the connection with an ERR instead of a greeting.
+    pub fn is_backend_refusal(&self) -> bool {
+        self.side == Side::Backend && self.retry == Retry::Safe && self.code != code::NO_BACKEND
+    }
+
     pub fn state(mut self, s: &[u8; 5]) -> Error {
         self.sql_state = *s;
         self

@@ -93,10 +93,12 @@ async fn backend_killed_mid_session_fails_only_its_sessions() {
     let r = query.await.unwrap();
     let e = r.expect_err("the query on the killed backend fails");
     assert!(e.to_string().contains("2013") || e.to_string().to_lowercase().contains("connection"), "{e}");
-    // The idle victim gets a clear error at its next statement.
+    // The idle victim's connection is closed, so its next statement fails as on a dead server
+    // (drivers then reconnect), and the session is gone from sluice.
     let mut idle = victims.pop().unwrap();
-    let e = idle.query_drop("SELECT 1").await.expect_err("idle session on the dead backend fails");
-    assert!(e.to_string().contains("2013") || e.to_string().to_lowercase().contains("connection"), "{e}");
+    let idle_id = idle.id();
+    wait_for("idle victim closed", || !admin_get(&s, "/sessions", None).1.contains(&format!("\"id\":{idle_id},")));
+    idle.query_drop("SELECT 1").await.expect_err("idle session on the dead backend fails");
     // Sessions on the other backend are unaffected, and new sessions go to the survivor.
     for c in survivors.iter_mut() {
         let one: Option<i32> = c.query_first("SELECT 1").await.unwrap();
@@ -207,4 +209,39 @@ fn a_command_larger_than_max_packet_size_is_refused() {
     assert_eq!(err_code(&big[0]), Some(1153));
     assert!(r.is_closed());
     assert_eq!(cli(s.port(), "app", "apppw", &[], "SELECT 1").unwrap(), "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_refuses_speaks_for_itself() {
+    let db = MariaDb::start();
+    db.sql("SET GLOBAL max_connections = 10"); // MariaDB's minimum
+    let s = start_sluice_config(&config(&[db.addr()], ""));
+    let mut held = Vec::new();
+    // A user without admin privileges (those get an extra slot) fills every slot.
+    loop {
+        match mysql_async::Conn::new(mysql_async::Opts::from(opts(&s.listen, "other", "otherpw"))).await {
+            Ok(c) => held.push(c),
+            Err(e) => {
+                assert!(e.to_string().contains("1040") && e.to_string().contains("Too many connections"), "{e}");
+                break;
+            }
+        }
+        assert!(held.len() < 30, "the backend limit was never reached");
+    }
+    let e = cli(s.port(), "nopw", "", &[], "SELECT 1").expect_err("refused");
+    assert!(e.contains("1040"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_closing_an_idle_session_closes_the_client() {
+    let db = shared_db();
+    let s = start_sluice_config(&config(&[db.addr()], ""));
+    let mut c = app(&s).await;
+    c.query_drop("SET SESSION wait_timeout = 1").await.unwrap();
+    let id = c.id();
+    wait_for("sluice closed the session", || !admin_get(&s, "/sessions", None).1.contains(&format!("\"id\":{id},")));
+    assert!(c.query_drop("SELECT 1").await.is_err());
+    // A fresh connection works.
+    let mut d = app(&s).await;
+    d.ping().await.unwrap();
 }

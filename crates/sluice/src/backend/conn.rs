@@ -33,8 +33,13 @@ pub async fn open(b: &Backend, timeout: Duration) -> Result<(PacketConn, Greetin
             .await
             .map_err(|e| Error::connect(format!("reading greeting: {e}")))?;
         if payload.first() == Some(&0xff) {
+            // The backend refused the connection (e.g. 1040 Too many connections): keep its code
+            // and message so that a client that cannot be served elsewhere gets them unchanged.
             let e = sluice_proto::basic::Err::parse(&payload).map_err(|e| Error::connect(e.to_string()))?;
-            return Err(Error::connect(format!("refused: {} {}", e.code, String::from_utf8_lossy(e.message))));
+            let mut err = Error::connect(String::from_utf8_lossy(e.message).into_owned());
+            err.code = e.code;
+            err.sql_state = e.sql_state;
+            return Err(err);
         }
         let g = Greeting::parse(&payload).map_err(|e| Error::connect(format!("greeting: {e}")))?;
         if g.capabilities & cap::PROTOCOL_41 == 0 {

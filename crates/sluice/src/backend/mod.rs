@@ -153,14 +153,14 @@ impl Backends {
     }
 
     /// One line per backend saying why it is not usable (for "no backend" errors).
-    pub fn describe_unusable(&self, tried: &[(usize, String)]) -> String {
+    pub fn describe_unusable(&self, tried: &[(usize, crate::error::Error)]) -> String {
         self.list
             .iter()
             .map(|b| {
                 let why = tried
                     .iter()
                     .find(|(i, _)| *i == b.index)
-                    .map(|(_, e)| e.clone())
+                    .map(|(_, e)| if e.is_backend_refusal() { format!("refused: {} {}", e.code, e.message) } else { e.message.clone() })
                     .unwrap_or_else(|| if b.is_up() { "not tried".into() } else { format!("down: {}", b.out_reason()) });
                 format!("{} ({}): {}", b.name, b.address, why)
             })

@@ -79,10 +79,17 @@ struct Opened {
 }
 
 /// Opens a connection to the next usable backend, trying others when one cannot be reached.
-async fn open_any(ctx: &Ctx, tried: &mut Vec<(usize, String)>) -> std::result::Result<Opened, Refusal> {
+async fn open_any(ctx: &Ctx, tried: &mut Vec<(usize, Error)>) -> std::result::Result<Opened, Refusal> {
     loop {
         let exclude: Vec<usize> = tried.iter().map(|(i, _)| *i).collect();
         let Some(b) = ctx.balancer.pick(&ctx.backends, &exclude) else {
+            // A backend that refused with its own error (1040 Too many connections, a blocked
+            // host) speaks for itself: the client gets that error unchanged.
+            if let Some((_, e)) = tried.iter().rev().find(|(_, e)| e.is_backend_refusal()) {
+                let mut err = Error::new(Side::Backend, e.code, e.message.clone());
+                err.sql_state = e.sql_state;
+                return Err(refuse(Reject::NoBackend, err));
+            }
             let what = if ctx.backends.list.is_empty() { "no backends are configured".to_string() } else { ctx.backends.describe_unusable(tried) };
             return Err(refuse(
                 Reject::NoBackend,
@@ -93,7 +100,7 @@ async fn open_any(ctx: &Ctx, tried: &mut Vec<(usize, String)>) -> std::result::R
             Ok((conn, greeting)) => return Ok(Opened { backend: b, conn, greeting }),
             Err(e) => {
                 tracing::warn!(backend = %b.name, error = %e.message, "backend unreachable at login; trying the next one");
-                tried.push((b.index, e.message));
+                tried.push((b.index, e));
             }
         }
     }
@@ -274,7 +281,7 @@ async fn passthrough(
     hr: &HandshakeResponse,
     client_caps: u32,
     pre: Option<Opened>,
-    tried: &mut Vec<(usize, String)>,
+    tried: &mut Vec<(usize, Error)>,
     handle: &SessionHandle,
 ) -> std::result::Result<Backed, Fail> {
     if client_caps & cap::PLUGIN_AUTH == 0 {
@@ -347,7 +354,7 @@ async fn users(
     g: &Greeting,
     client_caps: u32,
     pre: Option<Opened>,
-    tried: &mut Vec<(usize, String)>,
+    tried: &mut Vec<(usize, Error)>,
     handle: &SessionHandle,
 ) -> std::result::Result<Backed, Fail> {
     let name = String::from_utf8_lossy(&hr.user).into_owned();
@@ -410,7 +417,7 @@ async fn users(
                     counted_user: Some(name.clone()),
                 };
             }
-            Err(e) if e.retry == crate::error::Retry::Safe => tried.push((o.backend.index, e.message)),
+            Err(e) if e.retry == crate::error::Retry::Safe => tried.push((o.backend.index, e)),
             Err(e) => return Err(release((e.into(), Some(cseq)))),
         }
     };

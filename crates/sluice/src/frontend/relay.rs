@@ -39,8 +39,6 @@ pub struct Session<'a> {
     pub(super) scramble: [u8; 20],
     /// The user counted against its connection limit.
     pub(super) counted_user: Option<String>,
-    /// The backend went away while the session was idle; the next command gets this error.
-    backend_lost: Option<String>,
 }
 
 /// What to do after a command.
@@ -69,7 +67,6 @@ impl<'a> Session<'a> {
             credential: l.credential,
             scramble: l.scramble,
             counted_user: l.counted_user,
-            backend_lost: None,
         }
     }
 
@@ -120,8 +117,7 @@ impl<'a> Session<'a> {
             if self.ctx.is_draining() && !self.state.in_transaction() && self.client.rbuf.is_empty() {
                 return Ok(None);
             }
-            let Session { client, backend, handle, backend_lost, .. } = self;
-            let watch_backend = backend_lost.is_none();
+            let Session { client, backend, handle, .. } = self;
             if backend.rbuf.capacity() - backend.rbuf.len() < 1024 {
                 backend.rbuf.reserve(BUF_SIZE);
             }
@@ -132,12 +128,19 @@ impl<'a> Session<'a> {
                     Ok(_) => {}
                     Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
                 },
-                r = backend.stream.read_buf(&mut backend.rbuf), if watch_backend => {
-                    *backend_lost = Some(match r {
-                        Ok(0) | Err(_) => "the backend closed the connection".to_string(),
-                        Ok(_) => lost_reason(&backend.rbuf),
-                    });
-                    tracing::info!(session = handle.id, reason = backend_lost.as_deref().unwrap_or(""), "backend connection lost while idle");
+                r = backend.stream.read_buf(&mut backend.rbuf) => {
+                    // The backend spoke or left unasked (wait_timeout, a kill, a shutdown). The
+                    // client gets what it sent, as it would directly, and the connection is closed,
+                    // so that its driver sees a dead connection rather than a failing one.
+                    let reason = match r {
+                        Ok(n) if n > 0 => lost_reason(&backend.rbuf),
+                        _ => "the backend closed the connection".to_string(),
+                    };
+                    tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, "backend connection lost while idle; closing the client connection");
+                    if !self.backend.rbuf.is_empty() {
+                        let _ = self.client.write(&self.backend.rbuf).await;
+                    }
+                    return Ok(None);
                 }
                 _ = handle.wake.notified() => {}
                 _ = sleep_until(idle_deadline) => {
@@ -166,12 +169,6 @@ impl<'a> Session<'a> {
         };
         self.ctx.metrics.command(cmd);
         self.handle.queries.fetch_add(1, Ordering::Relaxed);
-        if let Some(msg) = self.backend_lost.take() {
-            self.skip_request().await?;
-            let text = format!("Lost connection to backend {}: {msg}", self.guard.name);
-            self.client_error(1, code::SERVER_LOST, b"HY000", &text).await;
-            return Err(Error::backend(text));
-        }
         let body_end = HEADER + h.len.min(INSPECT_LIMIT);
         let expect = match cmd {
             com::QUIT => {
