@@ -1,22 +1,24 @@
 #!/usr/bin/env python3
 """sluice benchmark harness.
 
-Runs sysbench against several targets in one interleaved run (direct MariaDB, HAProxy in TCP
-mode, sluice in one or more configurations), samples each proxy's CPU time and memory from
-/proc, and writes raw JSON plus a Markdown report. Every cell is the median of --rounds rounds.
+Runs sysbench against direct MariaDB, HAProxy in TCP mode and sluice in one interleaved run,
+samples each proxy's CPU time and memory from /proc, and writes raw JSON, a Markdown report and
+PNG charts to bench/results/<name>/. Every cell is the median of --rounds rounds.
 
+    python3 bench/bench.py                      # everything, default sizes (make bench)
+    python3 bench/bench.py --smoke              # every suite at minimal size (make bench-smoke)
     python3 bench/bench.py --suites basic --threads 8,32 --duration 20 --rounds 3
-    python3 bench/bench.py --suites basic --targets sluice,sluice-multi   # runtime flavours
 
 It provisions what it needs: apt packages (sysbench, haproxy, mariadb-server) through
-scripts/setup.sh, a local MariaDB through the sluice-mariadb helper, the sbtest tables, and a
-release build of sluice.
+scripts/setup.sh, a local MariaDB through the sluice-mariadb helper, the sbtest tables, a
+release build of sluice, and matplotlib for the charts.
 """
 
 import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -26,9 +28,14 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import report  # noqa: E402
+import suites  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling"]
 
 
 def log(msg):
@@ -41,9 +48,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_port(port, timeout=60):
+def wait_port(port, proc, timeout=60):
     deadline = time.time() + timeout
     while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for port {port} exited")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return
@@ -70,8 +79,9 @@ def proc_rss_kb(pid):
 class Target:
     """Something sysbench connects to; `pid` is the proxy process (None for direct)."""
 
-    def __init__(self, name, port, pid=None, socket_path=None, proc=None):
-        self.name, self.port, self.pid, self.socket_path, self.proc = name, port, pid, socket_path, proc
+    def __init__(self, name, port, socket_path=None, proc=None):
+        self.name, self.port, self.socket_path, self.proc = name, port, socket_path, proc
+        self.pid = proc.pid if proc else None
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
@@ -82,32 +92,44 @@ class Target:
                 self.proc.kill()
 
 
-def start_backend():
-    exe = ROOT / "target/release/sluice-mariadb"
-    out = open(WORK / "backend.addr", "w")
-    proc = subprocess.Popen([str(exe), "--count", "1", "--dir", str(WORK / "mariadb")], stdout=out)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        text = (WORK / "backend.addr").read_text().strip()
-        if text:
-            host, port = text.splitlines()[0].rsplit(":", 1)
-            return proc, int(port)
-        if proc.poll() is not None:
-            raise RuntimeError("sluice-mariadb failed")
-        time.sleep(0.1)
-    raise RuntimeError("backend did not start")
+class Env:
+    """The running backends and targets of one benchmark run."""
 
+    def __init__(self, args):
+        self.args = args
+        self.targets = {}
+        self.extra_basic = []
+        self.procs = []
+        self.conns_bin = ROOT / "target/release/sluice-conns"
 
-def start_haproxy(backend_port, threads):
-    port = free_port()
-    cfg = WORK / "haproxy.cfg"
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    maxconn = max(1000, min(soft, hard) // 2 - 100)
-    cfg.write_text(
-        f"""global
-    maxconn {maxconn}
-    nbthread {threads}
+    def spawn(self, argv, log_name, stdout=subprocess.DEVNULL):
+        p = subprocess.Popen(argv, stdout=stdout, stderr=open(WORK / log_name, "w"), text=True,
+                             env=dict(os.environ, RUST_LOG="warn"))
+        self.procs.append(p)
+        return p
+
+    def start_backend(self):
+        p = self.spawn([str(ROOT / "target/release/sluice-mariadb"), "--count", "1", "--dir", str(WORK / "mariadb")],
+                       "mariadb.log", stdout=subprocess.PIPE)
+        addr = p.stdout.readline().strip()
+        if not addr:
+            raise RuntimeError("sluice-mariadb failed; see bench/work/mariadb.log")
+        self.backend_port = int(addr.rsplit(":", 1)[1])
+        sock = next((WORK / "mariadb").glob("db-*/mariadb.sock"))
+        self.targets["direct"] = Target("direct", self.backend_port, socket_path=str(sock))
+
+    def start_responder(self):
+        p = self.spawn([str(ROOT / "target/release/sluice-responder")], "responder.log", stdout=subprocess.PIPE)
+        self.responder_port = int(p.stdout.readline().strip().rsplit(":", 1)[1])
+
+    def start_haproxy(self, name, backend_port):
+        port = free_port()
+        sock = WORK / f"{name}.sock"
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        cfg = WORK / f"{name}.cfg"
+        cfg.write_text(f"""global
+    maxconn {max(1000, min(soft, hard) // 2 - 100)}
+    nbthread {self.args.workers}
 defaults
     mode tcp
     timeout connect 2s
@@ -115,173 +137,163 @@ defaults
     timeout server 30000s
 listen mysql
     bind 127.0.0.1:{port}
+    bind unix@{sock}
     balance leastconn
     server db1 127.0.0.1:{backend_port} check inter 2000 rise 2 fall 3
-"""
-    )
-    proc = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=open(WORK / "haproxy.log", "w"))
-    wait_port(port)
-    return Target("haproxy", port, proc.pid, proc=proc)
+""")
+        p = self.spawn(["haproxy", "-db", "-f", str(cfg)], f"{name}.log")
+        wait_port(port, p)
+        self.targets[name] = Target(name, port, socket_path=str(sock), proc=p)
+
+    def start_sluice(self, name, backend_port, workers):
+        port = free_port()
+        sock = WORK / f"{name}.sock"
+        p = self.spawn([str(ROOT / "target/release/sluice"), "--listen", f"127.0.0.1:{port}", "--listen", str(sock),
+                        "--backend", f"127.0.0.1:{backend_port}", "--workers", str(workers)], f"{name}.log")
+        wait_port(port, p)
+        self.targets[name] = Target(name, port, socket_path=str(sock), proc=p)
+
+    def rss(self, t):
+        return proc_rss_kb(t.pid) if t.pid else 0
+
+    def sysbench(self, t, workload, threads, duration, extra=(), unix=False):
+        a = self.args
+        conn = [f"--mysql-socket={t.socket_path}"] if unix else ["--mysql-host=127.0.0.1", f"--mysql-port={t.port}"]
+        cmd = ["sysbench", workload, "--db-driver=mysql", "--mysql-user=sbtest", "--mysql-password=sbtest",
+               "--mysql-db=sbtest", *conn, f"--tables={a.tables}", f"--table-size={a.table_size}",
+               f"--threads={threads}", f"--time={duration}", "--percentile=95", "--report-interval=0",
+               "--mysql-ignore-errors=all", *extra, "run"]
+        cpu0 = proc_cpu_seconds(t.pid) if t.pid else None
+        t0 = time.time()
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        wall = time.time() - t0
+        cpu1 = proc_cpu_seconds(t.pid) if t.pid else None
+        text = out.stdout
+        m = re.search(r"queries:\s+(\d+)\s+\(([\d.]+) per sec", text)
+        if out.returncode != 0 or not m:
+            raise RuntimeError(f"sysbench {workload} failed on {t.name}: {out.stderr or text}")
+        queries = int(m.group(1))
+        cell = {
+            "qps": float(m.group(2)),
+            "avg_ms": float(re.search(r"avg:\s+([\d.]+)", text).group(1)),
+            "p95_ms": float(re.search(r"95th percentile:\s+([\d.]+)", text).group(1)),
+            "queries": queries,
+            "errors": int(re.search(r"ignored errors:\s+(\d+)", text).group(1)),
+        }
+        if cpu0 is not None:
+            cpu = cpu1 - cpu0
+            cell["proxy_cpu_pct"] = 100.0 * cpu / wall
+            cell["proxy_cpu_us_per_query"] = 1e6 * cpu / max(queries, 1)
+            cell["proxy_rss_kb"] = proc_rss_kb(t.pid)
+        return cell
+
+    def stop(self):
+        for t in self.targets.values():
+            t.stop()
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
 
 
-def start_sluice(name, backend_port, workers, runtime="per-core"):
-    port = free_port()
-    sock = WORK / f"{name}.sock"
-    args = [
-        str(ROOT / "target/release/sluice"),
-        "--listen", f"127.0.0.1:{port}",
-        "--listen", str(sock),
-        "--backend", f"127.0.0.1:{backend_port}",
-        "--workers", str(workers),
-        "--runtime", runtime,
-    ]
-    env = dict(os.environ, RUST_LOG="warn")
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(WORK / f"{name}.log", "w"), env=env)
-    wait_port(port)
-    return Target(name, port, proc.pid, socket_path=str(sock), proc=proc)
-
-
-SYSBENCH_COMMON = ["--db-driver=mysql", "--mysql-user=sbtest", "--mysql-password=sbtest", "--mysql-db=sbtest"]
-
-
-def sysbench(target, workload, threads, duration, table_size, tables, extra=(), unix=False):
-    conn = [f"--mysql-socket={target.socket_path}"] if unix else ["--mysql-host=127.0.0.1", f"--mysql-port={target.port}"]
-    cmd = ["sysbench", workload, *SYSBENCH_COMMON, *conn, f"--tables={tables}", f"--table-size={table_size}",
-           f"--threads={threads}", f"--time={duration}", "--percentile=95", "--report-interval=0", *extra, "run"]
-    cpu0 = proc_cpu_seconds(target.pid) if target.pid else None
-    t0 = time.time()
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.time() - t0
-    cpu1 = proc_cpu_seconds(target.pid) if target.pid else None
-    if out.returncode != 0:
-        raise RuntimeError(f"sysbench failed on {target.name}: {out.stderr or out.stdout}")
-    text = out.stdout
-    queries = int(re.search(r"queries:\s+(\d+)", text).group(1))
-    qps = float(re.search(r"queries:\s+\d+\s+\(([\d.]+) per sec", text).group(1))
-    avg = float(re.search(r"avg:\s+([\d.]+)", text).group(1))
-    p95 = float(re.search(r"95th percentile:\s+([\d.]+)", text).group(1))
-    errors = int(re.search(r"ignored errors:\s+(\d+)", text).group(1))
-    cell = {"qps": qps, "avg_ms": avg, "p95_ms": p95, "queries": queries, "errors": errors, "wall_s": wall}
-    if cpu0 is not None:
-        cpu = cpu1 - cpu0
-        cell["proxy_cpu_pct"] = 100.0 * cpu / wall
-        cell["proxy_cpu_us_per_query"] = 1e6 * cpu / max(queries, 1)
-        cell["proxy_rss_kb"] = proc_rss_kb(target.pid)
-    return cell
-
-
-def prepare(backend_port, table_size, tables):
-    log(f"preparing sbtest: {tables} table(s) of {table_size} rows")
-    t = Target("direct", backend_port)
-    subprocess.run(["sysbench", "oltp_common", *SYSBENCH_COMMON, "--mysql-host=127.0.0.1", f"--mysql-port={t.port}",
-                    f"--tables={tables}", f"--table-size={table_size}", "cleanup"], capture_output=True)
-    subprocess.run(["sysbench", "oltp_common", *SYSBENCH_COMMON, "--mysql-host=127.0.0.1", f"--mysql-port={t.port}",
-                    f"--tables={tables}", f"--table-size={table_size}", "prepare"], check=True, capture_output=True)
-
-
-BASIC = ["oltp_point_select", "oltp_read_only", "oltp_write_only", "oltp_read_write"]
-
-
-def run_basic(targets, args, results):
-    for rnd in range(args.rounds):
-        for threads in args.threads:
-            for workload in args.workloads:
-                for t in targets:
-                    cell = sysbench(t, workload, threads, args.duration, args.table_size, args.tables)
-                    key = f"basic/{workload}/{threads}/{t.name}"
-                    results.setdefault(key, []).append(cell)
-                    log(f"round {rnd + 1} {key}: {cell['qps']:.0f} qps"
-                        + (f", {cell['proxy_cpu_us_per_query']:.1f} us/query" if "proxy_cpu_us_per_query" in cell else ""))
+def prepare_tables(env):
+    a = env.args
+    log(f"preparing sbtest: {a.tables} table(s) of {a.table_size} rows")
+    base = ["sysbench", "oltp_common", "--db-driver=mysql", "--mysql-user=sbtest", "--mysql-password=sbtest",
+            "--mysql-db=sbtest", "--mysql-host=127.0.0.1", f"--mysql-port={env.backend_port}",
+            f"--tables={a.tables}", f"--table-size={a.table_size}"]
+    subprocess.run(base + ["cleanup"], capture_output=True)
+    subprocess.run(base + ["prepare"], check=True, capture_output=True)
 
 
 def median_cells(results):
     out = {}
     for key, cells in results.items():
-        med = {}
-        for field in cells[0]:
-            med[field] = statistics.median(c[field] for c in cells)
+        med = {f: statistics.median(c[f] for c in cells) for f in cells[0] if isinstance(cells[0][f], (int, float))}
         med["rounds"] = len(cells)
         out[key] = med
     return out
 
 
-def report(med, args, path):
-    lines = [f"# sluice benchmark: {args.name}", "",
-             f"Command: `{' '.join(sys.argv)}`", "",
-             f"Machine: {os.cpu_count()} cores; every cell is the median of {args.rounds} round(s) of {args.duration} s.", ""]
-    names = [t for t in args.targets]
-    for threads in args.threads:
-        lines += [f"## Basic workloads, {threads} threads", "",
-                  "| workload | " + " | ".join(f"{n} QPS" for n in names) + " | "
-                  + " | ".join(f"{n} CPU µs/query" for n in names if n != "direct") + " |",
-                  "|---|" + "---|" * (len(names) + len([n for n in names if n != "direct"]))]
-        for w in args.workloads:
-            row = [w]
-            for n in names:
-                c = med.get(f"basic/{w}/{threads}/{n}")
-                row.append(f"{c['qps']:.0f}" if c else "-")
-            for n in names:
-                if n == "direct":
-                    continue
-                c = med.get(f"basic/{w}/{threads}/{n}")
-                row.append(f"{c['proxy_cpu_us_per_query']:.1f}" if c else "-")
-            lines.append("| " + " | ".join(row) + " |")
-        lines.append("")
-    path.write_text("\n".join(lines) + "\n")
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--name", default=None, help="results directory name (default: a timestamp)")
+    p.add_argument("--duration", type=int, default=20, help="seconds per cell")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", default="1,8,32,64", help="client threads for the basic and scaling suites")
+    p.add_argument("--table-size", type=int, default=100000)
+    p.add_argument("--tables", type=int, default=4)
+    p.add_argument("--workers", type=int, default=1, help="proxy worker threads (sluice and HAProxy)")
+    p.add_argument("--suites", default=",".join(ALL_SUITES))
+    p.add_argument("--workloads", default=",".join(suites.BASIC))
+    p.add_argument("--range-sizes", default=",".join(map(str, suites.RANGE_SIZES)))
+    p.add_argument("--range-threads", type=int, default=32)
+    p.add_argument("--long-threads", type=int, default=32)
+    p.add_argument("--idle-conns", type=int, default=0, help="idle connections for the long suite (0: from the fd limit)")
+    p.add_argument("--churn-rate", type=int, default=1000, help="new connections per second for the short suite")
+    p.add_argument("--smoke", action="store_true", help="every suite at minimal size, to check the harness")
+    a = p.parse_args()
+    if a.smoke:
+        a.duration, a.rounds, a.threads, a.table_size, a.tables = 2, 1, "4", 1000, 1
+        a.range_sizes, a.idle_conns, a.churn_rate = "10,100", 50, 50
+        a.workloads = "oltp_point_select,oltp_read_only"
+        a.name = a.name or "smoke"
+    a.name = a.name or time.strftime("%Y%m%d-%H%M%S")
+    a.threads = [int(x) for x in a.threads.split(",")]
+    a.suites = a.suites.split(",")
+    a.workloads = a.workloads.split(",")
+    a.range_sizes = [int(x) for x in a.range_sizes.split(",")]
+    if a.idle_conns == 0:
+        # Each idle client costs the proxy two descriptors, and the backend one connection.
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        a.idle_conns = max(100, min(3000, soft // 2 - 500))
+    return a
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--name", default=time.strftime("%Y%m%d-%H%M%S"))
-    p.add_argument("--duration", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", default="8,32")
-    p.add_argument("--table-size", type=int, default=100000)
-    p.add_argument("--tables", type=int, default=4)
-    p.add_argument("--workers", type=int, default=2, help="proxy worker threads (sluice and HAProxy)")
-    p.add_argument("--suites", default="basic")
-    p.add_argument("--workloads", default=",".join(BASIC), help="basic-suite workloads to run")
-    p.add_argument("--targets", default="direct,haproxy,sluice",
-                   help="direct, haproxy, sluice (per-core runtime), sluice-multi (multi-thread runtime)")
-    args = p.parse_args()
-    args.threads = [int(x) for x in args.threads.split(",")]
-    args.targets = args.targets.split(",")
-    args.workloads = args.workloads.split(",")
-
+    args = parse_args()
     subprocess.run([str(ROOT / "scripts/setup.sh"), "sysbench", "haproxy"], check=True)
+    report.ensure_matplotlib()
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "sluice", "-p", "sluice-testkit"], cwd=ROOT, check=True)
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
-    backend, backend_port = start_backend()
-    targets = []
+    env = Env(args)
     try:
-        prepare(backend_port, args.table_size, args.tables)
-        for name in args.targets:
-            if name == "direct":
-                targets.append(Target("direct", backend_port))
-            elif name == "haproxy":
-                targets.append(start_haproxy(backend_port, args.workers))
-            elif name == "sluice":
-                targets.append(start_sluice("sluice", backend_port, args.workers, "per-core"))
-            elif name == "sluice-multi":
-                targets.append(start_sluice("sluice-multi", backend_port, args.workers, "multi"))
-            else:
-                raise SystemExit(f"unknown target {name}")
+        env.start_backend()
+        prepare_tables(env)
+        env.start_haproxy("haproxy", env.backend_port)
+        env.start_sluice("sluice", env.backend_port, args.workers)
+        if "scaling" in args.suites:
+            env.start_sluice("sluice-1w", env.backend_port, 1)
+            env.start_responder()
+            env.start_haproxy("haproxy-resp", env.responder_port)
+            env.start_sluice("sluice-1w-resp", env.responder_port, 1)
+            env.start_sluice("sluice-2w-resp", env.responder_port, 2)
+        plan = suites.cells(env, args)
         results = {}
-        if "basic" in args.suites.split(","):
-            run_basic(targets, args, results)
+        for rnd in range(args.rounds):
+            for cell in plan:
+                for target in cell.targets:
+                    figures = suites.measure(env, cell, target, args)
+                    results.setdefault(cell.key(target), []).append(figures)
+                    cpu = figures.get("proxy_cpu_us_per_query")
+                    log(f"round {rnd + 1}/{args.rounds} {cell.key(target)}: {figures['qps']:.0f} qps"
+                        + (f", {cpu:.1f} us/query" if cpu is not None else ""))
         med = median_cells(results)
         out = ROOT / "bench" / "results" / args.name
         out.mkdir(parents=True, exist_ok=True)
         (out / "raw.json").write_text(json.dumps({"args": vars(args), "rounds": results, "median": med}, indent=1))
-        report(med, args, out / "report.md")
+        report.write(med, args, out, " ".join(sys.argv))
         log(f"report: {out / 'report.md'}")
-        print((out / "report.md").read_text())
+        missing = [c.key(t) for c in plan for t in c.targets if c.key(t) not in med]
+        if missing:
+            raise SystemExit(f"cells without numbers: {missing}")
+        print(f"bench: {len(med)} cells measured, 0 missing")
     finally:
-        for t in targets:
-            t.stop()
-        backend.terminate()
-        backend.wait()
+        env.stop()
 
 
 if __name__ == "__main__":

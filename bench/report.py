@@ -1,0 +1,208 @@
+"""The benchmark report: Markdown tables laid out like the seed reports, ratios against HAProxy,
+the targets of the benchmark issue, and PNG charts."""
+
+import os
+import subprocess
+import sys
+
+
+def ensure_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=True)
+
+
+def f(v, digits=0):
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def ratio(a, b):
+    return None if a is None or b in (None, 0) else a / b
+
+
+def get(med, key, field):
+    c = med.get(key)
+    return None if c is None else c.get(field)
+
+
+def basic(med, args, lines):
+    for w in args.workloads:
+        lines += [f"### {w}", "",
+                  "| threads | direct QPS | HAProxy QPS | sluice QPS | sluice/HAProxy QPS | HAProxy avg/p95 ms | sluice avg/p95 ms "
+                  "| HAProxy CPU % | sluice CPU % | HAProxy µs/query | sluice µs/query | sluice/HAProxy CPU per query |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for t in args.threads:
+            k = lambda target: f"basic/{w}/{t}/{target}"  # noqa: E731
+            row = [str(t)] + [f(get(med, k(x), "qps")) for x in ("direct", "haproxy", "sluice")]
+            row.append(f(ratio(get(med, k("sluice"), "qps"), get(med, k("haproxy"), "qps")), 2))
+            for x in ("haproxy", "sluice"):
+                row.append(f"{f(get(med, k(x), 'avg_ms'), 2)} / {f(get(med, k(x), 'p95_ms'), 2)}")
+            row += [f(get(med, k(x), "proxy_cpu_pct")) for x in ("haproxy", "sluice")]
+            row += [f(get(med, k(x), "proxy_cpu_us_per_query"), 1) for x in ("haproxy", "sluice")]
+            row.append(f(ratio(get(med, k("sluice"), "proxy_cpu_us_per_query"), get(med, k("haproxy"), "proxy_cpu_us_per_query")), 2))
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+
+
+def ranges(med, args, lines):
+    lines += [f"Simple ranges only, no transactions, {args.range_threads} threads.", "",
+              "| rows per query | direct QPS | HAProxy QPS | sluice QPS | HAProxy µs/query | sluice µs/query | sluice/HAProxy CPU per query |",
+              "|---|---|---|---|---|---|---|"]
+    for size in args.range_sizes:
+        k = lambda target: f"ranges/{size}/{target}"  # noqa: E731
+        row = [str(size)] + [f(get(med, k(x), "qps")) for x in ("direct", "haproxy", "sluice")]
+        row += [f(get(med, k(x), "proxy_cpu_us_per_query"), 1) for x in ("haproxy", "sluice")]
+        row.append(f(ratio(get(med, k("sluice"), "proxy_cpu_us_per_query"), get(med, k("haproxy"), "proxy_cpu_us_per_query")), 2))
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+
+
+def latency_us(med, variant, target):
+    qps = get(med, f"latency/{variant}/{target}", "qps")
+    return None if not qps else 1e6 / qps
+
+
+def latency(med, args, lines):
+    lines += ["One client thread, oltp_point_select; latency per query = 1 / QPS.", "",
+              "| transport | direct µs | HAProxy µs | sluice µs | HAProxy added µs | sluice added µs |",
+              "|---|---|---|---|---|---|"]
+    for v in ("tcp", "unix"):
+        d, h, s = (latency_us(med, v, x) for x in ("direct", "haproxy", "sluice"))
+        added = lambda x: None if x is None or d is None else x - d  # noqa: E731
+        lines.append(f"| {v} | {f(d, 1)} | {f(h, 1)} | {f(s, 1)} | {f(added(h), 1)} | {f(added(s), 1)} |")
+    lines.append("")
+
+
+def long_conns(med, args, lines):
+    n = args.idle_conns
+    lines += [f"{n} idle authenticated connections held open while sysbench runs ({args.long_threads} threads).", "",
+              "| proxy | QPS without | QPS with | change | KB of proxy RSS per idle connection |", "|---|---|---|---|---|"]
+    for x in ("haproxy", "sluice"):
+        a, b = get(med, f"long/0/{x}", "qps"), get(med, f"long/{n}/{x}", "qps")
+        ch = ratio(b, a)
+        lines.append(f"| {x} | {f(a)} | {f(b)} | {f(None if ch is None else 100 * (ch - 1), 1)}% "
+                     f"| {f(get(med, f'long/{n}/{x}', 'rss_per_idle_conn_kb'), 1)} |")
+    lines.append("")
+
+
+def short_conns(med, args, lines):
+    r = args.churn_rate
+    lines += [f"A background client opens and closes {r} connections per second while sysbench runs.", "",
+              "| proxy | QPS without | QPS with | change |", "|---|---|---|---|"]
+    for x in ("haproxy", "sluice"):
+        a, b = get(med, f"short/0/{x}", "qps"), get(med, f"short/{r}/{x}", "qps")
+        ch = ratio(b, a)
+        lines.append(f"| {x} | {f(a)} | {f(b)} | {f(None if ch is None else 100 * (ch - 1), 1)}% |")
+    lines.append("")
+
+
+def scaling(med, args, lines):
+    lines += ["In front of the minimal responder (the proxy is the bottleneck), client-side statements:", "",
+              "| threads | HAProxy QPS | sluice 1 worker QPS | sluice 2 workers QPS | 2 workers / 1 worker |", "|---|---|---|---|---|"]
+    for t in args.threads:
+        k = lambda target: f"scaling/responder/{t}/{target}"  # noqa: E731
+        one, two = get(med, k("sluice-1w-resp"), "qps"), get(med, k("sluice-2w-resp"), "qps")
+        lines.append(f"| {t} | {f(get(med, k('haproxy-resp'), 'qps'))} | {f(one)} | {f(two)} | {f(ratio(two, one), 2)} |")
+    lines += ["", f"In front of MariaDB: sluice with 1 worker and with {args.workers}:", "",
+              f"| threads | 1 worker QPS | {args.workers} workers QPS |", "|---|---|---|"]
+    for t in args.threads:
+        lines.append(f"| {t} | {f(get(med, f'scaling/mariadb/{t}/sluice-1w', 'qps'))} | {f(get(med, f'scaling/mariadb/{t}/sluice', 'qps'))} |")
+    lines.append("")
+
+
+def targets(med, args, lines):
+    def cpu_ratio(key):
+        return ratio(get(med, f"{key}/sluice", "proxy_cpu_us_per_query"), get(med, f"{key}/haproxy", "proxy_cpu_us_per_query"))
+
+    def qps_ratio(key):
+        return ratio(get(med, f"{key}/sluice", "qps"), get(med, f"{key}/haproxy", "qps"))
+
+    rows = [
+        ("CPU per query vs HAProxy, point_select 32 threads", cpu_ratio("basic/oltp_point_select/32"), "<=", 0.80),
+        ("CPU per query vs HAProxy, read_only 8 threads", cpu_ratio("basic/oltp_read_only/8"), "<=", 0.80),
+        ("CPU per query vs HAProxy, 1000-row ranges", cpu_ratio("ranges/1000"), "<=", 0.80),
+    ]
+    for w in args.workloads:
+        for t in args.threads:
+            rows.append((f"QPS vs HAProxy, {w} {t} threads", qps_ratio(f"basic/{w}/{t}"), ">=", 1.10 if w == "oltp_read_only" else 1.0))
+    d, s = latency_us(med, "tcp", "direct"), latency_us(med, "tcp", "sluice")
+    rows.append(("added latency vs direct, 1 thread TCP (µs)", None if d is None or s is None else s - d, "<=", 15))
+    rows.append(("proxy memory per idle client connection (KB)", get(med, f"long/{args.idle_conns}/sluice", "rss_per_idle_conn_kb"), "<=", 3))
+    a, b = get(med, "short/0/sluice", "qps"), get(med, f"short/{args.churn_rate}/sluice", "qps")
+    rows.append((f"QPS loss with {args.churn_rate} new connections/s (%)", None if not a or b is None else 100 * (1 - b / a), "<=", 2))
+    for t in args.threads:
+        one, two = get(med, f"scaling/responder/{t}/sluice-1w-resp", "qps"), get(med, f"scaling/responder/{t}/sluice-2w-resp", "qps")
+        rows.append((f"1 -> 2 workers, proxy-bound, {t} threads", ratio(two, one), ">=", 1.9))
+    lines += ["| figure | measured | target | met |", "|---|---|---|---|"]
+    for name, v, op, goal in rows:
+        met = "-" if v is None else ("yes" if (v <= goal if op == "<=" else v >= goal) else "no")
+        lines.append(f"| {name} | {f(v, 2)} | {op} {goal} | {met} |")
+    lines.append("")
+
+
+def charts(med, args, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    if "basic" in args.suites:
+        for field, label, fname in (("qps", "QPS", "basic-qps.png"), ("proxy_cpu_us_per_query", "proxy CPU µs per query", "basic-cpu.png")):
+            fig, axes = plt.subplots(1, len(args.workloads), figsize=(4 * len(args.workloads), 3.2), squeeze=False)
+            for ax, w in zip(axes[0], args.workloads):
+                for x in ("direct", "haproxy", "sluice"):
+                    ys = [get(med, f"basic/{w}/{t}/{x}", field) for t in args.threads]
+                    if any(y is not None for y in ys):
+                        ax.plot(args.threads, [y if y is not None else float("nan") for y in ys], marker="o", label=x)
+                ax.set_title(w, fontsize=9)
+                ax.set_xlabel("threads")
+                ax.set_xscale("log", base=2)
+            axes[0][0].set_ylabel(label)
+            axes[0][0].legend(fontsize=8)
+            fig.tight_layout()
+            fig.savefig(out / fname, dpi=90)
+            plt.close(fig)
+            made.append(fname)
+    if "latency" in args.suites:
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        xs = ["direct", "haproxy", "sluice"]
+        for i, v in enumerate(("tcp", "unix")):
+            ax.bar([j + i * 0.4 for j in range(3)], [latency_us(med, v, x) or 0 for x in xs], width=0.4, label=v)
+        ax.set_xticks([j + 0.2 for j in range(3)], xs)
+        ax.set_ylabel("µs per query, 1 thread")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "latency.png", dpi=90)
+        plt.close(fig)
+        made.append("latency.png")
+    if "long" in args.suites:
+        fig, ax = plt.subplots(figsize=(4, 3.2))
+        xs = ["haproxy", "sluice"]
+        ax.bar(xs, [get(med, f"long/{args.idle_conns}/{x}", "rss_per_idle_conn_kb") or 0 for x in xs])
+        ax.set_ylabel("KB of RSS per idle connection")
+        fig.tight_layout()
+        fig.savefig(out / "memory.png", dpi=90)
+        plt.close(fig)
+        made.append("memory.png")
+    return made
+
+
+def write(med, args, out, command):
+    lines = [f"# sluice benchmark: {args.name}", "",
+             f"Command: `{command}`", "",
+             f"Machine: {os.cpu_count()} cores. Proxies run {args.workers} worker thread(s) each; sysbench, MariaDB and "
+             f"the proxy share the machine. Every cell is the median of {args.rounds} round(s) of {args.duration} s, "
+             "targets interleaved within each round. CPU is the proxy process's utime+stime over the run.", ""]
+    sections = [("basic", "Basic workloads", basic), ("ranges", "Result-set size", ranges),
+                ("latency", "Added latency", latency), ("long", "Long (idle) connections", long_conns),
+                ("short", "Short connections", short_conns), ("scaling", "Worker scaling", scaling)]
+    lines += ["## Targets", ""]
+    targets(med, args, lines)
+    for name, title, fn in sections:
+        if name in args.suites:
+            lines += [f"## {title}", ""]
+            fn(med, args, lines)
+    for png in charts(med, args, out):
+        lines.append(f"![{png}]({png})")
+    (out / "report.md").write_text("\n".join(lines) + "\n")

@@ -1,0 +1,88 @@
+"""Benchmark suites. Each suite yields cells; a cell is measured once per round on every target
+it names, rounds interleaved, so that slow drift of the machine hits all targets alike.
+
+A cell key is "suite/variant/target"; its value per round is a dict of figures.
+"""
+
+import subprocess
+import time
+
+BASIC = ["oltp_point_select", "oltp_read_only", "oltp_write_only", "oltp_read_write"]
+RANGE_SIZES = [10, 100, 1000, 10000]
+# Only simple ranges, no transactions: the cost of the rows themselves.
+RANGE_ARGS = ["--skip_trx=on", "--point_selects=0", "--simple_ranges=1", "--sum_ranges=0",
+              "--order_ranges=0", "--distinct_ranges=0"]
+
+
+class Cell:
+    """One measurement: a sysbench workload against a target, with optional companions."""
+
+    def __init__(self, suite, variant, workload, threads, targets, extra=(), unix=False, hold=0, churn=0, ps=True):
+        self.suite, self.variant, self.workload, self.threads = suite, variant, workload, threads
+        self.targets, self.extra, self.unix, self.hold, self.churn, self.ps = targets, list(extra), unix, hold, churn, ps
+
+    def key(self, target):
+        return f"{self.suite}/{self.variant}/{target}"
+
+
+def cells(env, args):
+    """Every cell of the suites selected by --suites."""
+    main = [t for t in ("direct", "haproxy", "sluice") if t in env.targets]
+    proxies = [t for t in main if t != "direct"]
+    out = []
+    suites = args.suites
+    if "basic" in suites:
+        for threads in args.threads:
+            for w in args.workloads:
+                out.append(Cell("basic", f"{w}/{threads}", w, threads, main + env.extra_basic))
+    if "ranges" in suites:
+        for size in args.range_sizes:
+            extra = RANGE_ARGS + [f"--range_size={size}"]
+            out.append(Cell("ranges", f"{size}", "oltp_read_only", args.range_threads, main, extra))
+    if "latency" in suites:
+        out.append(Cell("latency", "tcp", "oltp_point_select", 1, main))
+        out.append(Cell("latency", "unix", "oltp_point_select", 1, main, unix=True))
+    if "long" in suites:
+        out.append(Cell("long", "0", "oltp_point_select", args.long_threads, proxies))
+        out.append(Cell("long", f"{args.idle_conns}", "oltp_point_select", args.long_threads, proxies, hold=args.idle_conns))
+    if "short" in suites:
+        out.append(Cell("short", "0", "oltp_point_select", args.long_threads, proxies))
+        out.append(Cell("short", f"{args.churn_rate}", "oltp_point_select", args.long_threads, proxies, churn=args.churn_rate))
+    if "scaling" in suites:
+        # Proxy-bound: sluice (1 or 2 workers) and HAProxy in front of the minimal responder,
+        # with client-side statements (the responder does not prepare).
+        for threads in args.threads:
+            out.append(Cell("scaling", f"responder/{threads}", "oltp_point_select", threads,
+                            ["haproxy-resp", "sluice-1w-resp", "sluice-2w-resp"], ps=False))
+            out.append(Cell("scaling", f"mariadb/{threads}", "oltp_point_select", threads, ["sluice-1w", "sluice"]))
+    return out
+
+
+def measure(env, cell, target, args):
+    """Runs one cell on one target and returns its figures."""
+    t = env.targets[target]
+    companion = None
+    rss_before = env.rss(t)
+    if cell.hold:
+        companion = subprocess.Popen([str(env.conns_bin), "hold", f"127.0.0.1:{t.port}", "sbtest", "sbtest", str(cell.hold)],
+                                     stdout=subprocess.PIPE, text=True)
+        line = companion.stdout.readline()
+        if not line.startswith("held"):
+            raise RuntimeError(f"could not hold {cell.hold} connections on {target}")
+        time.sleep(1)
+    rss_held = env.rss(t)
+    if cell.churn:
+        companion = subprocess.Popen([str(env.conns_bin), "churn", f"127.0.0.1:{t.port}", "sbtest", "sbtest",
+                                      str(cell.churn), str(args.duration + 2)], stdout=subprocess.PIPE, text=True)
+    extra = list(cell.extra) + ([] if cell.ps else ["--db-ps-mode=disable"])
+    figures = env.sysbench(t, cell.workload, cell.threads, args.duration, extra, unix=cell.unix)
+    if companion:
+        if cell.churn:
+            out, _ = companion.communicate(timeout=args.duration + 60)
+            figures["churn_report"] = out.strip()
+        else:
+            companion.kill()
+            companion.wait()
+    if cell.hold and t.pid:
+        figures["rss_per_idle_conn_kb"] = (rss_held - rss_before) / cell.hold
+    return figures
