@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling"]
+# Not part of the default run: the comparison of sluice's two runtime flavours.
+EXTRA_SUITES = ["runtime"]
 
 
 def log(msg):
@@ -145,11 +147,12 @@ listen mysql
         wait_port(port, p)
         self.targets[name] = Target(name, port, socket_path=str(sock), proc=p)
 
-    def start_sluice(self, name, backend_port, workers):
+    def start_sluice(self, name, backend_port, workers, runtime="per-core"):
         port = free_port()
         sock = WORK / f"{name}.sock"
         p = self.spawn([str(ROOT / "target/release/sluice"), "--listen", f"127.0.0.1:{port}", "--listen", str(sock),
-                        "--backend", f"127.0.0.1:{backend_port}", "--workers", str(workers)], f"{name}.log")
+                        "--backend", f"127.0.0.1:{backend_port}", "--workers", str(workers), "--runtime", runtime],
+                       f"{name}.log")
         wait_port(port, p)
         self.targets[name] = Target(name, port, socket_path=str(sock), proc=p)
 
@@ -227,7 +230,7 @@ def parse_args():
     p.add_argument("--table-size", type=int, default=100000)
     p.add_argument("--tables", type=int, default=4)
     p.add_argument("--workers", type=int, default=1, help="proxy worker threads (sluice and HAProxy)")
-    p.add_argument("--suites", default=",".join(ALL_SUITES))
+    p.add_argument("--suites", default=",".join(ALL_SUITES), help=f"any of {ALL_SUITES + EXTRA_SUITES}")
     p.add_argument("--workloads", default=",".join(suites.BASIC))
     p.add_argument("--range-sizes", default=",".join(map(str, suites.RANGE_SIZES)))
     p.add_argument("--range-threads", type=int, default=32)
@@ -266,6 +269,8 @@ def main():
         prepare_tables(env)
         env.start_haproxy("haproxy", env.backend_port)
         env.start_sluice("sluice", env.backend_port, args.workers)
+        if "runtime" in args.suites:
+            env.start_sluice("sluice-multi", env.backend_port, args.workers, "multi")
         if "scaling" in args.suites:
             env.start_sluice("sluice-1w", env.backend_port, 1)
             env.start_responder()

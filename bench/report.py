@@ -111,6 +111,20 @@ def scaling(med, args, lines):
     lines.append("")
 
 
+def runtime(med, args, lines):
+    lines += [f"sluice with {args.workers} workers: one single-threaded runtime per worker (per-core, the default) "
+              "against one work-stealing runtime (multi).", "",
+              "| workload | threads | HAProxy QPS | per-core QPS | multi QPS | HAProxy µs/query | per-core µs/query | multi µs/query |",
+              "|---|---|---|---|---|---|---|---|"]
+    for t in args.threads:
+        for w in args.workloads[:2]:
+            k = lambda target: f"runtime/{w}/{t}/{target}"  # noqa: E731
+            row = [w, str(t)] + [f(get(med, k(x), "qps")) for x in ("haproxy", "sluice", "sluice-multi")]
+            row += [f(get(med, k(x), "proxy_cpu_us_per_query"), 1) for x in ("haproxy", "sluice", "sluice-multi")]
+            lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+
+
 def targets(med, args, lines):
     def cpu_ratio(key):
         return ratio(get(med, f"{key}/sluice", "proxy_cpu_us_per_query"), get(med, f"{key}/haproxy", "proxy_cpu_us_per_query"))
@@ -196,9 +210,11 @@ def write(med, args, out, command):
              "targets interleaved within each round. CPU is the proxy process's utime+stime over the run.", ""]
     sections = [("basic", "Basic workloads", basic), ("ranges", "Result-set size", ranges),
                 ("latency", "Added latency", latency), ("long", "Long (idle) connections", long_conns),
-                ("short", "Short connections", short_conns), ("scaling", "Worker scaling", scaling)]
-    lines += ["## Targets", ""]
-    targets(med, args, lines)
+                ("short", "Short connections", short_conns), ("scaling", "Worker scaling", scaling),
+                ("runtime", "Runtime flavours", runtime)]
+    if any(s in args.suites for s in ("basic", "ranges", "latency", "long", "short", "scaling")):
+        lines += ["## Targets", ""]
+        targets(med, args, lines)
     for name, title, fn in sections:
         if name in args.suites:
             lines += [f"## {title}", ""]

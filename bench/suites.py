@@ -48,6 +48,11 @@ def cells(env, args):
     if "short" in suites:
         out.append(Cell("short", "0", "oltp_point_select", args.long_threads, proxies))
         out.append(Cell("short", f"{args.churn_rate}", "oltp_point_select", args.long_threads, proxies, churn=args.churn_rate))
+    if "runtime" in suites:
+        # Runtime flavours: per-core (sluice) against one work-stealing runtime (sluice-multi).
+        for threads in args.threads:
+            for w in args.workloads[:2]:
+                out.append(Cell("runtime", f"{w}/{threads}", w, threads, ["haproxy", "sluice", "sluice-multi"]))
     if "scaling" in suites:
         # Proxy-bound: sluice (1 or 2 workers) and HAProxy in front of the minimal responder,
         # with client-side statements (the responder does not prepare).
