@@ -157,6 +157,15 @@ mod tests {
     }
 
     #[test]
+    fn clear_comparison() {
+        assert!(verify_clear(b"secret", b"secret"));
+        assert!(!verify_clear(b"secret", b"secreT"));
+        assert!(!verify_clear(b"secret", b"secret2"));
+        assert!(!verify_clear(b"secret", b""));
+        assert!(verify_clear(b"", b""));
+    }
+
+    #[test]
     fn scramble_has_no_nul_or_dollar() {
         let s = make_scramble([0, 36 - 33, 255, 94, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
         assert!(s.iter().all(|&b| b != 0 && b != b'$' && b.is_ascii_graphic()));

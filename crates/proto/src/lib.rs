@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod basic;
 pub mod compress;
+pub mod fuzzing;
 pub mod consts;
 pub mod handshake;
 pub mod packet;

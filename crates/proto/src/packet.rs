@@ -203,6 +203,61 @@ pub fn put_nul_str(out: &mut Vec<u8>, b: &[u8]) {
     out.push(0);
 }
 
+/// Delimits the packets a client sends: one logical request (a packet and its 0xffffff
+/// continuations), or a LOCAL INFILE upload (packets up to an empty one). Like the response
+/// tracker it reports how many bytes belong to the message, so they can be forwarded as they
+/// arrive, whatever their size.
+#[derive(Debug, Clone, Default)]
+pub struct RequestWalker {
+    skip: usize,
+    continued: bool,
+    until_empty: bool,
+    last: bool,
+    /// The message is complete.
+    pub done: bool,
+    /// Payload bytes announced so far.
+    pub total: u64,
+    /// Sequence id of the last packet header seen.
+    pub last_seq: u8,
+}
+
+impl RequestWalker {
+    pub fn request() -> Self {
+        RequestWalker::default()
+    }
+
+    pub fn until_empty() -> Self {
+        RequestWalker { until_empty: true, ..Self::default() }
+    }
+
+    /// Returns how many bytes of `buf` belong to the message; sets `done` at its end.
+    pub fn scan(&mut self, buf: &[u8]) -> usize {
+        let mut pos = 0;
+        loop {
+            if self.skip > 0 {
+                let n = self.skip.min(buf.len() - pos);
+                pos += n;
+                self.skip -= n;
+                if self.skip > 0 {
+                    return pos;
+                }
+            }
+            if self.last {
+                self.done = true;
+                return pos;
+            }
+            let Some(h) = Header::parse(&buf[pos..]) else { return pos };
+            pos += HEADER;
+            self.skip = h.len;
+            self.last_seq = h.seq;
+            self.total += h.len as u64;
+            let was_continued = self.continued;
+            self.continued = h.continues();
+            self.last = if self.until_empty { h.len == 0 && !was_continued } else { !self.continued };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,6 +292,26 @@ mod tests {
         assert_eq!(frame(&mut out, &payload, 0), 2);
         let h2 = Header::parse(&out[HEADER + MAX_PAYLOAD..]).unwrap();
         assert_eq!(h2.len, 0);
+    }
+
+    #[test]
+    fn request_walker_follows_continuations_and_infile() {
+        let mut big = Vec::new();
+        frame(&mut big, &vec![3u8; MAX_PAYLOAD + 7], 0);
+        let mut w = RequestWalker::request();
+        let mut fed = 0;
+        for chunk in big.chunks(100_000) {
+            fed += w.scan(&big[fed..fed + chunk.len()].to_vec());
+        }
+        assert!(w.done);
+        assert_eq!((fed, w.total, w.last_seq), (big.len(), (MAX_PAYLOAD + 7) as u64, 1));
+        let mut upload = Vec::new();
+        let seq = frame(&mut upload, b"a,b\n", 2);
+        frame(&mut upload, b"", seq);
+        upload.extend_from_slice(b"next");
+        let mut w = RequestWalker::until_empty();
+        assert_eq!(w.scan(&upload), upload.len() - 4);
+        assert!(w.done);
     }
 
     #[test]

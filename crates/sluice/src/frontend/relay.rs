@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use bytes::Buf;
 use sluice_proto::consts::{com, err as code};
-use sluice_proto::packet::{HEADER, Header};
+use sluice_proto::packet::{HEADER, Header, RequestWalker};
 use sluice_proto::response::{Expect, ResponseTracker, State};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -273,14 +273,14 @@ impl<'a> Session<'a> {
     /// Forwards a client request (one logical packet, of any size) to the backend; returns the
     /// sequence id of its last packet.
     pub(super) async fn forward_request(&mut self) -> Result<u8> {
-        let mut walk = ClientPackets::request();
+        let mut walk = RequestWalker::request();
         self.pipe_from_client(&mut walk).await?;
         Ok(walk.last_seq)
     }
 
     /// Consumes a request without forwarding it.
     pub(super) async fn skip_request(&mut self) -> Result<()> {
-        let mut walk = ClientPackets::request();
+        let mut walk = RequestWalker::request();
         loop {
             let n = walk.scan(&self.client.rbuf);
             self.client.rbuf.advance(n);
@@ -300,7 +300,7 @@ impl<'a> Session<'a> {
     }
 
     /// Forwards client packets to the backend as `walk` delimits them.
-    async fn pipe_from_client(&mut self, walk: &mut ClientPackets) -> Result<()> {
+    async fn pipe_from_client(&mut self, walk: &mut RequestWalker) -> Result<()> {
         let limit = self.ctx.config.proxy.max_packet_size;
         loop {
             let n = walk.scan(&self.client.rbuf);
@@ -388,7 +388,7 @@ pub(super) async fn relay_response(
 
 /// LOCAL INFILE: the client's file arrives as packets ending with an empty one.
 async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &Ctx) -> Result<()> {
-    let mut walk = ClientPackets::until_empty();
+    let mut walk = RequestWalker::until_empty();
     loop {
         let n = walk.scan(&client.rbuf);
         if n > 0 {
@@ -403,58 +403,6 @@ async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &C
             Ok(0) => return Err(Error::client("client closed the connection during LOAD DATA LOCAL")),
             Ok(_) => {}
             Err(e) => return Err(Error::io(Side::Client, "reading file data", e)),
-        }
-    }
-}
-
-/// Delimits client packets: one logical request, or a LOCAL INFILE upload.
-pub(super) struct ClientPackets {
-    skip: usize,
-    continued: bool,
-    until_empty: bool,
-    last: bool,
-    pub done: bool,
-    pub total: u64,
-    pub last_seq: u8,
-}
-
-impl ClientPackets {
-    pub fn request() -> Self {
-        ClientPackets { skip: 0, continued: false, until_empty: false, last: false, done: false, total: 0, last_seq: 0 }
-    }
-
-    fn until_empty() -> Self {
-        ClientPackets { until_empty: true, ..Self::request() }
-    }
-
-    /// Returns how many bytes of `buf` belong to the message; sets `done` at its end.
-    pub fn scan(&mut self, buf: &[u8]) -> usize {
-        let mut pos = 0;
-        loop {
-            if self.skip > 0 {
-                let n = self.skip.min(buf.len() - pos);
-                pos += n;
-                self.skip -= n;
-                if self.skip > 0 {
-                    return pos;
-                }
-            }
-            if self.last {
-                self.done = true;
-                return pos;
-            }
-            let Some(h) = Header::parse(&buf[pos..]) else { return pos };
-            pos += HEADER;
-            self.skip = h.len;
-            self.last_seq = h.seq;
-            self.total += h.len as u64;
-            let was_continued = self.continued;
-            self.continued = h.continues();
-            if self.until_empty {
-                self.last = h.len == 0 && !was_continued;
-            } else {
-                self.last = !self.continued;
-            }
         }
     }
 }
