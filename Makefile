@@ -4,7 +4,12 @@
 
 BENCH_ARGS ?=
 
-.PHONY: run test bench bench-smoke
+# `make fuzz` runs every fuzz target for FUZZ_SECONDS each (nightly Rust and cargo-fuzz,
+# installed on first use); new inputs that raise coverage are added to fuzz/corpus/.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS = client_handshake server_packet response_stream request_stream compressed sql
+
+.PHONY: run test bench bench-smoke fuzz
 
 run:
 	scripts/run.sh
@@ -17,3 +22,9 @@ bench:
 
 bench-smoke:
 	python3 bench/bench.py --smoke $(BENCH_ARGS)
+
+fuzz:
+	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+		cargo +nightly fuzz run $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) -max_len=65536 || exit 1; \
+	done
