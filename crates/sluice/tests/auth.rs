@@ -175,42 +175,6 @@ fn caching_sha2_fast_path_and_full_authentication() {
     assert_eq!(cli(p, "other", "otherpw", &["--default-auth=mysql_native_password"], "SELECT 1").unwrap(), "1");
 }
 
-/// Accepts any server certificate (the test's own self-signed one).
-#[derive(Debug)]
-struct AnyCert;
-
-impl rustls::client::danger::ServerCertVerifier for AnyCert {
-    fn verify_server_cert(
-        &self,
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        rustls::crypto::aws_lc_rs::default_provider().signature_verification_algorithms.supported_schemes()
-    }
-}
-
 #[test]
 fn tls_hello_in_the_same_segment_as_the_ssl_request() {
     use std::io::{Read, Write};
@@ -230,7 +194,7 @@ fn tls_hello_in_the_same_segment_as_the_ssl_request() {
         .with_safe_default_protocol_versions()
         .unwrap()
         .dangerous()
-        .with_custom_certificate_verifier(std::sync::Arc::new(AnyCert))
+        .with_custom_certificate_verifier(std::sync::Arc::new(sluice::tls::NoVerify))
         .with_no_client_auth();
     let mut tls = rustls::ClientConnection::new(std::sync::Arc::new(config), "localhost".try_into().unwrap()).unwrap();
     // The SSL request and the TLS ClientHello leave in one write, as some drivers send them.
