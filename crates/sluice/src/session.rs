@@ -53,7 +53,8 @@ pub struct SessionState {
     pub status: u16,
     /// Session variables the backend reported as changed (SESSION_TRACK).
     pub variables: BTreeMap<String, String>,
-    pub prepared: HashMap<u32, Prepared>,
+    /// By statement id; FxHash, since it is looked up on every execute.
+    pub prepared: HashMap<u32, Prepared, rustc_hash::FxBuildHasher>,
     pub multi_statements: bool,
     pub passthrough: bool,
 }
