@@ -1,6 +1,8 @@
 //! Metrics: plain atomics on the hot path, exported in the Prometheus text format through
 //! `prometheus-client`. Every labelled series is resolved once at start-up, so recording a
-//! query is a few relaxed atomic adds and never takes a lock.
+//! query is a few relaxed atomic adds and never takes a lock. The per-query series are sharded:
+//! each worker thread adds to its own cache line, and the export sums the shards, so workers do
+//! not bounce cache lines between cores on every query.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,26 +20,90 @@ use crate::error::Side;
 const BUCKETS: [f64; 16] =
     [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
 
-/// A histogram of fixed buckets kept in atomics (the crate's own histogram takes a mutex).
-#[derive(Debug, Default, Clone)]
-pub struct AtomicHistogram(Arc<HistInner>);
+/// Shards per sharded series; worker threads beyond this share shards.
+const SHARDS: usize = 16;
+
+thread_local! {
+    static SHARD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Makes the calling thread record into shard `i` (workers call this once when they start;
+/// other threads use shard 0).
+pub fn set_thread_shard(i: usize) {
+    SHARD.with(|s| s.set(i % SHARDS));
+}
+
+#[inline]
+fn shard() -> usize {
+    SHARD.with(|s| s.get())
+}
 
 #[derive(Debug, Default)]
+#[repr(align(64))]
+struct Slot(AtomicU64);
+
+/// A counter with one cache line per shard.
+#[derive(Debug, Default, Clone)]
+pub struct ShardedCounter(Arc<[Slot; SHARDS]>);
+
+impl ShardedCounter {
+    #[inline]
+    pub fn inc_by(&self, n: u64) {
+        self.0[shard()].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn inc(&self) {
+        self.inc_by(1);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
+}
+
+impl TypedMetric for ShardedCounter {
+    const TYPE: MetricType = MetricType::Counter;
+}
+
+impl EncodeMetric for ShardedCounter {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_counter::<NoLabelSet, _, u64>(&self.get(), None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+/// A histogram of fixed buckets kept in atomics, one set per shard (the crate's own histogram
+/// takes a mutex).
+#[derive(Debug, Default, Clone)]
+pub struct AtomicHistogram(Arc<[HistInner; SHARDS]>);
+
+#[derive(Debug, Default)]
+#[repr(align(64))]
 struct HistInner {
     buckets: [AtomicU64; BUCKETS.len() + 1],
     sum_nanos: AtomicU64,
 }
 
 impl AtomicHistogram {
+    #[inline]
     pub fn observe_nanos(&self, nanos: u64) {
         let secs = nanos as f64 / 1e9;
         let i = BUCKETS.iter().position(|&b| secs <= b).unwrap_or(BUCKETS.len());
-        self.0.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.0.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        let h = &self.0[shard()];
+        h.buckets[i].fetch_add(1, Ordering::Relaxed);
+        h.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    fn bucket(&self, i: usize) -> u64 {
+        self.0.iter().map(|h| h.buckets[i].load(Ordering::Relaxed)).sum()
     }
 
     pub fn count(&self) -> u64 {
-        self.0.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+        (0..=BUCKETS.len()).map(|i| self.bucket(i)).sum()
     }
 }
 
@@ -50,10 +116,10 @@ impl EncodeMetric for AtomicHistogram {
         let mut cumulative = 0;
         let mut buckets = Vec::with_capacity(BUCKETS.len() + 1);
         for (i, bound) in BUCKETS.iter().copied().chain(std::iter::once(f64::MAX)).enumerate() {
-            cumulative += self.0.buckets[i].load(Ordering::Relaxed);
+            cumulative += self.bucket(i);
             buckets.push((bound, cumulative));
         }
-        let sum = self.0.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let sum = self.0.iter().map(|h| h.sum_nanos.load(Ordering::Relaxed)).sum::<u64>() as f64 / 1e9;
         encoder.encode_histogram::<NoLabelSet>(sum, cumulative, &buckets, None)
     }
 
@@ -117,9 +183,9 @@ pub struct Metrics {
     pub client_connections_total: Counter,
     rejected: Vec<Counter>,
     /// Indexed by command byte.
-    commands: Vec<Counter>,
-    pub bytes_from_clients: Counter,
-    pub bytes_to_clients: Counter,
+    commands: Vec<ShardedCounter>,
+    pub bytes_from_clients: ShardedCounter,
+    pub bytes_to_clients: ShardedCounter,
     errors: [Counter; 3],
     pub backends: Vec<BackendMetrics>,
 }
@@ -136,13 +202,13 @@ impl Metrics {
         registry.register("rejected_connections", "Client connections refused, by reason", rejected_family.clone());
         let rejected = Reject::ALL.iter().map(|r| rejected_family.get_or_create(&vec![("reason", r.as_str().into())]).clone()).collect();
 
-        let commands_family = Family::<Labels, Counter>::default();
+        let commands_family = Family::<Labels, ShardedCounter>::default();
         registry.register("commands", "Client commands relayed, by command", commands_family.clone());
         let commands = (0..=255u8)
             .map(|c| commands_family.get_or_create(&vec![("command", sluice_proto::consts::com::name(c).into())]).clone())
             .collect();
 
-        let bytes = Family::<Labels, Counter>::default();
+        let bytes = Family::<Labels, ShardedCounter>::default();
         registry.register("bytes", "Bytes relayed, by direction", bytes.clone());
         let bytes_from_clients = bytes.get_or_create(&vec![("direction", "from_clients".into())]).clone();
         let bytes_to_clients = bytes.get_or_create(&vec![("direction", "to_clients".into())]).clone();

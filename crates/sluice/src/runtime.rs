@@ -132,6 +132,7 @@ fn spawn_per_core(ctx: &Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, workers: u
         std::thread::Builder::new()
             .name(format!("sluice-w{i}"))
             .spawn(move || {
+                crate::metrics::set_thread_shard(i + 1);
                 let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(rt) => rt,
                     Err(e) => {
@@ -152,9 +153,11 @@ fn spawn_per_core(ctx: &Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, workers: u
 }
 
 fn spawn_multi(ctx: &Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, workers: usize, stop: watch::Receiver<bool>) -> Result<(), String> {
+    let next_shard = std::sync::atomic::AtomicUsize::new(1);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .thread_name("sluice-w")
+        .on_thread_start(move || crate::metrics::set_thread_shard(next_shard.fetch_add(1, std::sync::atomic::Ordering::Relaxed)))
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
