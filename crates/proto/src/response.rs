@@ -170,6 +170,9 @@ impl ResponseTracker {
     pub fn scan<S: Sink>(&mut self, buf: &[u8], sink: &mut S) -> Result<Scan, Malformed> {
         let mut pos = 0;
         loop {
+            if self.phase == Phase::Rows && self.skip == 0 && !self.continued {
+                pos = skip_whole_rows(buf, pos, &mut self.last_seq, sink);
+            }
             if self.skip > 0 {
                 let n = self.skip.min(buf.len() - pos);
                 pos += n;
@@ -376,6 +379,24 @@ impl ResponseTracker {
         self.phase = Phase::Done;
         Ok(())
     }
+}
+
+/// The hot loop of a result set: steps over complete row packets from `pos`, looking only at
+/// each header and first byte, and stops before anything else (a terminator, an error, a packet
+/// that continues in the next one, or an incomplete packet), which the general path handles.
+#[inline]
+fn skip_whole_rows<S: Sink>(buf: &[u8], mut pos: usize, last_seq: &mut u8, sink: &mut S) -> usize {
+    while let Some(b) = buf.get(pos..pos + HEADER + 1) {
+        let len = u32::from_le_bytes([b[0], b[1], b[2], 0]) as usize;
+        let first = b[HEADER];
+        if len == 0 || len >= MAX_PAYLOAD || first == 0xfe || first == 0xff || buf.len() - pos < HEADER + len {
+            break;
+        }
+        sink.row();
+        *last_seq = b[3];
+        pos += HEADER + len;
+    }
+    pos
 }
 
 #[cfg(test)]

@@ -52,7 +52,7 @@ impl Stream {
     }
 }
 
-#[derive(Default)]
+#[derive(Default, Debug, PartialEq)]
 struct Count {
     oks: usize,
     eofs: usize,
@@ -112,6 +112,10 @@ fn check(expect: Expect, deprecate_eof: bool, stream: &[u8]) -> Count {
         let (n, state) = drive(&mut t, stream, chunk, &mut c);
         assert_eq!(n, stream.len(), "chunk {chunk}: response must end exactly at the stream's end");
         assert_eq!(state, State::Done);
+        // Whole rows at once (the fast path) and byte by byte (the general path) agree.
+        if let Some(prev) = &last {
+            assert_eq!(prev, &c, "chunk {chunk}");
+        }
         last = Some(c);
     }
     last.unwrap()
