@@ -53,8 +53,14 @@ impl Balancer {
                 best.cloned()
             }
             Policy::RoundRobin => {
-                let start = self.rr.fetch_add(1, Ordering::Relaxed);
-                (0..n).map(|i| &backends.list[(start + i) % n]).find(|b| usable(b)).cloned()
+                // The k-th usable backend, so that a backend that is out does not double the share
+                // of the one after it.
+                let count = backends.list.iter().filter(|b| usable(b)).count();
+                if count == 0 {
+                    return None;
+                }
+                let k = self.rr.fetch_add(1, Ordering::Relaxed) % count;
+                backends.list.iter().filter(|b| usable(b)).nth(k).cloned()
             }
             Policy::WeightedRandom => {
                 let total: u64 = backends.list.iter().filter(|b| usable(b)).map(|b| b.weight as u64).sum();
@@ -71,5 +77,57 @@ impl Balancer {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn backends(weights: &[u32]) -> Backends {
+        let text: String = weights
+            .iter()
+            .enumerate()
+            .map(|(i, w)| format!("[[backends]]\naddress = \"127.0.0.1:{}\"\nweight = {w}\n", 3300 + i))
+            .collect();
+        let cfg = Config::parse(&text).expect("config");
+        let names: Vec<String> = cfg.backends.iter().map(|b| b.address.get_ref().clone()).collect();
+        let m = crate::metrics::Metrics::new(&names);
+        Backends::new(cfg.backends.iter().enumerate().map(|(i, b)| Backend::from_config(i, b, m.backends[i].clone()).unwrap()).collect())
+    }
+
+    #[test]
+    fn least_connections_prefers_the_emptiest_and_skips_down_and_excluded() {
+        let bs = backends(&[1, 1, 1]);
+        let lb = Balancer::new(Policy::LeastConnections);
+        let _a = bs.list[0].bind();
+        let _b = bs.list[0].bind();
+        let _c = bs.list[1].bind();
+        assert_eq!(lb.pick(&bs, &[]).unwrap().index, 2);
+        bs.list[2].set_up(false);
+        assert_eq!(lb.pick(&bs, &[]).unwrap().index, 1);
+        assert_eq!(lb.pick(&bs, &[1]).unwrap().index, 0);
+        assert!(lb.pick(&bs, &[0, 1]).is_none());
+    }
+
+    #[test]
+    fn round_robin_cycles_over_up_backends() {
+        let bs = backends(&[1, 1, 1]);
+        let lb = Balancer::new(Policy::RoundRobin);
+        bs.list[1].set_up(false);
+        let picks: Vec<usize> = (0..6).map(|_| lb.pick(&bs, &[]).unwrap().index).collect();
+        assert_eq!(picks.iter().filter(|&&i| i == 0).count(), picks.iter().filter(|&&i| i == 2).count());
+        assert!(!picks.contains(&1));
+    }
+
+    #[test]
+    fn weighted_random_follows_weights() {
+        let bs = backends(&[1, 3]);
+        let lb = Balancer::new(Policy::WeightedRandom);
+        let heavy = (0..4000).filter(|_| lb.pick(&bs, &[]).unwrap().index == 1).count();
+        // Expected 3000 of 4000; the bound is far from what chance produces.
+        assert!((2600..3400).contains(&heavy), "{heavy}");
+        assert!(lb.pick(&bs, &[0, 1]).is_none());
     }
 }
