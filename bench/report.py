@@ -74,27 +74,28 @@ def latency(med, args, lines):
     lines.append("")
 
 
-def long_conns(med, args, lines):
-    n = args.idle_conns
-    lines += [f"{n} idle authenticated connections held open while sysbench runs ({args.long_threads} threads).", "",
-              "| proxy | QPS without | QPS with | change | KB of proxy RSS per idle connection |", "|---|---|---|---|---|"]
+def with_and_without(med, suite, level, intro, extra_col, lines):
+    """QPS of each proxy without and with a companion load (idle or churning connections)."""
+    header = "| proxy | QPS without | QPS with | change |" + (f" {extra_col[0]} |" if extra_col else "")
+    lines += [intro, "", header, "|---|---|---|---|" + ("---|" if extra_col else "")]
     for x in ("haproxy", "sluice"):
-        a, b = get(med, f"long/0/{x}", "qps"), get(med, f"long/{n}/{x}", "qps")
+        a, b = get(med, f"{suite}/0/{x}", "qps"), get(med, f"{suite}/{level}/{x}", "qps")
         ch = ratio(b, a)
-        lines.append(f"| {x} | {f(a)} | {f(b)} | {f(None if ch is None else 100 * (ch - 1), 1)}% "
-                     f"| {f(get(med, f'long/{n}/{x}', 'rss_per_idle_conn_kb'), 1)} |")
+        row = f"| {x} | {f(a)} | {f(b)} | {f(None if ch is None else 100 * (ch - 1), 1)}% |"
+        if extra_col:
+            row += f" {f(get(med, f'{suite}/{level}/{x}', extra_col[1]), 1)} |"
+        lines.append(row)
     lines.append("")
+
+
+def long_conns(med, args, lines):
+    intro = f"{args.idle_conns} idle authenticated connections held open while sysbench runs ({args.long_threads} threads)."
+    with_and_without(med, "long", args.idle_conns, intro, ("KB of proxy RSS per idle connection", "rss_per_idle_conn_kb"), lines)
 
 
 def short_conns(med, args, lines):
-    r = args.churn_rate
-    lines += [f"A background client opens and closes {r} connections per second while sysbench runs.", "",
-              "| proxy | QPS without | QPS with | change |", "|---|---|---|---|"]
-    for x in ("haproxy", "sluice"):
-        a, b = get(med, f"short/0/{x}", "qps"), get(med, f"short/{r}/{x}", "qps")
-        ch = ratio(b, a)
-        lines.append(f"| {x} | {f(a)} | {f(b)} | {f(None if ch is None else 100 * (ch - 1), 1)}% |")
-    lines.append("")
+    intro = f"A background client opens and closes {args.churn_rate} connections per second while sysbench runs."
+    with_and_without(med, "short", args.churn_rate, intro, None, lines)
 
 
 def scaling(med, args, lines):

@@ -58,13 +58,13 @@ async fn check_loop(ctx: &Ctx, b: &Backend) {
         ticker.tick().await;
         let now = ctx.clock_ms();
         let passive = b.is_up() && monitor.is_none() && b.activity.since_ms(now) < cfg.interval.as_millis() as u64;
-        let result = if passive { Ok(()) } else { probe(ctx, b, cfg, monitor.as_ref()).await };
+        let result = if passive { Ok(()) } else { probe(b, cfg, monitor.as_ref()).await };
         apply(b, cfg, result);
     }
 }
 
 /// One probe; Err carries the reason for logs, errors and the admin API.
-pub async fn probe(ctx: &Ctx, b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Credential)>) -> Result<(), String> {
+pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Credential)>) -> Result<(), String> {
     let work = async {
         let (conn, g) = bconn::open(b, cfg.timeout).await.map_err(|e| e.message)?;
         let Some((user, cred)) = monitor else {
@@ -87,7 +87,6 @@ pub async fn probe(ctx: &Ctx, b: &Backend, cfg: &HealthConfig, monitor: Option<&
         bconn::quit(conn).await;
         Ok(())
     };
-    let _ = ctx;
     match tokio::time::timeout(cfg.timeout + Duration::from_millis(100), work).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {:?}", cfg.timeout)),

@@ -140,12 +140,7 @@ fn spawn_per_core(ctx: &Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, workers: u
                         return;
                     }
                 };
-                rt.block_on(async move {
-                    for (b, info) in mine {
-                        start_accept(ctx.clone(), b, info, stop.clone());
-                    }
-                    std::future::pending::<()>().await;
-                });
+                rt.block_on(accept_forever(ctx, mine, stop));
             })
             .map_err(|e| e.to_string())?;
     }
@@ -165,15 +160,18 @@ fn spawn_multi(ctx: &Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, workers: usiz
     std::thread::Builder::new()
         .name("sluice-rt".into())
         .spawn(move || {
-            rt.block_on(async move {
-                for (b, info) in bound {
-                    start_accept(ctx.clone(), b, info, stop.clone());
-                }
-                std::future::pending::<()>().await;
-            });
+            rt.block_on(accept_forever(ctx, bound, stop));
         })
         .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// Runs the accept loops of `bound` on the current runtime; sessions run until the process ends.
+async fn accept_forever(ctx: Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, stop: watch::Receiver<bool>) {
+    for (b, info) in bound {
+        start_accept(ctx.clone(), b, info, stop.clone());
+    }
+    std::future::pending::<()>().await
 }
 
 /// Starts accept loops on the current runtime for a bound listener.

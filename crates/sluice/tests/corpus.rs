@@ -12,41 +12,39 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
 use common::*;
 use sluice_proto::consts::{cap, com};
 use sluice_proto::packet::{HEADER, Header};
 use sluice_proto::response::{Expect, NoSink, ResponseTracker, State};
 
-/// Relays one connection between a client and `backend`, recording both directions.
-fn recording_relay(backend: String) -> (u16, Arc<Mutex<(Vec<u8>, Vec<u8>)>>) {
+/// Relays one connection between a client and `backend`; the handle yields what each side
+/// sent (client to server, server to client) once both have closed.
+fn recording_relay(backend: String) -> (u16, std::thread::JoinHandle<(Vec<u8>, Vec<u8>)>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    let rec = Arc::new(Mutex::new((Vec::new(), Vec::new())));
-    let r = rec.clone();
-    std::thread::spawn(move || {
-        for client in l.incoming().flatten() {
-            let server = TcpStream::connect(&backend).unwrap();
-            let pipe = |mut from: TcpStream, mut to: TcpStream, rec: Arc<Mutex<(Vec<u8>, Vec<u8>)>>, upstream: bool| {
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 65536];
-                    while let Ok(n) = from.read(&mut buf) {
-                        if n == 0 || to.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                        let mut g = rec.lock().unwrap();
-                        if upstream { g.0.extend_from_slice(&buf[..n]) } else { g.1.extend_from_slice(&buf[..n]) }
+    let handle = std::thread::spawn(move || {
+        let (client, _) = l.accept().unwrap();
+        let server = TcpStream::connect(&backend).unwrap();
+        let pipe = |mut from: TcpStream, mut to: TcpStream| {
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 65536];
+                while let Ok(n) = from.read(&mut buf) {
+                    if n == 0 || to.write_all(&buf[..n]).is_err() {
+                        break;
                     }
-                    let _ = to.shutdown(std::net::Shutdown::Write);
-                })
-            };
-            let a = pipe(client.try_clone().unwrap(), server.try_clone().unwrap(), r.clone(), true);
-            let b = pipe(server, client, r.clone(), false);
-            let _ = (a.join(), b.join());
-        }
+                    seen.extend_from_slice(&buf[..n]);
+                }
+                let _ = to.shutdown(std::net::Shutdown::Write);
+                seen
+            })
+        };
+        let up = pipe(client.try_clone().unwrap(), server.try_clone().unwrap());
+        let down = pipe(server, client);
+        (up.join().unwrap(), down.join().unwrap())
     });
-    (port, rec)
+    (port, handle)
 }
 
 /// Splits a stream into packets (header included).
@@ -79,13 +77,12 @@ fn record_seed_corpora() {
     let db = MariaDb::start();
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus");
     for (tag, extra) in [("plain", vec![]), ("compress", vec!["--compress"])] {
-        let (port, rec) = recording_relay(db.addr());
+        let (port, recording) = recording_relay(db.addr());
         let mut args = vec!["-h127.0.0.1".to_string(), format!("-P{port}"), "-uapp".into(), "-papppw".into(), "--skip-ssl".into()];
         args.extend(extra.iter().map(|s| s.to_string()));
         args.extend(["-e".to_string(), SESSION.to_string()]);
         let _ = std::process::Command::new("mariadb").args(&args).output().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let (up, down) = rec.lock().unwrap().clone();
+        let (up, down) = recording.join().unwrap();
         if tag == "compress" {
             // After the login the streams are compressed frames.
             write_corpus(&out.join("compressed"), "mariadb-cli-to-server", &up);

@@ -14,7 +14,7 @@ struct Compression {
     alg: Algorithm,
     /// Compressed bytes read but not yet decoded.
     raw: BytesMut,
-    /// Scratch buffer for outgoing frames.
+    /// Scratch buffer for frames going out and for inflating frames coming in (reused).
     out: Vec<u8>,
     /// Sequence id of the next compressed frame sluice sends.
     seq: u8,
@@ -47,18 +47,14 @@ impl ClientConn {
         loop {
             if let Some(h) = FrameHeader::parse(&c.raw) {
                 if c.raw.len() >= FRAME_HEADER + h.compressed_len {
-                    let before = self.rbuf.len();
-                    let mut plain = std::mem::take(&mut self.rbuf);
-                    let mut v = Vec::new();
-                    let res = compress::decompress(c.alg, &h, &c.raw[FRAME_HEADER..FRAME_HEADER + h.compressed_len], &mut v);
-                    plain.extend_from_slice(&v);
-                    self.rbuf = plain;
-                    res.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                    c.out.clear();
+                    compress::decompress(c.alg, &h, &c.raw[FRAME_HEADER..FRAME_HEADER + h.compressed_len], &mut c.out)
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                    self.rbuf.extend_from_slice(&c.out);
                     c.raw.advance(FRAME_HEADER + h.compressed_len);
                     c.seq = h.seq.wrapping_add(1);
-                    let n = self.rbuf.len() - before;
-                    if n > 0 {
-                        return Ok(n);
+                    if !c.out.is_empty() {
+                        return Ok(c.out.len());
                     }
                     continue;
                 }

@@ -211,12 +211,13 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
         multi_statements: client_caps & cap::MULTI_STATEMENTS != 0,
         ..Default::default()
     };
+    let mut attempt = Attempt { ctx, handle, hr: &hr, greeting: &g, client_caps, pre, tried };
     let result = match listener.auth {
         AuthMode::Passthrough => {
             state.passthrough = true;
-            passthrough(ctx, &mut client, next, &hr, client_caps, pre, &mut tried, handle).await
+            passthrough(&mut attempt, &mut client, next).await
         }
-        AuthMode::Users => users(ctx, &mut client, next, &hr, &g, client_caps, pre, &mut tried, handle).await,
+        AuthMode::Users => users(&mut attempt, &mut client, next).await,
     };
     match result {
         Ok(b) => Ok(LoggedIn {
@@ -273,17 +274,23 @@ fn backend_response(hr: &HandshakeResponse, g: &Greeting, client_caps: u32, tls:
     }
 }
 
-/// Passthrough: the backend authenticates the client; sluice relays the exchange.
-async fn passthrough(
-    ctx: &Ctx,
-    client: &mut PacketConn,
-    mut cseq: u8,
-    hr: &HandshakeResponse,
+/// What both authentication modes work from.
+struct Attempt<'a> {
+    ctx: &'a Ctx,
+    handle: &'a SessionHandle,
+    hr: &'a HandshakeResponse,
+    greeting: &'a Greeting,
     client_caps: u32,
+    /// A backend connection opened before the greeting (no server version was known yet).
     pre: Option<Opened>,
-    tried: &mut Vec<(usize, Error)>,
-    handle: &SessionHandle,
-) -> std::result::Result<Backed, Fail> {
+    /// Backends that could not be reached, and why.
+    tried: Vec<(usize, Error)>,
+}
+
+/// Passthrough: the backend authenticates the client; sluice relays the exchange.
+async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> std::result::Result<Backed, Fail> {
+    let (ctx, handle, hr, client_caps) = (a.ctx, a.handle, a.hr, a.client_caps);
+    let (pre, tried) = (a.pre.take(), &mut a.tried);
     if client_caps & cap::PLUGIN_AUTH == 0 {
         let e = Error::new(Side::Client, code::NOT_SUPPORTED_YET, "sluice passthrough needs a client with plugin authentication");
         return Err((e.into(), Some(cseq)));
@@ -345,18 +352,9 @@ async fn passthrough(
 }
 
 /// Users mode: sluice checks the password, then logs in to a backend as the same user.
-#[allow(clippy::too_many_arguments)]
-async fn users(
-    ctx: &Ctx,
-    client: &mut PacketConn,
-    mut cseq: u8,
-    hr: &HandshakeResponse,
-    g: &Greeting,
-    client_caps: u32,
-    pre: Option<Opened>,
-    tried: &mut Vec<(usize, Error)>,
-    handle: &SessionHandle,
-) -> std::result::Result<Backed, Fail> {
+async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> std::result::Result<Backed, Fail> {
+    let (ctx, handle, hr, g, client_caps) = (a.ctx, a.handle, a.hr, a.greeting, a.client_caps);
+    let (pre, tried) = (a.pre.take(), &mut a.tried);
     let name = String::from_utf8_lossy(&hr.user).into_owned();
     let denied = |seq: u8, used_password: bool| {
         let msg = format!(
