@@ -192,6 +192,8 @@ pub mod err {
     pub const NO_SUCH_THREAD: u16 = 1094;
     pub const SECURE_TRANSPORT_REQUIRED: u16 = 3159;
     pub const SERVER_SHUTDOWN: u16 = 1053;
+    /// MariaDB's notice to a connection that was killed.
+    pub const CONNECTION_KILLED: u16 = 1927;
     /// No backend could take the session (a server-side code: clients refuse 2xxx codes from
     /// a server before login).
     pub const NO_BACKEND: u16 = 1105;

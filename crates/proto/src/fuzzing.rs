@@ -10,7 +10,10 @@ use crate::packet::RequestWalker;
 use crate::response::{Expect, NoSink, ResponseTracker, State};
 
 /// Every target, by name (the directory name of its corpus).
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+/// A fuzz target: its name and its entry point.
+pub type Target = (&'static str, fn(&[u8]));
+
+pub const TARGETS: &[Target] = &[
     ("client_handshake", client_handshake),
     ("server_packet", server_packet),
     ("response_stream", response_stream),
@@ -124,6 +127,7 @@ pub fn sql(data: &[u8]) {
     let _ = crate::sql::parse_kill(data);
     let _ = crate::sql::starts_with_keyword(data, "SELECT");
     let _ = crate::sql::word(data);
+    let _ = crate::sql::hazards(data);
 }
 
 #[cfg(test)]

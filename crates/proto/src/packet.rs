@@ -301,7 +301,7 @@ mod tests {
         let mut w = RequestWalker::request();
         let mut fed = 0;
         for chunk in big.chunks(100_000) {
-            fed += w.scan(&big[fed..fed + chunk.len()].to_vec());
+            fed += w.scan(&big[fed..fed + chunk.len()]);
         }
         assert!(w.done);
         assert_eq!((fed, w.total, w.last_seq), (big.len(), (MAX_PAYLOAD + 7) as u64, 1));

@@ -94,6 +94,98 @@ pub fn write_kill(k: &Kill, id: u64, out: &mut Vec<u8>) {
     out.extend_from_slice(id.to_string().as_bytes());
 }
 
+/// Session state a statement may leave on its backend connection that sluice does not track and
+/// so cannot recreate elsewhere. Bits of [`hazards`]'s result.
+pub mod hazard {
+    /// A user variable (`@name`) is read or written.
+    pub const USER_VARIABLE: u8 = 1;
+    /// `TEMPORARY` (a temporary table lives on its connection).
+    pub const TEMPORARY_TABLE: u8 = 2;
+    /// `GET_LOCK(...)` or `LOCK TABLE(S)`.
+    pub const LOCK: u8 = 4;
+    /// SQL-level `PREPARE` (the statement lives on its connection).
+    pub const SQL_PREPARE: u8 = 8;
+}
+
+/// Scans SQL text once for the [`hazard`] bits: words and `@` outside string literals, quoted
+/// identifiers and comments. It errs towards reporting (a hazard only stops a session from
+/// moving to another backend connection).
+pub fn hazards(sql: &[u8]) -> u8 {
+    let mut found = 0;
+    let mut prev_lock = false;
+    let mut i = 0;
+    while i < sql.len() {
+        let c = sql[i];
+        match c {
+            b'\'' | b'"' | b'`' => i = skip_quoted(sql, i + 1, c),
+            b'#' => i = sql.len() - skip_line(&sql[i..]).len(),
+            b'-' if sql.get(i + 1) == Some(&b'-') && sql.get(i + 2).is_some_and(u8::is_ascii_whitespace) => {
+                i = sql.len() - skip_line(&sql[i..]).len()
+            }
+            b'/' if sql.get(i + 1) == Some(&b'*') && !matches!(sql.get(i + 2), Some(b'!' | b'M')) => {
+                i = match sql[i + 2..].windows(2).position(|w| w == b"*/") {
+                    Some(p) => i + 2 + p + 2,
+                    None => sql.len(),
+                }
+            }
+            b'@' => {
+                match sql.get(i + 1) {
+                    Some(b'@') => i += 2,
+                    Some(n) if n.is_ascii_alphanumeric() || matches!(n, b'_' | b'$' | b'.' | b'\'' | b'"' | b'`') => {
+                        found |= hazard::USER_VARIABLE;
+                        i += 1;
+                    }
+                    _ => i += 1,
+                }
+                // The name of a system variable or user variable is not a keyword.
+                while i < sql.len() && is_word_byte(sql[i]) {
+                    i += 1;
+                }
+            }
+            c if is_word_byte(c) => {
+                let start = i;
+                while i < sql.len() && is_word_byte(sql[i]) {
+                    i += 1;
+                }
+                let w = &sql[start..i];
+                let eq = |k: &[u8]| w.eq_ignore_ascii_case(k);
+                if eq(b"TEMPORARY") {
+                    found |= hazard::TEMPORARY_TABLE;
+                } else if eq(b"GET_LOCK") || (prev_lock && (eq(b"TABLE") || eq(b"TABLES"))) {
+                    found |= hazard::LOCK;
+                } else if eq(b"PREPARE") {
+                    found |= hazard::SQL_PREPARE;
+                }
+                prev_lock = eq(b"LOCK");
+                continue;
+            }
+            _ => i += 1,
+        }
+        if !c.is_ascii_whitespace() {
+            prev_lock = false;
+        }
+    }
+    found
+}
+
+fn is_word_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80
+}
+
+/// The index after a quoted string or identifier that started before `from` with `q`; a
+/// doubled quote or a backslash escape does not end it.
+fn skip_quoted(s: &[u8], mut from: usize, q: u8) -> usize {
+    while from < s.len() {
+        match s[from] {
+            b'\\' if q != b'`' => from += 2,
+            c if c == q && s.get(from + 1) == Some(&q) => from += 2,
+            c if c == q => return from + 1,
+            _ => from += 1,
+        }
+    }
+    s.len()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,5 +210,24 @@ mod tests {
         assert!(starts_with_keyword(b"-- c\n# d\n /* e */ select 1", "SELECT"));
         assert!(!starts_with_keyword(b"/*!40101 SET x=1 */", "SET"));
         assert_eq!(skip_space(b"/* unterminated"), b"");
+    }
+
+    #[test]
+    fn hazards_outside_literals_and_comments() {
+        use hazard::*;
+        assert_eq!(hazards(b"SELECT c FROM sbtest1 WHERE id=5"), 0);
+        assert_eq!(hazards(b"SELECT @@session.sql_mode, @@autocommit"), 0);
+        assert_eq!(hazards(b"SET @x = 1"), USER_VARIABLE);
+        assert_eq!(hazards(b"select 1 into @`a b`"), USER_VARIABLE);
+        assert_eq!(hazards(b"SELECT 'me@example.com', \"@x\", `@y` -- @z\n /* @w */ # @v"), 0);
+        assert_eq!(hazards(b"SELECT 'it''s @x', 'a\\'@x'"), 0);
+        assert_eq!(hazards(b"create temporary table t (a int)"), TEMPORARY_TABLE);
+        assert_eq!(hazards(b"SELECT GET_LOCK('a', 1)"), LOCK);
+        assert_eq!(hazards(b"LOCK  TABLES t WRITE"), LOCK);
+        assert_eq!(hazards(b"SELECT * FROM t LOCK IN SHARE MODE"), 0);
+        assert_eq!(hazards(b"PREPARE s FROM 'select 1'"), SQL_PREPARE);
+        assert_eq!(hazards(b"SELECT temporary_x, prepared FROM t"), 0);
+        assert_eq!(hazards(b"/*!50000 SET @x=1 */"), USER_VARIABLE);
+        assert_eq!(hazards(b"'unterminated @x"), 0);
     }
 }

@@ -71,6 +71,13 @@ pub struct ProxyConfig {
     /// Client connections idle longer than this are closed; 0 disables.
     #[serde(deserialize_with = "duration")]
     pub idle_timeout: Duration,
+    /// A backend silent this long while a response is due (or not reading a request) fails
+    /// the session; 0 disables.
+    #[serde(deserialize_with = "duration")]
+    pub response_timeout: Duration,
+    /// A client not reading what sluice writes for this long is disconnected; 0 disables.
+    #[serde(deserialize_with = "duration")]
+    pub client_write_timeout: Duration,
     /// Largest command a client may send, in bytes (across 16 MiB packet boundaries).
     pub max_packet_size: u64,
     #[serde(deserialize_with = "duration")]
@@ -108,6 +115,8 @@ impl Default for ProxyConfig {
             handshake_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             idle_timeout: Duration::ZERO,
+            response_timeout: Duration::from_secs(3600),
+            client_write_timeout: Duration::from_secs(60),
             max_packet_size: 1 << 30,
             shutdown_timeout: Duration::from_secs(30),
             auth_plugin: AuthPlugin::MysqlNativePassword,

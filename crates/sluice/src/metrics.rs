@@ -187,6 +187,8 @@ pub struct Metrics {
     pub bytes_from_clients: ShardedCounter,
     pub bytes_to_clients: ShardedCounter,
     errors: [Counter; 3],
+    /// Sessions moved to a new backend connection after losing theirs: [moved, failed].
+    pub session_moves: [Counter; 2],
     pub backends: Vec<BackendMetrics>,
 }
 
@@ -217,6 +219,10 @@ impl Metrics {
         registry.register("errors", "Failed sessions and commands, by whose fault it was", errors_family.clone());
         let errors = [Side::Client, Side::Backend, Side::Proxy]
             .map(|s| errors_family.get_or_create(&vec![("side", s.as_str().into())]).clone());
+
+        let moves = Family::<Labels, Counter>::default();
+        registry.register("session_moves", "Sessions that lost their backend connection while idle, by outcome", moves.clone());
+        let session_moves = ["moved", "failed"].map(|r| moves.get_or_create(&vec![("result", r.into())]).clone());
 
         let up = Family::<Labels, Gauge>::default();
         registry.register("backend_up", "1 when the backend passes health checks", up.clone());
@@ -252,6 +258,7 @@ impl Metrics {
             bytes_from_clients,
             bytes_to_clients,
             errors,
+            session_moves,
             backends,
         }
     }

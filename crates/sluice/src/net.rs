@@ -78,6 +78,18 @@ impl AsyncWrite for Stream {
 }
 
 /// Initial read buffer size of a connection.
+/// Runs an I/O future with a time limit (none when `limit` is zero); running out is an error
+/// of kind `TimedOut`.
+pub async fn within<T>(limit: std::time::Duration, io: impl std::future::Future<Output = io::Result<T>>) -> io::Result<T> {
+    if limit.is_zero() {
+        return io.await;
+    }
+    match tokio::time::timeout(limit, io).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, format!("no progress for {limit:?}"))),
+    }
+}
+
 pub const BUF_SIZE: usize = 16 * 1024;
 
 /// A stream with a read buffer, for reading whole packets during the connection phase.

@@ -87,10 +87,10 @@ pub fn run(ctx: Arc<Ctx>) -> Result<(), String> {
     };
     let admin_name = admin.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_else(|| "none".into());
     for (l, _) in &bound {
-        if let Bound::Tcp(_, a) = l {
-            if !a.ip().is_loopback() {
-                tracing::warn!(address = %a, "listening on a non-loopback address");
-            }
+        if let Bound::Tcp(_, a) = l
+            && !a.ip().is_loopback()
+        {
+            tracing::warn!(address = %a, "listening on a non-loopback address");
         }
     }
 

@@ -21,6 +21,8 @@ use sluice_proto::response::Sink;
 /// A prepared statement as the client knows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Prepared {
+    /// The id the backend knows it by (the client's id, unless the session moved).
+    pub backend_id: u32,
     pub sql: String,
     pub params: u16,
     pub columns: u16,
@@ -42,6 +44,14 @@ pub enum Pin {
     LongData,
     /// Sluice relays the client's login and holds no credentials to log in elsewhere.
     PassthroughAuth,
+    /// A user variable was used (`@name`); its value is not known to sluice.
+    UserVariables,
+    /// A temporary table may exist.
+    TemporaryTable,
+    /// A named lock or a table lock may be held.
+    Lock,
+    /// A statement was prepared with SQL `PREPARE`.
+    SqlPrepare,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -57,6 +67,13 @@ pub struct SessionState {
     pub prepared: HashMap<u32, Prepared, rustc_hash::FxBuildHasher>,
     pub multi_statements: bool,
     pub passthrough: bool,
+    /// State the session's statements left on its backend connection that sluice cannot
+    /// recreate elsewhere (`sluice_proto::sql::hazard` bits), until the next reset.
+    pub hazards: u8,
+    /// Statement ids as the client knows them differ from the backend's (the session moved).
+    pub stmt_ids_mapped: bool,
+    /// The next client-side statement id, once ids are mapped.
+    pub next_stmt_id: u32,
 }
 
 impl SessionState {
@@ -79,7 +96,34 @@ impl SessionState {
         if self.passthrough {
             v.push(Pin::PassthroughAuth);
         }
+        use sluice_proto::sql::hazard;
+        for (bit, pin) in [
+            (hazard::USER_VARIABLE, Pin::UserVariables),
+            (hazard::TEMPORARY_TABLE, Pin::TemporaryTable),
+            (hazard::LOCK, Pin::Lock),
+            (hazard::SQL_PREPARE, Pin::SqlPrepare),
+        ] {
+            if self.hazards & bit != 0 {
+                v.push(pin);
+            }
+        }
         v
+    }
+
+    /// Whether sluice could recreate this session on a new backend connection now: it holds
+    /// credentials, and nothing it cannot recreate is open.
+    pub fn movable(&self) -> bool {
+        !self.passthrough && self.hazards == 0 && self.at_safe_point()
+    }
+
+    /// The id the backend knows a client's statement id by. Unknown ids map to one no backend
+    /// hands out, so that they get the backend's own "unknown statement" error.
+    pub fn backend_stmt_id(&self, client_id: u32) -> u32 {
+        match self.prepared.get(&client_id) {
+            Some(p) => p.backend_id,
+            None if client_id == u32::MAX => u32::MAX,
+            None => u32::MAX - 1,
+        }
     }
 
     /// Whether the session could be moved to another backend connection between commands.
@@ -87,7 +131,7 @@ impl SessionState {
         !self.in_transaction() && !self.prepared.values().any(|p| p.cursor || p.long_data)
     }
 
-    fn apply_ok(&mut self, ok: &basic::Ok<'_>) {
+    pub fn apply_ok(&mut self, ok: &basic::Ok<'_>) {
         for change in basic::state_changes(ok.session_state) {
             match change {
                 StateChange::Schema(s) => self.schema = Some(String::from_utf8_lossy(s).into_owned()),
@@ -104,6 +148,7 @@ impl SessionState {
     pub fn reset(&mut self) {
         self.prepared.clear();
         self.variables.clear();
+        self.hazards = 0;
         self.status &= !status::IN_TRANS;
     }
 }
@@ -117,6 +162,8 @@ pub struct StateSink<'a> {
     pub executing: Option<u32>,
     pub error: Option<u16>,
     pub changed: bool,
+    /// The client-side id to write into the PREPARE_OK just parsed (when ids are mapped).
+    pub patch_stmt_id: Option<u32>,
 }
 
 impl StateSink<'_> {
@@ -153,7 +200,16 @@ impl Sink for StateSink<'_> {
 
     fn prepared(&mut self, id: u32, columns: u16, params: u16) {
         let sql = String::from_utf8_lossy(self.preparing.unwrap_or_default()).into_owned();
-        self.state.prepared.insert(id, Prepared { sql, params, columns, long_data: false, cursor: false });
+        let client_id = if self.state.stmt_ids_mapped {
+            let c = self.state.next_stmt_id;
+            self.state.next_stmt_id = c.wrapping_add(1).max(1);
+            self.patch_stmt_id = Some(c);
+            c
+        } else {
+            id
+        };
+        let p = Prepared { backend_id: id, sql, params, columns, long_data: false, cursor: false };
+        self.state.prepared.insert(client_id, p);
         self.changed = true;
     }
 }
@@ -184,6 +240,8 @@ pub struct SessionHandle {
     pub busy: AtomicBool,
     /// Set by KILL CONNECTION or a forced shutdown.
     pub killed: AtomicBool,
+    /// A KILL CONNECTION for this session is under way.
+    pub kill_pending: AtomicBool,
     /// Woken to make an idle session look at `killed` and the drain flag.
     pub wake: tokio::sync::Notify,
     pub backend_index: AtomicU32,
@@ -203,6 +261,7 @@ impl SessionHandle {
             queries: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             killed: AtomicBool::new(false),
+            kill_pending: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
             backend_index: AtomicU32::new(u32::MAX),
             backend_thread_id: AtomicU32::new(0),

@@ -75,7 +75,7 @@ async fn users_mode_checks_passwords_itself() {
     let mut a = connect(&s.listen, "other", "otherpw").await;
     let b = connect(&s.listen, "other", "otherpw").await;
     let third = mysql_async::Conn::new(mysql_async::Opts::from(opts(&s.listen, "other", "otherpw"))).await;
-    let e = third.err().expect("third connection refused");
+    let e = third.expect_err("third connection refused");
     assert!(e.to_string().contains("1203"), "{e}");
     let one: Option<i32> = a.query_first("SELECT 1").await.unwrap();
     assert_eq!(one, Some(1));

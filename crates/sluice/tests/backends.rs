@@ -75,7 +75,7 @@ async fn monitor_user_health_checks_log_in_and_ping() {
 async fn balancing_policies_spread_sessions() {
     let a = MariaDb::start();
     let b = MariaDb::start();
-    let base = format!("[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+    let base = "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n".to_string();
     let count_ports = |conns: &Vec<(u16, mysql_async::Conn)>| {
         let on_a = conns.iter().filter(|(p, _)| *p == a.port).count();
         (on_a, conns.len() - on_a)

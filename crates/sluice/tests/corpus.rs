@@ -20,7 +20,10 @@ use sluice_proto::response::{Expect, NoSink, ResponseTracker, State};
 
 /// Relays one connection between a client and `backend`; the handle yields what each side
 /// sent (client to server, server to client) once both have closed.
-fn recording_relay(backend: String) -> (u16, std::thread::JoinHandle<(Vec<u8>, Vec<u8>)>) {
+/// The bytes a relay saw: client to server, server to client.
+type Recorded = (Vec<u8>, Vec<u8>);
+
+fn recording_relay(backend: String) -> (u16, std::thread::JoinHandle<Recorded>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let handle = std::thread::spawn(move || {

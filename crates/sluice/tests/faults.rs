@@ -161,7 +161,7 @@ async fn connection_limit_gives_error_1040() {
     let s = start_sluice_config(&config(&[db.addr()], "[proxy]\nmax_connections = 2\n"));
     let a = app(&s).await;
     let b = app(&s).await;
-    let e = mysql_async::Conn::new(mysql_async::Opts::from(opts(&s.listen, "app", "apppw"))).await.err().expect("refused");
+    let e = mysql_async::Conn::new(mysql_async::Opts::from(opts(&s.listen, "app", "apppw"))).await.expect_err("refused");
     assert!(e.to_string().contains("1040"), "{e}");
     drop((a, b));
     wait_for("slots free", || admin_get(&s, "/sessions", None).1 == "[]");

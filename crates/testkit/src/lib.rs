@@ -1,6 +1,7 @@
 //! Test harness shared by sluice's integration tests and benchmarks: real MariaDB servers on
 //! loopback ports with their own data directories, and a sluice process under test.
 
+pub mod fault;
 pub mod mariadb;
 pub mod raw;
 pub mod sluice;

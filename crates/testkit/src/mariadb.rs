@@ -377,10 +377,10 @@ fn remove_stale_dirs() {
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let pid = name.strip_prefix("db-").and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok());
-        if let Some(pid) = pid {
-            if !Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = fs::remove_dir_all(e.path());
-            }
+        if let Some(pid) = pid
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = fs::remove_dir_all(e.path());
         }
     }
 }

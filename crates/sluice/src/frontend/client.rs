@@ -8,7 +8,7 @@ use sluice_proto::compress::{self, Algorithm, FRAME_HEADER, FrameHeader};
 use sluice_proto::packet::frame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::net::{BUF_SIZE, PacketConn, Stream};
+use crate::net::{BUF_SIZE, PacketConn, Stream, within};
 
 struct Compression {
     alg: Algorithm,
@@ -25,6 +25,8 @@ pub struct ClientConn {
     /// Plain packet bytes from the client, not yet relayed.
     pub rbuf: BytesMut,
     comp: Option<Compression>,
+    /// How long a write may wait for the client to read (zero: forever).
+    pub write_timeout: std::time::Duration,
 }
 
 impl ClientConn {
@@ -33,6 +35,7 @@ impl ClientConn {
             stream: conn.stream,
             rbuf: conn.rbuf,
             comp: compression.map(|alg| Compression { alg, raw: BytesMut::with_capacity(BUF_SIZE), out: Vec::new(), seq: 0 }),
+            write_timeout: std::time::Duration::ZERO,
         }
     }
 
@@ -90,12 +93,13 @@ impl ClientConn {
 
     /// Writes plain packet bytes to the client.
     pub async fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        let limit = self.write_timeout;
         match &mut self.comp {
-            None => self.stream.write_all(data).await,
+            None => within(limit, self.stream.write_all(data)).await,
             Some(c) => {
                 c.out.clear();
                 c.seq = compress::compress(c.alg, data, c.seq, &mut c.out);
-                self.stream.write_all(&c.out).await
+                within(limit, self.stream.write_all(&c.out)).await
             }
         }
     }

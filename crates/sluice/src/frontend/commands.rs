@@ -44,19 +44,26 @@ impl Session<'_> {
         let tb = target.backend_index.load(Ordering::Relaxed) as usize;
         let mut q = vec![com::QUERY];
         sql::write_kill(&kill, tid as u64, &mut q);
+        // Said before the backend acts, so that the target does not take the end of its backend
+        // connection for a loss to recover from.
+        let connection_kill = !kill.query_only;
+        if connection_kill {
+            target.kill_pending.store(true, Ordering::Relaxed);
+        }
         let ok = if tb == self.guard.index {
             let mut pkt = Vec::with_capacity(q.len() + HEADER);
             sluice_proto::packet::frame(&mut pkt, &q, 0);
             self.backend.stream.write_all(&pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
-            let mut sink = StateSink { state: &mut self.state, preparing: None, executing: None, error: None, changed: false };
+            let mut sink = StateSink { state: &mut self.state, preparing: None, executing: None, error: None, changed: false, patch_stmt_id: None };
             relay_response(&mut self.tracker, Expect::Results, 0, &mut self.backend, &mut self.client, &mut sink, self.ctx).await?;
             sink.error.is_none()
         } else {
             self.kill_elsewhere(tb, &q).await?
         };
-        if ok && !kill.query_only {
+        if ok && connection_kill {
             target.kill();
         }
+        target.kill_pending.store(false, Ordering::Relaxed);
         Ok(Some(Flow::Continue))
     }
 

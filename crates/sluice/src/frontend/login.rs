@@ -53,6 +53,8 @@ pub struct LoggedIn {
     /// The user counted against `max_connections`, released when the session ends.
     pub counted_user: Option<String>,
     pub scramble: [u8; 20],
+    /// What a new backend login on the session's behalf repeats (users mode only).
+    pub profile: Option<Box<HandshakeResponse>>,
 }
 
 /// An error for the client at a given sequence id, and what to record.
@@ -72,14 +74,14 @@ fn refuse(reject: Reject, error: Error) -> Refusal {
 }
 
 /// A backend connection, opened and greeted, before login.
-struct Opened {
-    backend: Arc<Backend>,
-    conn: PacketConn,
-    greeting: Greeting,
+pub(super) struct Opened {
+    pub(super) backend: Arc<Backend>,
+    pub(super) conn: PacketConn,
+    pub(super) greeting: Greeting,
 }
 
 /// Opens a connection to the next usable backend, trying others when one cannot be reached.
-async fn open_any(ctx: &Ctx, tried: &mut Vec<(usize, Error)>) -> std::result::Result<Opened, Refusal> {
+pub(super) async fn open_any(ctx: &Ctx, tried: &mut Vec<(usize, Error)>) -> std::result::Result<Opened, Refusal> {
     loop {
         let exclude: Vec<usize> = tried.iter().map(|(i, _)| *i).collect();
         let Some(b) = ctx.balancer.pick(&ctx.backends, &exclude) else {
@@ -219,6 +221,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
         }
         AuthMode::Users => users(&mut attempt, &mut client, next).await,
     };
+    let profile = (listener.auth == AuthMode::Users).then(|| Box::new(HandshakeResponse { auth_response: Vec::new(), ..hr.clone() }));
     match result {
         Ok(b) => Ok(LoggedIn {
             client,
@@ -232,6 +235,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
             credential: b.credential,
             counted_user: b.counted_user,
             scramble,
+            profile,
         }),
         Err((r, seq)) => {
             if let Some(seq) = seq {
@@ -259,7 +263,7 @@ async fn send_error(client: &mut PacketConn, seq: u8, e: &Error) {
 /// A failure and the sequence id at which the client should get the error (None: already sent).
 type Fail = (Refusal, Option<u8>);
 
-fn backend_response(hr: &HandshakeResponse, g: &Greeting, client_caps: u32, tls: bool) -> HandshakeResponse {
+pub(super) fn backend_response(hr: &HandshakeResponse, g: &Greeting, client_caps: u32, tls: bool) -> HandshakeResponse {
     HandshakeResponse {
         capabilities: bconn::backend_capabilities(client_caps, g, tls),
         mariadb_capabilities: hr.mariadb_capabilities & g.mariadb_capabilities & mariadb_cap::SLUICE_SUPPORTED,
@@ -404,7 +408,11 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
         let bhr = backend_response(hr, &o.greeting, client_caps, tls);
         let backend_caps = bhr.capabilities;
         match bconn::login(&o.backend, o.conn, &o.greeting, bhr, &credential).await {
-            Ok(conn) => {
+            Ok(mut conn) => {
+                // Without this, a session could not be recreated elsewhere with all its variables.
+                if let Err(e) = super::reconnect::set_up_query(&mut conn, super::reconnect::TRACK_ALL).await {
+                    tracing::warn!(backend = %o.backend.name, error = %e.message, "cannot track session variables; sessions will not move");
+                }
                 break Backed {
                     backend: conn,
                     guard: o.backend.bind(),

@@ -3,6 +3,7 @@
 mod client;
 mod commands;
 mod login;
+mod reconnect;
 mod relay;
 mod verify;
 

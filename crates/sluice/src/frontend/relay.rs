@@ -17,7 +17,7 @@ use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
 use crate::ctx::Ctx;
 use crate::error::{Error, Result, Side};
-use crate::net::{BUF_SIZE, PacketConn};
+use crate::net::{BUF_SIZE, PacketConn, within};
 use crate::session::{SessionHandle, SessionState, StateSink};
 
 /// Commands up to this size are read whole before being forwarded; larger ones are streamed.
@@ -39,6 +39,11 @@ pub struct Session<'a> {
     pub(super) scramble: [u8; 20],
     /// The user counted against its connection limit.
     pub(super) counted_user: Option<String>,
+    /// What a new backend login on the session's behalf repeats (users mode).
+    pub(super) profile: Option<Box<sluice_proto::handshake::HandshakeResponse>>,
+    /// Why the backend connection was lost while the session was idle; the session moves to a
+    /// new one at its next command.
+    lost: Option<String>,
 }
 
 /// What to do after a command.
@@ -53,10 +58,12 @@ impl<'a> Session<'a> {
         let deprecate_eof = l.backend_caps & cap::DEPRECATE_EOF != 0;
         let session_track = l.backend_caps & cap::SESSION_TRACK != 0;
         let client_track = l.client_caps & cap::SESSION_TRACK != 0;
+        let mut client = ClientConn::new(l.client, l.compression);
+        client.write_timeout = ctx.config.proxy.client_write_timeout;
         Session {
             ctx,
             handle,
-            client: ClientConn::new(l.client, l.compression),
+            client,
             backend: l.backend,
             guard: l.guard,
             tracker: ResponseTracker::new(deprecate_eof, session_track).strip_session_track(!client_track, l.mariadb),
@@ -67,6 +74,8 @@ impl<'a> Session<'a> {
             credential: l.credential,
             scramble: l.scramble,
             counted_user: l.counted_user,
+            profile: l.profile,
+            lost: None,
         }
     }
 
@@ -117,31 +126,43 @@ impl<'a> Session<'a> {
             if self.ctx.is_draining() && !self.state.in_transaction() && self.client.rbuf.is_empty() {
                 return Ok(None);
             }
+            let may_move = self.may_move();
             let Session { client, backend, handle, .. } = self;
             if backend.rbuf.capacity() - backend.rbuf.len() < 1024 {
                 backend.rbuf.reserve(BUF_SIZE);
             }
             tokio::select! {
                 biased;
-                r = client.fill() => match r {
-                    Ok(0) => return Ok(None),
-                    Ok(_) => {}
-                    Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
-                },
-                r = backend.stream.read_buf(&mut backend.rbuf) => {
-                    // The backend spoke or left unasked (wait_timeout, a kill, a shutdown). The
-                    // client gets what it sent, as it would directly, and the connection is closed,
-                    // so that its driver sees a dead connection rather than a failing one.
-                    let reason = match r {
+                // The backend first: when it left and a command arrived at once, the session
+                // must know before forwarding the command.
+                r = backend.stream.read_buf(&mut backend.rbuf), if self.lost.is_none() => {
+                    // The backend spoke or left unasked (wait_timeout, a kill, a shutdown).
+                    let (reason, code) = match r {
                         Ok(n) if n > 0 => lost_reason(&backend.rbuf),
-                        _ => "the backend closed the connection".to_string(),
+                        _ => ("the backend closed the connection".to_string(), None),
                     };
-                    tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, "backend connection lost while idle; closing the client connection");
+                    // A connection killed on purpose is not revived.
+                    let killed = handle.killed.load(Ordering::Relaxed) || handle.kill_pending.load(Ordering::Relaxed);
+                    if may_move && !killed && code != Some(code::CONNECTION_KILLED) {
+                        tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, "backend connection lost while idle; the session moves at its next command");
+                        self.backend.rbuf.clear();
+                        self.lost = Some(reason);
+                        continue;
+                    }
+                    // The client gets what the backend sent, as it would directly, and the
+                    // connection is closed, so that its driver sees a dead connection rather
+                    // than a failing one.
+                    tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, pins = ?self.state.pins(), "backend connection lost while idle; closing the client connection");
                     if !self.backend.rbuf.is_empty() {
                         let _ = self.client.write(&self.backend.rbuf).await;
                     }
                     return Ok(None);
                 }
+                r = client.fill() => match r {
+                    Ok(0) => return Ok(None),
+                    Ok(_) => {}
+                    Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
+                },
                 _ = handle.wake.notified() => {}
                 _ = sleep_until(idle_deadline) => {
                     tracing::info!(session = handle.id, "closing idle session");
@@ -170,6 +191,11 @@ impl<'a> Session<'a> {
         self.ctx.metrics.command(cmd);
         self.handle.queries.fetch_add(1, Ordering::Relaxed);
         let body_end = HEADER + h.len.min(INSPECT_LIMIT);
+        if cmd != com::QUIT
+            && let Some(reason) = self.lost.take()
+        {
+            self.move_or_fail(&reason).await?;
+        }
         let expect = match cmd {
             com::QUIT => {
                 let _ = self.backend.stream.write_all(&self.client.rbuf[..HEADER + 1]).await;
@@ -187,6 +213,13 @@ impl<'a> Session<'a> {
                 if let Some(flow) = self.intercept_kill(cmd, body_end).await? {
                     return Ok(flow);
                 }
+                if self.credential.is_some() && cmd == com::QUERY {
+                    let found = sluice_proto::sql::hazards(&self.client.rbuf[HEADER + 1..body_end]);
+                    if found & !self.state.hazards != 0 {
+                        self.state.hazards |= found;
+                        self.handle.publish(&self.state);
+                    }
+                }
                 Expect::Results
             }
             com::CHANGE_USER => return self.change_user(h).await,
@@ -198,6 +231,12 @@ impl<'a> Session<'a> {
             _ => Expect::Results,
         };
         let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        if let (true, Some(id)) = (self.state.stmt_ids_mapped, stmt_id)
+            && matches!(cmd, com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_CLOSE | com::STMT_RESET | com::STMT_SEND_LONG_DATA)
+        {
+            let backend_id = self.state.backend_stmt_id(id);
+            self.client.rbuf[HEADER + 1..HEADER + 5].copy_from_slice(&backend_id.to_le_bytes());
+        }
         // The statement text is kept for COM_STMT_PREPARE (re-preparing elsewhere needs it).
         let preparing = (cmd == com::STMT_PREPARE).then(|| self.client.rbuf[HEADER + 1..body_end].to_vec());
         let init_db = (cmd == com::INIT_DB).then(|| String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into_owned());
@@ -210,6 +249,7 @@ impl<'a> Session<'a> {
             executing: matches!(cmd, com::STMT_EXECUTE | com::STMT_FETCH).then_some(stmt_id).flatten(),
             error: None,
             changed: false,
+            patch_stmt_id: None,
         };
         relay_response(&mut self.tracker, expect, request_seq, &mut self.backend, &mut self.client, &mut sink, self.ctx).await?;
         let (error, changed) = (sink.error, sink.changed);
@@ -309,9 +349,7 @@ impl<'a> Session<'a> {
                 return Err(Error::client(format!("request of more than {limit} bytes exceeds max_packet_size")));
             }
             if n > 0 {
-                self.backend
-                    .stream
-                    .write_all(&self.client.rbuf[..n])
+                within(self.ctx.config.proxy.response_timeout, self.backend.stream.write_all(&self.client.rbuf[..n]))
                     .await
                     .map_err(|e| Error::io(Side::Backend, "forwarding request", e))?;
                 self.ctx.metrics.bytes_from_clients.inc_by(n as u64);
@@ -338,6 +376,10 @@ pub(super) async fn relay_response(
     tracker.start(expect, request_seq);
     loop {
         let scan = tracker.scan(&backend.rbuf, sink).map_err(|e| Error::malformed(Side::Backend, e))?;
+        if let Some(id) = sink.patch_stmt_id.take() {
+            // The PREPARE_OK just parsed starts the buffer: give the client its own id.
+            backend.rbuf[HEADER + 1..HEADER + 5].copy_from_slice(&id.to_le_bytes());
+        }
         if scan.consumed > 0 {
             client
                 .write(&backend.rbuf[..scan.consumed])
@@ -368,19 +410,18 @@ pub(super) async fn relay_response(
                 if backend.rbuf.capacity() - backend.rbuf.len() < 4096 {
                     backend.rbuf.reserve(BUF_SIZE);
                 }
-                match backend.stream.read_buf(&mut backend.rbuf).await {
-                    Ok(0) => {
-                        let e = Error::backend("the backend closed the connection in the middle of a response");
-                        if tracker.at_packet_boundary() {
-                            let mut p = Vec::new();
-                            sluice_proto::basic::err_payload(&mut p, code::SERVER_LOST, b"HY000", &format!("sluice: {}", e.message));
-                            let _ = client.write_packet(&p, tracker.last_seq.wrapping_add(1)).await;
-                        }
-                        return Err(e);
-                    }
-                    Ok(_) => {}
-                    Err(e) => return Err(Error::io(Side::Backend, "reading response", e)),
+                let e = match within(ctx.config.proxy.response_timeout, backend.stream.read_buf(&mut backend.rbuf)).await {
+                    Ok(0) => Error::backend("the backend closed the connection in the middle of a response"),
+                    Ok(_) => continue,
+                    Err(e) => Error::io(Side::Backend, "reading response", e),
+                };
+                // The client gets an error it can show, when the response can still end cleanly.
+                if tracker.at_packet_boundary() {
+                    let mut p = Vec::new();
+                    sluice_proto::basic::err_payload(&mut p, code::SERVER_LOST, b"HY000", &format!("sluice: {}", e.message));
+                    let _ = client.write_packet(&p, tracker.last_seq.wrapping_add(1)).await;
                 }
+                return Err(e);
             }
         }
     }
@@ -392,7 +433,9 @@ async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &C
     loop {
         let n = walk.scan(&client.rbuf);
         if n > 0 {
-            backend.stream.write_all(&client.rbuf[..n]).await.map_err(|e| Error::io(Side::Backend, "forwarding file", e))?;
+            within(ctx.config.proxy.response_timeout, backend.stream.write_all(&client.rbuf[..n]))
+                .await
+                .map_err(|e| Error::io(Side::Backend, "forwarding file", e))?;
             ctx.metrics.bytes_from_clients.inc_by(n as u64);
             client.rbuf.advance(n);
         }
@@ -408,11 +451,11 @@ async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &C
 }
 
 /// Reads what a backend sent unasked (a shutdown or kill notice) to explain a lost connection.
-fn lost_reason(buf: &[u8]) -> String {
+fn lost_reason(buf: &[u8]) -> (String, Option<u16>) {
     let payload = buf.get(HEADER..).unwrap_or_default();
     match sluice_proto::basic::Err::parse(payload) {
-        Ok(e) => format!("{} {}", e.code, String::from_utf8_lossy(e.message)),
-        Err(_) => "the backend sent data while the session was idle".into(),
+        Ok(e) => (format!("{} {}", e.code, String::from_utf8_lossy(e.message)), Some(e.code)),
+        Err(_) => ("the backend sent data while the session was idle".into(), None),
     }
 }
 

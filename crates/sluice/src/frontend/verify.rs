@@ -66,6 +66,7 @@ pub(super) enum Verdict<'u> {
 /// Checks the reply a client computed with `plugin` over `scramble` for user `name`, asking for
 /// more (a switch, full authentication) as needed. `seq` is the sequence id of the next packet
 /// sluice sends; the returned one is the id for the final OK or ERR.
+#[allow(clippy::too_many_arguments)] // the login's inputs, each used once
 pub(super) async fn verify<'u, C: AuthIo>(
     io: &mut C,
     mut seq: u8,

@@ -1,0 +1,265 @@
+//! Moving a session to a new backend connection. When a users-mode session's backend connection
+//! is lost while the session is idle between statements (the backend was killed, restarted or
+//! stopped, or closed the connection), the session is not closed: at its next command sluice
+//! logs in again with the credentials it holds, on another backend when one is usable, restores
+//! what the session had changed (schema, session variables, prepared statements) and goes on.
+//! Statement ids the client holds keep working: from then on they are mapped to the new
+//! connection's ids (`SessionState::stmt_ids_mapped`).
+//!
+//! A session cannot move when sluice could not recreate it exactly: passthrough logins (no
+//! credentials), an open transaction, cursor or long data, or state sluice does not track (user
+//! variables, temporary tables, locks, SQL `PREPARE`; see `SessionState::pins`). Those get an
+//! error at their next command and a clean close.
+
+use sluice_proto::consts::{cap, com, err as code};
+use sluice_proto::packet::frame;
+use sluice_proto::response::{Expect, ResponseTracker, Sink, State};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::login::{backend_response, open_any};
+use super::relay::Session;
+use crate::backend::conn as bconn;
+use crate::error::{Error, Result, Side};
+use crate::net::{BUF_SIZE, PacketConn};
+
+/// Makes the backend report every session variable a statement changes (SESSION_TRACK), so
+/// that a session can be recreated with them. Sent once after a users-mode login.
+pub(super) const TRACK_ALL: &[u8] = b"SET SESSION session_track_system_variables='*'";
+
+/// Runs one statement that answers with OK or ERR during session set-up.
+pub(super) async fn set_up_query(conn: &mut PacketConn, sql: &[u8]) -> Result<()> {
+    let mut p = Vec::with_capacity(sql.len() + 1);
+    p.push(com::QUERY);
+    p.extend_from_slice(sql);
+    conn.write_packet(&p, 0).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
+    let (_, r) = conn.read_packet(1 << 20).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
+    check_ok(&r)
+}
+
+fn check_ok(p: &[u8]) -> Result<()> {
+    match p.first() {
+        Some(0x00) => Ok(()),
+        Some(0xff) => {
+            let e = sluice_proto::basic::Err::parse(p).map_err(|e| Error::malformed(Side::Backend, e))?;
+            let mut err = Error::backend(String::from_utf8_lossy(e.message).into_owned());
+            err.code = e.code;
+            Err(err)
+        }
+        _ => Err(Error::backend("unexpected answer to a set-up statement")),
+    }
+}
+
+impl Session<'_> {
+    /// Whether a lost backend connection could be replaced without the client noticing.
+    pub(super) fn may_move(&self) -> bool {
+        self.credential.is_some() && self.profile.is_some() && self.state.movable()
+    }
+
+    /// Moves the session after its backend connection was lost; when it cannot move, the client
+    /// gets an error for its command and the session ends.
+    pub(super) async fn move_or_fail(&mut self, reason: &str) -> Result<()> {
+        let from = self.guard.name.clone();
+        match self.move_session().await {
+            Ok(()) => {
+                self.ctx.metrics.session_moves[0].inc();
+                tracing::info!(session = self.handle.id, from = %from, to = %self.guard.name, "session moved to a new backend connection");
+                Ok(())
+            }
+            Err(e) => {
+                self.ctx.metrics.session_moves[1].inc();
+                let msg = format!(
+                    "sluice: the connection to backend {from} was lost ({reason}) and the session could not be recreated: {}",
+                    e.message
+                );
+                self.client_error(1, code::SERVER_LOST, b"HY000", &msg).await;
+                Err(Error::new(Side::Backend, code::SERVER_LOST, msg))
+            }
+        }
+    }
+
+    /// Logs in to a backend again (another one first) and restores the session there.
+    pub(super) async fn move_session(&mut self) -> Result<()> {
+        let lost = self.guard.index;
+        let mut tried = vec![(lost, Error::backend("the session's connection to it was lost"))];
+        loop {
+            let o = match open_any(self.ctx, &mut tried).await {
+                Ok(o) => o,
+                // Nothing else is usable: the lost backend itself may be back (a restart), or
+                // only the connection was closed (wait_timeout).
+                Err(_) if tried.first().is_some_and(|(i, _)| *i == lost) && self.guard.is_up() => {
+                    tried.remove(0);
+                    continue;
+                }
+                Err(r) => return Err(r.error),
+            };
+            let profile = self.profile.as_ref().expect("can_move checked the profile");
+            let tls = o.backend.tls.is_some();
+            let mut bhr = backend_response(profile, &o.greeting, self.client_caps(), tls);
+            bhr.database = self.state.schema.as_ref().map(|s| s.as_bytes().to_vec());
+            bhr.capabilities |= if bhr.database.is_some() { cap::CONNECT_WITH_DB } else { 0 };
+            let mariadb = o.greeting.capabilities & cap::LONG_PASSWORD == 0;
+            if (bhr.capabilities ^ self.backend_caps()) & !cap::CONNECT_WITH_DB != 0 || mariadb != self.mariadb {
+                tried.push((o.backend.index, Error::connect("its capabilities differ from the lost backend's")));
+                continue;
+            }
+            let credential = self.credential.as_ref().expect("can_move checked the credential");
+            let mut conn = match bconn::login(&o.backend, o.conn, &o.greeting, bhr, credential).await {
+                Ok(c) => c,
+                Err(e) if e.retry == crate::error::Retry::Safe => {
+                    tried.push((o.backend.index, e));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let ids = self.restore(&mut conn).await?;
+            for (client_id, backend_id) in ids {
+                if let Some(p) = self.state.prepared.get_mut(&client_id) {
+                    p.backend_id = backend_id;
+                }
+            }
+            if let Some(max) = self.state.prepared.keys().max() {
+                self.state.stmt_ids_mapped = true;
+                self.state.next_stmt_id = self.state.next_stmt_id.max(max.wrapping_add(1)).max(1);
+            }
+            self.backend = conn;
+            self.guard = o.backend.bind();
+            self.handle.bind_backend(o.backend.index, &o.backend.name, o.greeting.connection_id);
+            self.handle.publish(&self.state);
+            return Ok(());
+        }
+    }
+
+    /// Recreates the session's variables and prepared statements on a fresh connection, in one
+    /// round trip. Returns the new statement ids by client id.
+    async fn restore(&mut self, conn: &mut PacketConn) -> Result<Vec<(u32, u32)>> {
+        let mut set = TRACK_ALL.to_vec();
+        for (name, value) in &self.state.variables {
+            if name != "session_track_system_variables" && valid_name(name) {
+                set.extend_from_slice(b", ");
+                set.extend_from_slice(name.as_bytes());
+                set.push(b'=');
+                set_value(&mut set, value);
+            }
+        }
+        let mut out = Vec::new();
+        let mut payload = vec![com::QUERY];
+        payload.extend_from_slice(&set);
+        frame(&mut out, &payload, 0);
+        let statements: Vec<(u32, &str, u16, u16)> =
+            self.state.prepared.iter().map(|(id, p)| (*id, p.sql.as_str(), p.params, p.columns)).collect();
+        for (_, sql, _, _) in &statements {
+            payload.clear();
+            payload.push(com::STMT_PREPARE);
+            payload.extend_from_slice(sql.as_bytes());
+            frame(&mut out, &payload, 0);
+        }
+        conn.stream.write_all(&out).await.map_err(|e| Error::io(Side::Backend, "restoring the session", e))?;
+
+        let caps = self.backend_caps();
+        let deprecate_eof = caps & cap::DEPRECATE_EOF != 0;
+        let track = caps & cap::SESSION_TRACK != 0;
+        let mut tracker = ResponseTracker::new(deprecate_eof, track);
+        let mut sink = Collect::default();
+        read_response(&mut tracker, Expect::Results, conn, &mut sink).await?;
+        if let Some(e) = sink.error.take() {
+            return Err(Error::backend(format!("restoring session variables: {e}")));
+        }
+        let mut ids = Vec::with_capacity(statements.len());
+        for (client_id, sql, params, columns) in statements {
+            read_response(&mut tracker, Expect::Prepare, conn, &mut sink).await?;
+            match (sink.error.take(), sink.prepared.take()) {
+                (None, Some((id, c, p))) if c == columns && p == params => ids.push((client_id, id)),
+                (e, _) => {
+                    let why = e.unwrap_or_else(|| "its shape changed".into());
+                    return Err(Error::backend(format!("re-preparing statement {client_id} ({sql}): {why}")));
+                }
+            }
+        }
+        Ok(ids)
+    }
+}
+
+/// Reads one whole response off `conn`, without forwarding it.
+async fn read_response(tracker: &mut ResponseTracker, expect: Expect, conn: &mut PacketConn, sink: &mut Collect) -> Result<()> {
+    use bytes::Buf;
+    tracker.start(expect, 0);
+    loop {
+        let scan = tracker.scan(&conn.rbuf, sink).map_err(|e| Error::malformed(Side::Backend, e))?;
+        conn.rbuf.advance(scan.consumed);
+        match scan.state {
+            State::Done => return Ok(()),
+            State::Rewrite { len } => conn.rbuf.advance(len),
+            State::LocalInfile => return Err(Error::backend("unexpected LOCAL INFILE request while restoring a session")),
+            State::Pending => {
+                conn.rbuf.reserve(BUF_SIZE);
+                match conn.stream.read_buf(&mut conn.rbuf).await {
+                    Ok(0) => return Err(Error::backend("the backend closed the connection while a session was restored")),
+                    Ok(_) => {}
+                    Err(e) => return Err(Error::io(Side::Backend, "restoring the session", e)),
+                }
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Collect {
+    error: Option<String>,
+    prepared: Option<(u32, u16, u16)>,
+}
+
+impl Sink for Collect {
+    fn err(&mut self, e: &sluice_proto::basic::Err<'_>) {
+        self.error = Some(format!("{} {}", e.code, String::from_utf8_lossy(e.message)));
+    }
+    fn prepared(&mut self, id: u32, columns: u16, params: u16) {
+        self.prepared = Some((id, columns, params));
+    }
+}
+
+/// Variable names as the backend reports them: letters, digits and `_`.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
+/// Writes a variable's value as SQL: numbers bare, NULL as NULL, anything else as a string
+/// literal in hex (no quoting or escaping to get wrong, whatever the sql_mode).
+fn set_value(out: &mut Vec<u8>, value: &str) {
+    let numeric = {
+        let digits = value.strip_prefix('-').unwrap_or(value);
+        !digits.is_empty() && digits.bytes().filter(|&c| c == b'.').count() <= 1 && digits.bytes().all(|c| c.is_ascii_digit() || c == b'.')
+    };
+    if numeric || value == "NULL" {
+        out.extend_from_slice(value.as_bytes());
+    } else if value.is_empty() {
+        out.extend_from_slice(b"''");
+    } else {
+        out.extend_from_slice(b"_utf8mb4 X'");
+        for b in value.bytes() {
+            out.extend_from_slice(format!("{b:02x}").as_bytes());
+        }
+        out.push(b'\'');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_written_as_sql_literals() {
+        let lit = |v: &str| {
+            let mut o = Vec::new();
+            set_value(&mut o, v);
+            String::from_utf8(o).unwrap()
+        };
+        assert_eq!(lit("28800"), "28800");
+        assert_eq!(lit("-1.5"), "-1.5");
+        assert_eq!(lit("NULL"), "NULL");
+        assert_eq!(lit(""), "''");
+        assert_eq!(lit("ON"), "_utf8mb4 X'4f4e'");
+        assert_eq!(lit("1.2.3"), "_utf8mb4 X'312e322e33'");
+        assert!(valid_name("sql_mode"));
+        assert!(!valid_name("a; DROP"));
+    }
+}

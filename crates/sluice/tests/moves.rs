@@ -1,0 +1,180 @@
+//! Sessions whose backend dies while they are idle: in users mode they move to the survivor at
+//! their next statement with their schema, variables and prepared statements; sessions that
+//! cannot move (open transaction, untracked state, passthrough) get an error and a close.
+
+mod common;
+
+use common::*;
+use mysql_async::prelude::*;
+
+fn users_config(dbs: &[&MariaDb]) -> String {
+    format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [health]\ninterval = \"200ms\"\nrise = 1\nfall = 1\n\
+         [proxy]\nbalance = \"round-robin\"\n{}\n\
+         [[users]]\nname = \"app\"\npassword = \"apppw\"\n",
+        backends_toml(dbs)
+    )
+}
+
+/// The same schema and table on every server.
+fn same_schema(dbs: &[&MariaDb]) {
+    for d in dbs {
+        d.sql("CREATE DATABASE IF NOT EXISTS moves; CREATE TABLE IF NOT EXISTS moves.t (id INT PRIMARY KEY, v VARCHAR(20)); REPLACE INTO moves.t VALUES (1, 'one'), (2, 'two')");
+    }
+}
+
+fn metric(s: &SluiceProc, series: &str) -> u64 {
+    let (_, body) = admin_get(s, "/metrics", None);
+    body.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+async fn port_of(c: &mut mysql_async::Conn) -> u16 {
+    c.query_first("SELECT @@port").await.unwrap().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_users_mode_sessions_move_to_the_survivor_with_their_state() {
+    let mut a = MariaDb::start();
+    let b = MariaDb::start();
+    same_schema(&[&a, &b]);
+    let s = start_sluice_config(&users_config(&[&a, &b]));
+
+    // Sessions on both backends; the ones on `a` will lose it.
+    let mut on_a = Vec::new();
+    let mut on_b = Vec::new();
+    for _ in 0..4 {
+        let mut c = app(&s).await;
+        if port_of(&mut c).await == a.port { on_a.push(c) } else { on_b.push(c) }
+    }
+    assert_eq!((on_a.len(), on_b.len()), (2, 2), "round-robin spreads four sessions");
+    let mut mover = on_a.pop().unwrap();
+    let mut in_trx = on_a.pop().unwrap();
+
+    // The mover changes its schema, charset, variables, and prepares statements.
+    mover.query_drop("USE moves").await.unwrap();
+    mover.query_drop("SET NAMES latin1").await.unwrap();
+    mover.query_drop("SET SESSION sql_mode = 'ANSI_QUOTES,NO_ENGINE_SUBSTITUTION', wait_timeout = 1234, time_zone = '+03:00'").await.unwrap();
+    let by_id = mover.prep("SELECT v FROM t WHERE id = ?").await.unwrap();
+    let plus = mover.prep("SELECT ? + 1").await.unwrap();
+    let closed = mover.prep("SELECT 42").await.unwrap();
+    mover.close(closed).await.unwrap();
+    let v: Option<String> = mover.exec_first(&by_id, (1,)).await.unwrap();
+    assert_eq!(v.as_deref(), Some("one"));
+    let before: (String, String, String, u64, String) = mover
+        .query_first("SELECT DATABASE(), @@character_set_client, @@sql_mode, @@wait_timeout, @@time_zone")
+        .await
+        .unwrap()
+        .unwrap();
+
+    // Another session is inside a transaction; it cannot move.
+    in_trx.query_drop("BEGIN").await.unwrap();
+    in_trx.query_drop("UPDATE moves.t SET v = 'uno' WHERE id = 1").await.unwrap();
+
+    a.kill();
+    wait_for("sluice sees the lost connections", || s.log_text().contains("the session moves at its next command"));
+
+    // The mover carries on, on the survivor, with everything it had.
+    assert_eq!(port_of(&mut mover).await, b.port);
+    let after: (String, String, String, u64, String) = mover
+        .query_first("SELECT DATABASE(), @@character_set_client, @@sql_mode, @@wait_timeout, @@time_zone")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(after, before);
+    assert_eq!(after.0, "moves");
+    assert_eq!(after.1, "latin1");
+    let v: Option<String> = mover.exec_first(&by_id, (2,)).await.unwrap();
+    assert_eq!(v.as_deref(), Some("two"));
+    let n: Option<i64> = mover.exec_first(&plus, (41,)).await.unwrap();
+    assert_eq!(n, Some(42));
+    // New statements get ids that do not collide with the old ones.
+    let fresh = mover.prep("SELECT v FROM t WHERE id = ? + 1").await.unwrap();
+    assert!(![by_id.id(), plus.id()].contains(&fresh.id()), "statement ids stay unique");
+    let v: Option<String> = mover.exec_first(&fresh, (0,)).await.unwrap();
+    assert_eq!(v.as_deref(), Some("one"));
+    let v: Option<String> = mover.exec_first(&by_id, (1,)).await.unwrap();
+    assert_eq!(v.as_deref(), Some("one"));
+    mover.close(fresh).await.unwrap();
+    mover.close(by_id).await.unwrap();
+    let n: Option<i64> = mover.exec_first(&plus, (1,)).await.unwrap();
+    assert_eq!(n, Some(2));
+
+    // The session in a transaction gets an error, as it would from a dead server.
+    let e = in_trx.query_drop("COMMIT").await.expect_err("a transaction on a dead backend fails");
+    let _ = e;
+    // Sessions on the survivor never noticed.
+    for c in on_b.iter_mut() {
+        assert_eq!(port_of(c).await, b.port);
+    }
+    assert_eq!(metric(&s, "sluice_session_moves_total{result=\"moved\"}"), 1);
+    let (_, sessions) = admin_get(&s, "/sessions", None);
+    assert!(sessions.contains("\"stmt_ids_mapped\":true"), "{sessions}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_with_untracked_state_do_not_move() {
+    let mut a = MariaDb::start();
+    let b = MariaDb::start();
+    same_schema(&[&a, &b]);
+    let s = start_sluice_config(&users_config(&[&a, &b]));
+    let mut on_a = Vec::new();
+    while on_a.len() < 4 {
+        let mut c = app(&s).await;
+        if port_of(&mut c).await == a.port {
+            on_a.push(c);
+        }
+    }
+    on_a[0].query_drop("SET @x = 1").await.unwrap();
+    on_a[1].query_drop("CREATE TEMPORARY TABLE moves.tmp (a INT)").await.unwrap();
+    on_a[2].query_drop("SELECT GET_LOCK('moves', 10)").await.unwrap();
+    // A user variable inside a string literal is not a user variable.
+    on_a[3].query_drop("SELECT 'someone@example.com'").await.unwrap();
+    let (_, sessions) = admin_get(&s, "/sessions", None);
+    for pin in ["user_variables", "temporary_table", "lock"] {
+        assert!(sessions.contains(&format!("\"{pin}\"")), "/sessions shows the {pin} pin: {sessions}");
+    }
+    a.kill();
+    let mut movable = on_a.pop().unwrap();
+    for (i, mut c) in on_a.into_iter().enumerate() {
+        let r: Result<Option<i32>, _> = c.query_first("SELECT 1").await;
+        assert!(r.is_err(), "session {i} with untracked state must not continue elsewhere");
+    }
+    let one: Option<i32> = movable.query_first("SELECT 1").await.unwrap();
+    assert_eq!(one, Some(1));
+    assert_eq!(port_of(&mut movable).await, b.port);
+    wait_for("every failed session is gone", || json(&admin_get(&s, "/sessions", None).1).as_array().unwrap().len() == 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_session_stays_dead_and_a_restarted_backend_takes_its_sessions_back() {
+    let mut a = MariaDb::start();
+    a.sql("CREATE DATABASE IF NOT EXISTS moves");
+    let s = start_sluice_config(&users_config(&[&a]));
+    let mut victim = app(&s).await;
+    let mut killer = app(&s).await;
+    let mut idle = app(&s).await;
+    idle.query_drop("USE moves").await.unwrap();
+    // KILL through sluice ends the session: its backend connection is not recreated.
+    killer.query_drop(format!("KILL {}", victim.id())).await.unwrap();
+    wait_for("sluice closes the killed session", || json(&admin_get(&s, "/sessions", None).1).as_array().unwrap().len() == 2);
+    victim.query_drop("SELECT 1").await.expect_err("a killed session stays dead");
+    // A KILL run on the backend behind sluice's back ends only the backend connection: sluice
+    // cannot tell it from a crash, and the idle session carries on over a new one.
+    let thread: Option<u32> = killer.query_first("SELECT CONNECTION_ID()").await.unwrap();
+    let mut direct = connect(&a.addr(), "app", "apppw").await;
+    direct.query_drop(format!("KILL {}", thread.unwrap())).await.unwrap();
+    drop(direct);
+    wait_for("sluice sees the lost connection", || s.log_text().contains("the session moves at its next command"));
+    let thread_after: Option<u32> = killer.query_first("SELECT CONNECTION_ID()").await.unwrap();
+    assert_ne!(thread_after, thread);
+
+    // The only backend restarts (a graceful stop): the idle session waits, then moves back.
+    a.restart();
+    wait_for("the backend is up again", || admin_get(&s, "/backends", None).1.contains("\"up\":true"));
+    let db: Option<String> = idle.query_first("SELECT DATABASE()").await.unwrap();
+    assert_eq!(db.as_deref(), Some("moves"));
+    assert_eq!(metric(&s, "sluice_session_moves_total{result=\"moved\"}"), 2);
+}
