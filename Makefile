@@ -4,12 +4,16 @@
 
 BENCH_ARGS ?=
 
+# Options for `make soak` (not run in CI) go in SOAK_ARGS, e.g.
+#   make soak SOAK_ARGS="--duration 3600 --restart-every 60 --auth passthrough"
+SOAK_ARGS ?=
+
 # `make fuzz` runs every fuzz target for FUZZ_SECONDS each (nightly Rust and cargo-fuzz,
 # installed on first use); new inputs that raise coverage are added to fuzz/corpus/.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS = client_handshake server_packet response_stream request_stream compressed sql
 
-.PHONY: run test bench bench-smoke fuzz
+.PHONY: run test bench bench-smoke soak fuzz
 
 run:
 	scripts/run.sh
@@ -22,6 +26,9 @@ bench:
 
 bench-smoke:
 	python3 bench/bench.py --smoke $(BENCH_ARGS)
+
+soak:
+	python3 bench/soak.py $(SOAK_ARGS)
 
 fuzz:
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked

@@ -25,6 +25,8 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let files = raise_open_files_limit();
+    tracing::debug!(limit = files, "open files limit");
     let ctx = match sluice::ctx::Ctx::new(config) {
         Ok(c) => c,
         Err(e) => {
@@ -36,4 +38,23 @@ fn main() {
         eprintln!("sluice: {e}");
         std::process::exit(1);
     }
+}
+
+/// Raises the soft limit on open files to the hard limit (every client and backend connection
+/// is a descriptor; the usual soft default of 1024 is far too low for a proxy). Returns it.
+fn raise_open_files_limit() -> u64 {
+    let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit read and write the struct passed by pointer, nothing else.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
+            return 0;
+        }
+        if l.rlim_cur < l.rlim_max {
+            let want = libc::rlimit { rlim_cur: l.rlim_max, rlim_max: l.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                l.rlim_cur = l.rlim_max;
+            }
+        }
+    }
+    l.rlim_cur as u64
 }

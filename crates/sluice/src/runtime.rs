@@ -242,6 +242,7 @@ fn spawn_control(
         .spawn(move || {
             rt.block_on(async move {
                 crate::health::run(ctx.clone()).await;
+                tokio::spawn(return_memory(ctx.clone()));
                 if let Some(l) = admin {
                     match tokio::net::TcpListener::from_std(l) {
                         Ok(l) => {
@@ -263,6 +264,34 @@ fn spawn_control(
         .map_err(|e| e.to_string())?;
     Ok(())
 }
+
+/// Gives memory freed by closed connections back to the system. The allocator keeps freed
+/// small blocks for reuse, so after a burst of thousands of connections the process would stay
+/// at its peak size; when connections fell well below their recent peak, the heap is trimmed.
+async fn return_memory(ctx: Arc<Ctx>) {
+    let mut peak = 0usize;
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        let now = ctx.connections.load(std::sync::atomic::Ordering::Relaxed);
+        peak = peak.max(now);
+        if peak >= now + 64 && now <= peak / 2 {
+            trim_heap();
+            peak = now;
+        }
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn trim_heap() {
+    // SAFETY: malloc_trim only returns free memory of the allocator's own arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim_heap() {}
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};

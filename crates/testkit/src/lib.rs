@@ -15,3 +15,20 @@ pub fn unique_id() -> u64 {
     static N: AtomicU64 = AtomicU64::new(0);
     N.fetch_add(1, Ordering::Relaxed)
 }
+
+/// Raises this process's soft limit on open files to the hard limit (tests that hold thousands
+/// of connections); returns the limit now in force.
+pub fn raise_fd_limit() -> u64 {
+    let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed by pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
+            return 0;
+        }
+        let want = libc::rlimit { rlim_cur: l.rlim_max, rlim_max: l.rlim_max };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+            l.rlim_cur = l.rlim_max;
+        }
+    }
+    l.rlim_cur as u64
+}

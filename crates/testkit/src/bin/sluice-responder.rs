@@ -2,7 +2,11 @@
 //! answers every COM_QUERY with the same one-row result and everything else with OK, so that
 //! the proxy in front of it is the bottleneck. One thread per connection, blocking I/O.
 //!
-//! Usage: sluice-responder [--listen 127.0.0.1:PORT]   (prints the bound address)
+//! With `--mode endless` a query's result set never ends; with `--mode garbage` a query gets
+//! 64 KiB of noise. Both are backends that misbehave, for the abuse tests.
+//!
+//! Usage: sluice-responder [--listen 127.0.0.1:PORT] [--mode normal|endless|garbage]
+//! (prints the bound address)
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -21,8 +25,9 @@ fn read_packet(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<u8> {
     Ok(h.seq)
 }
 
-/// The bytes of the fixed result set (after the column count's sequence id 1).
-fn result_set(deprecate_eof: bool) -> Vec<u8> {
+/// The start of the fixed result set (column count, column definition, EOF unless deprecated)
+/// and the sequence id of the first row.
+fn result_head(deprecate_eof: bool) -> (Vec<u8>, u8) {
     let mut out = Vec::new();
     let mut seq = 1;
     seq = frame(&mut out, &[1], seq);
@@ -37,10 +42,21 @@ fn result_set(deprecate_eof: bool) -> Vec<u8> {
         eof_payload(&mut eof, 0, status::AUTOCOMMIT);
         seq = frame(&mut out, &eof, seq);
     }
-    let mut row = Vec::new();
+    (out, seq)
+}
+
+/// Appends one row of 64 bytes; returns the next sequence id.
+fn row(out: &mut Vec<u8>, seq: u8) -> u8 {
+    let mut row = Vec::with_capacity(65);
     put_lenenc(&mut row, 64);
     row.extend_from_slice(&[b'x'; 64]);
-    seq = frame(&mut out, &row, seq);
+    frame(out, &row, seq)
+}
+
+/// The bytes of the fixed one-row result set.
+fn result_set(deprecate_eof: bool) -> Vec<u8> {
+    let (mut out, seq) = result_head(deprecate_eof);
+    let seq = row(&mut out, seq);
     let mut end = Vec::new();
     if deprecate_eof {
         ok_payload(&mut end, 0xfe, 0, 0, status::AUTOCOMMIT, 0);
@@ -51,7 +67,40 @@ fn result_set(deprecate_eof: bool) -> Vec<u8> {
     out
 }
 
-fn serve(mut s: TcpStream, id: u32) -> std::io::Result<()> {
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Normal,
+    Endless,
+    Garbage,
+}
+
+/// A result set whose rows never end (until the reader goes away).
+fn endless(s: &mut TcpStream, deprecate_eof: bool) -> std::io::Result<()> {
+    let (mut chunk, mut seq) = result_head(deprecate_eof);
+    loop {
+        while chunk.len() < 64 * 1024 {
+            seq = row(&mut chunk, seq);
+        }
+        s.write_all(&chunk)?;
+        chunk.clear();
+    }
+}
+
+/// 64 KiB of xorshift noise.
+fn garbage(s: &mut TcpStream, seed: u32) -> std::io::Result<()> {
+    let mut x = seed | 1;
+    let noise: Vec<u8> = (0..64 * 1024)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect();
+    s.write_all(&noise)
+}
+
+fn serve(mut s: TcpStream, id: u32, mode: Mode) -> std::io::Result<()> {
     s.set_nodelay(true)?;
     let caps = cap::SLUICE_SUPPORTED & !cap::SESSION_TRACK;
     let g = Greeting {
@@ -94,6 +143,8 @@ fn serve(mut s: TcpStream, id: u32) -> std::io::Result<()> {
         read_packet(&mut s, &mut buf)?;
         match buf.first() {
             Some(&com::QUIT) | None => return Ok(()),
+            Some(&com::QUERY) if mode == Mode::Endless => return endless(&mut s, hr.capabilities & caps & cap::DEPRECATE_EOF != 0),
+            Some(&com::QUERY) if mode == Mode::Garbage => garbage(&mut s, id)?,
             Some(&com::QUERY) => s.write_all(&rows)?,
             Some(&com::STMT_CLOSE) | Some(&com::STMT_SEND_LONG_DATA) => {}
             Some(_) => s.write_all(&ok_packet)?,
@@ -103,10 +154,19 @@ fn serve(mut s: TcpStream, id: u32) -> std::io::Result<()> {
 
 fn main() {
     let mut listen = "127.0.0.1:0".to_string();
+    let mut mode = Mode::Normal;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--listen" => listen = args.next().expect("--listen ADDR"),
+            "--mode" => {
+                mode = match args.next().as_deref() {
+                    Some("normal") => Mode::Normal,
+                    Some("endless") => Mode::Endless,
+                    Some("garbage") => Mode::Garbage,
+                    other => panic!("unknown mode {other:?}"),
+                }
+            }
             other => panic!("unknown argument {other}"),
         }
     }
@@ -117,7 +177,7 @@ fn main() {
         id = id.wrapping_add(1);
         let conn_id = id;
         std::thread::spawn(move || {
-            let _ = serve(s, conn_id);
+            let _ = serve(s, conn_id, mode);
         });
     }
 }
