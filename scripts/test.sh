@@ -3,5 +3,6 @@
 # MariaDB servers that the harness starts itself on loopback ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+# sysbench (and a C compiler for its reconnect shim) drive the failover-under-load tests.
+scripts/setup.sh sysbench gcc libc6-dev
 cargo test --workspace --locked "$@"

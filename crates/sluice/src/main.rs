@@ -56,5 +56,5 @@ fn raise_open_files_limit() -> u64 {
             }
         }
     }
-    l.rlim_cur as u64
+    l.rlim_cur
 }

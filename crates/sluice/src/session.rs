@@ -30,6 +30,13 @@ pub struct Prepared {
     pub long_data: bool,
     /// A cursor is open on it (COM_STMT_FETCH may follow).
     pub cursor: bool,
+    /// The parameter types of the last execute that sent them (2 bytes per parameter):
+    /// clients send them once, and a statement re-prepared elsewhere needs them again.
+    #[serde(skip)]
+    pub param_types: Vec<u8>,
+    /// The backend connection has not been sent the parameter types yet (after a move).
+    #[serde(skip)]
+    pub types_unsent: bool,
 }
 
 /// Why a session cannot leave its backend connection right now.
@@ -208,7 +215,7 @@ impl Sink for StateSink<'_> {
         } else {
             id
         };
-        let p = Prepared { backend_id: id, sql, params, columns, long_data: false, cursor: false };
+        let p = Prepared { backend_id: id, sql, params, columns, long_data: false, cursor: false, param_types: Vec::new(), types_unsent: false };
         self.state.prepared.insert(client_id, p);
         self.changed = true;
     }

@@ -5,6 +5,7 @@ pub mod fault;
 pub mod mariadb;
 pub mod raw;
 pub mod sluice;
+pub mod sysbench;
 
 pub use mariadb::MariaDb;
 pub use sluice::SluiceProc;
@@ -30,5 +31,5 @@ pub fn raise_fd_limit() -> u64 {
             l.rlim_cur = l.rlim_max;
         }
     }
-    l.rlim_cur as u64
+    l.rlim_cur
 }

@@ -115,6 +115,7 @@ impl Session<'_> {
             for (client_id, backend_id) in ids {
                 if let Some(p) = self.state.prepared.get_mut(&client_id) {
                     p.backend_id = backend_id;
+                    p.types_unsent = p.params > 0;
                 }
             }
             if let Some(max) = self.state.prepared.keys().max() {
@@ -176,6 +177,57 @@ impl Session<'_> {
             }
         }
         Ok(ids)
+    }
+}
+
+/// COM_STMT_EXECUTE: where the parameter types are. Returns (offset of the new-params-bound
+/// flag in the payload, parameter count) for a statement with parameters.
+fn execute_layout(payload: &[u8], state: &crate::session::SessionState) -> Option<(usize, usize)> {
+    let id = u32::from_le_bytes(payload.get(1..5)?.try_into().ok()?);
+    let params = state.prepared.get(&id)?.params as usize;
+    // command, statement id, flags, iteration count, NULL bitmap, then the flag.
+    (params > 0).then_some((10 + params.div_ceil(8), params))
+}
+
+impl Session<'_> {
+    /// Remembers the parameter types an execute sends, and adds them to an execute that does
+    /// not send them when the statement was re-prepared on a new connection since. `payload` is
+    /// the whole execute command (its first packet), before statement ids are mapped.
+    pub(super) fn execute_types(&mut self, h: sluice_proto::packet::Header) -> Result<()> {
+        use sluice_proto::packet::HEADER;
+        let end = HEADER + h.len;
+        let Some(payload) = self.client.rbuf.get(HEADER..end) else { return Ok(()) };
+        let Some((flag_at, params)) = execute_layout(payload, &self.state) else { return Ok(()) };
+        let id = u32::from_le_bytes([payload[1], payload[2], payload[3], payload[4]]);
+        let Some(p) = self.state.prepared.get_mut(&id) else { return Ok(()) };
+        let types = flag_at + 1..flag_at + 1 + 2 * params;
+        match payload.get(flag_at) {
+            Some(1) if payload.len() >= types.end => {
+                p.param_types.clear();
+                p.param_types.extend_from_slice(&payload[types]);
+                p.types_unsent = false;
+            }
+            Some(0) if p.types_unsent && p.param_types.len() == 2 * params => {
+                // The client bound its types on the old connection: send them to the new one.
+                let mut fixed = Vec::with_capacity(h.len + 2 * params + HEADER);
+                let mut body = Vec::with_capacity(h.len + 2 * params);
+                body.extend_from_slice(&payload[..flag_at]);
+                body.push(1);
+                body.extend_from_slice(&p.param_types);
+                body.extend_from_slice(&payload[flag_at + 1..]);
+                if body.len() >= sluice_proto::consts::MAX_PAYLOAD {
+                    return Err(Error::proxy(code::UNKNOWN_ERROR, "an execute too large to re-send its parameter types after a move"));
+                }
+                frame(&mut fixed, &body, 0);
+                let rest = self.client.rbuf.split_off(end);
+                self.client.rbuf.clear();
+                self.client.rbuf.extend_from_slice(&fixed);
+                self.client.rbuf.unsplit(rest);
+                p.types_unsent = false;
+            }
+            _ => {}
+        }
+        Ok(())
     }
 }
 

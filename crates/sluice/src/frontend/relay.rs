@@ -230,6 +230,9 @@ impl<'a> Session<'a> {
             com::STMT_CLOSE | com::STMT_SEND_LONG_DATA => Expect::Nothing,
             _ => Expect::Results,
         };
+        if cmd == com::STMT_EXECUTE && self.credential.is_some() && h.len < INSPECT_LIMIT {
+            self.execute_types(h)?;
+        }
         let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         if let (true, Some(id)) = (self.state.stmt_ids_mapped, stmt_id)
             && matches!(cmd, com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_CLOSE | com::STMT_RESET | com::STMT_SEND_LONG_DATA)
