@@ -30,6 +30,67 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// Whether [`Stream::readable`] can wait for data without a read buffer (plain sockets; a
+    /// TLS stream may hold decrypted bytes that no socket readiness announces).
+    pub fn can_wait_unbuffered(&self) -> bool {
+        !self.is_tls()
+    }
+
+    /// Waits until the socket has data or an end (plain sockets only; TLS never returns).
+    pub async fn readable(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.readable().await,
+            Stream::Unix(s) => s.readable().await,
+            Stream::Tls(_) => std::future::pending().await,
+        }
+    }
+}
+
+/// Read buffers of idle sessions. A session between commands gives its (empty) read buffers
+/// back and waits for socket readiness without them, so that thousands of idle connections
+/// hold no buffers; the next command takes them again from this per-thread pool, so a busy
+/// session does not allocate per command.
+pub mod buffers {
+    use std::cell::RefCell;
+
+    use bytes::BytesMut;
+
+    use super::BUF_SIZE;
+
+    /// Buffers kept per thread (the rest are freed).
+    const KEEP: usize = 64;
+
+    thread_local! {
+        static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// Takes `b`'s buffer into the pool, leaving it empty with no capacity.
+    pub fn park(b: &mut BytesMut) {
+        if b.capacity() == 0 {
+            return;
+        }
+        let buf = std::mem::take(b);
+        if buf.capacity() <= 4 * BUF_SIZE {
+            FREE.with(|f| {
+                let mut f = f.borrow_mut();
+                if f.len() < KEEP {
+                    f.push(buf);
+                }
+            });
+        }
+    }
+
+    /// Gives `b` a buffer again if it was parked.
+    pub fn unpark(b: &mut BytesMut) {
+        if b.capacity() == 0 {
+            *b = FREE.with(|f| f.borrow_mut().pop()).unwrap_or_default();
+            b.clear();
+            b.reserve(BUF_SIZE);
+        }
+    }
+}
+
 macro_rules! delegate {
     ($self:ident, $s:ident => $e:expr) => {
         match $self.get_mut() {

@@ -324,9 +324,13 @@ async fn session_state_is_visible_in_the_admin_api() {
     c.query_drop("BEGIN").await.unwrap();
     let _stmt = c.prep("SELECT ? + 1").await.unwrap();
     let id = c.id();
-    let (_, body) = admin_get(s, "/sessions", None);
-    let v = json(&body);
-    let me = v.as_array().unwrap().iter().find(|x| x["id"] == id).expect("session listed").clone();
+    // The state is published right after the response is written: poll for it.
+    let me_now = || {
+        let v = json(&admin_get(s, "/sessions", None).1);
+        v.as_array().unwrap().iter().find(|x| x["id"] == id).expect("session listed").clone()
+    };
+    wait_for("the prepared statement is published", || me_now()["state"]["prepared"].as_object().is_some_and(|p| p.len() == 1));
+    let me = me_now();
     assert_eq!(me["state"]["user"], "app");
     assert_eq!(me["state"]["schema"], "relay_state");
     assert_eq!(me["state"]["variables"]["time_zone"], "+02:00");
@@ -335,10 +339,7 @@ async fn session_state_is_visible_in_the_admin_api() {
     assert!(pins.contains(&"transaction"), "{pins:?}");
     assert_eq!(me["safe_point"], false);
     c.query_drop("COMMIT").await.unwrap();
-    let (_, body) = admin_get(s, "/sessions", None);
-    let v = json(&body);
-    let me = v.as_array().unwrap().iter().find(|x| x["id"] == id).unwrap().clone();
-    assert_eq!(me["safe_point"], true);
+    wait_for("the session is at a safe point after COMMIT", || me_now()["safe_point"] == true);
 }
 
 /// A query over the compressed protocol (zlib or zstd) with a result larger than one frame.

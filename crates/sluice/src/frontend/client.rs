@@ -39,6 +39,12 @@ impl ClientConn {
         }
     }
 
+    /// Whether the connection can wait for a command without its read buffer (no TLS, no
+    /// compression: those hold bytes of their own).
+    pub fn can_wait_unbuffered(&self) -> bool {
+        self.comp.is_none() && self.stream.can_wait_unbuffered()
+    }
+
     /// Reads more plain bytes into `rbuf`. Returns 0 at end of stream.
     pub async fn fill(&mut self) -> io::Result<usize> {
         if self.rbuf.capacity() - self.rbuf.len() < 1024 {

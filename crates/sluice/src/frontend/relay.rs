@@ -17,7 +17,7 @@ use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
 use crate::ctx::Ctx;
 use crate::error::{Error, Result, Side};
-use crate::net::{BUF_SIZE, PacketConn, within};
+use crate::net::{BUF_SIZE, PacketConn, buffers, within};
 use crate::session::{SessionHandle, SessionState, StateSink};
 
 /// Commands up to this size are read whole before being forwarded; larger ones are streamed.
@@ -112,6 +112,8 @@ impl<'a> Session<'a> {
     async fn wait_command(&mut self) -> Result<Option<Header>> {
         let idle = self.ctx.config.proxy.idle_timeout;
         let idle_deadline = (!idle.is_zero()).then(|| tokio::time::Instant::now() + idle);
+        // Whether to wait without read buffers (until the first readiness).
+        let mut may_park = self.client.can_wait_unbuffered() && self.backend.stream.can_wait_unbuffered();
         loop {
             if let Some(h) = Header::parse(&self.client.rbuf) {
                 let want = HEADER + h.len.min(INSPECT_LIMIT);
@@ -126,23 +128,36 @@ impl<'a> Session<'a> {
             if self.ctx.is_draining() && !self.state.in_transaction() && self.client.rbuf.is_empty() {
                 return Ok(None);
             }
+            let park = may_park && self.client.rbuf.is_empty() && self.backend.rbuf.is_empty();
+            if park {
+                buffers::park(&mut self.client.rbuf);
+                buffers::park(&mut self.backend.rbuf);
+            } else {
+                buffers::unpark(&mut self.client.rbuf);
+                buffers::unpark(&mut self.backend.rbuf);
+                if self.backend.rbuf.capacity() - self.backend.rbuf.len() < 1024 {
+                    self.backend.rbuf.reserve(BUF_SIZE);
+                }
+            }
             let may_move = self.may_move();
             let Session { client, backend, handle, .. } = self;
-            if backend.rbuf.capacity() - backend.rbuf.len() < 1024 {
-                backend.rbuf.reserve(BUF_SIZE);
-            }
             tokio::select! {
                 biased;
                 // The backend first: when it left and a command arrived at once, the session
                 // must know before forwarding the command.
-                r = backend.stream.read_buf(&mut backend.rbuf), if self.lost.is_none() => {
+                r = backend_event(backend, park), if self.lost.is_none() => {
+                    if park {
+                        // Readiness only: read it with buffers on the next turn.
+                        may_park = false;
+                        continue;
+                    }
                     // The backend spoke or left unasked (wait_timeout, a kill, a shutdown).
                     let (reason, code) = match r {
                         Ok(n) if n > 0 => lost_reason(&backend.rbuf),
                         _ => ("the backend closed the connection".to_string(), None),
                     };
-                    // A connection killed on purpose is not revived.
                     let killed = handle.killed.load(Ordering::Relaxed) || handle.kill_pending.load(Ordering::Relaxed);
+                    // A connection killed on purpose is not revived.
                     if may_move && !killed && code != Some(code::CONNECTION_KILLED) {
                         tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, "backend connection lost while idle; the session moves at its next command");
                         self.backend.rbuf.clear();
@@ -158,7 +173,8 @@ impl<'a> Session<'a> {
                     }
                     return Ok(None);
                 }
-                r = client.fill() => match r {
+                r = client_event(client, park) => match r {
+                    _ if park => may_park = false,
                     Ok(0) => return Ok(None),
                     Ok(_) => {}
                     Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
@@ -230,7 +246,12 @@ impl<'a> Session<'a> {
             com::STMT_CLOSE | com::STMT_SEND_LONG_DATA => Expect::Nothing,
             _ => Expect::Results,
         };
-        if cmd == com::STMT_EXECUTE && self.credential.is_some() && h.len < INSPECT_LIMIT {
+        // (With MySQL's query attributes the execute layout differs; those sessions are not helped.)
+        if cmd == com::STMT_EXECUTE
+            && self.credential.is_some()
+            && h.len < INSPECT_LIMIT
+            && self.backend_caps & sluice_proto::consts::cap::QUERY_ATTRIBUTES == 0
+        {
             self.execute_types(h)?;
         }
         let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
@@ -460,6 +481,20 @@ fn lost_reason(buf: &[u8]) -> (String, Option<u16>) {
         Ok(e) => (format!("{} {}", e.code, String::from_utf8_lossy(e.message)), Some(e.code)),
         Err(_) => ("the backend sent data while the session was idle".into(), None),
     }
+}
+
+/// The backend connection has data or an end: readiness alone when parked, else what was read.
+async fn backend_event(backend: &mut PacketConn, parked: bool) -> std::io::Result<usize> {
+    if parked {
+        backend.stream.readable().await.map(|_| 1)
+    } else {
+        backend.stream.read_buf(&mut backend.rbuf).await
+    }
+}
+
+/// The client sent something: readiness alone when parked, else the bytes read.
+async fn client_event(client: &mut ClientConn, parked: bool) -> std::io::Result<usize> {
+    if parked { client.stream.readable().await.map(|_| 1) } else { client.fill().await }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
