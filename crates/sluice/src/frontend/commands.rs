@@ -21,24 +21,25 @@ use crate::session::StateSink;
 const SWITCH_PLUGIN: &[u8] = b"sluice_passthrough";
 
 impl Session<'_> {
-    /// KILL [QUERY] <sluice id> and COM_PROCESS_KILL: translated to the target's backend thread.
-    /// Returns None when the command is not a KILL of a connection id.
-    pub(super) async fn intercept_kill(&mut self, cmd: u8, body_end: usize) -> Result<Option<Flow>> {
+    /// Recognises KILL [QUERY] <sluice id> and COM_PROCESS_KILL (None: not a KILL of a
+    /// connection id). A plain check, so that the common case awaits nothing.
+    pub(super) fn kill_in(&self, cmd: u8, body_end: usize) -> Option<Kill> {
         let payload = &self.client.rbuf[HEADER + 1..body_end];
-        let kill = if cmd == com::PROCESS_KILL {
-            let Some(b) = payload.get(..4) else { return Ok(None) };
-            Kill { query_only: false, id: u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64, hard: None }
+        if cmd == com::PROCESS_KILL {
+            let b = payload.get(..4)?;
+            Some(Kill { query_only: false, id: u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64, hard: None })
         } else {
-            match sql::starts_with_keyword(payload, "KILL").then(|| sql::parse_kill(payload)).flatten() {
-                Some(k) => k,
-                None => return Ok(None),
-            }
-        };
+            sql::starts_with_keyword(payload, "KILL").then(|| sql::parse_kill(payload)).flatten()
+        }
+    }
+
+    /// Runs a KILL: translated to the target's backend thread.
+    pub(super) async fn kill(&mut self, kill: Kill) -> Result<Flow> {
         self.skip_request().await?;
         let target = u32::try_from(kill.id).ok().and_then(|id| self.ctx.sessions.get(id));
         let Some(target) = target else {
             self.client_error(1, code::NO_SUCH_THREAD, b"HY000", &format!("Unknown thread id: {}", kill.id)).await;
-            return Ok(Some(Flow::Continue));
+            return Ok(Flow::Continue);
         };
         let tid = target.backend_thread_id.load(Ordering::Relaxed);
         let tb = target.backend_index.load(Ordering::Relaxed) as usize;
@@ -64,7 +65,7 @@ impl Session<'_> {
             target.kill();
         }
         target.kill_pending.store(false, Ordering::Relaxed);
-        Ok(Some(Flow::Continue))
+        Ok(Flow::Continue)
     }
 
     /// Runs a KILL on another backend over a fresh connection with this session's credentials

@@ -61,7 +61,8 @@ pub async fn serve(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Li
     ctx.sessions.insert(handle.clone());
     let _registered = Registered(ctx, id);
     let tls = stream.is_tls();
-    let login = tokio::time::timeout(ctx.config.proxy.handshake_timeout, login::login(ctx, stream, &handle, &listener)).await;
+    // Boxed: the login's state is freed once it is done, not kept in the session's task.
+    let login = tokio::time::timeout(ctx.config.proxy.handshake_timeout, Box::pin(login::login(ctx, stream, &handle, &listener))).await;
     let logged_in = match login {
         Err(_) => {
             ctx.metrics.reject(Reject::HandshakeTimeout);

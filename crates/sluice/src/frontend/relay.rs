@@ -210,7 +210,7 @@ impl<'a> Session<'a> {
         if cmd != com::QUIT
             && let Some(reason) = self.lost.take()
         {
-            self.move_or_fail(&reason).await?;
+            Box::pin(self.move_or_fail(&reason)).await?;
         }
         let expect = match cmd {
             com::QUIT => {
@@ -226,8 +226,9 @@ impl<'a> Session<'a> {
                 return Ok(Flow::Continue);
             }
             com::PROCESS_KILL | com::QUERY => {
-                if let Some(flow) = self.intercept_kill(cmd, body_end).await? {
-                    return Ok(flow);
+                if let Some(kill) = self.kill_in(cmd, body_end) {
+                    // Rare paths are boxed: their state stays out of every idle session's task.
+                    return Box::pin(self.kill(kill)).await;
                 }
                 if self.credential.is_some() && cmd == com::QUERY {
                     let found = sluice_proto::sql::hazards(&self.client.rbuf[HEADER + 1..body_end]);
@@ -238,7 +239,7 @@ impl<'a> Session<'a> {
                 }
                 Expect::Results
             }
-            com::CHANGE_USER => return self.change_user(h).await,
+            com::CHANGE_USER => return Box::pin(self.change_user(h)).await,
             com::STMT_PREPARE => Expect::Prepare,
             com::STMT_FETCH => Expect::Rows,
             com::FIELD_LIST => Expect::FieldList,
