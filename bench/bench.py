@@ -261,8 +261,11 @@ def main():
     subprocess.run([str(ROOT / "scripts/setup.sh"), "sysbench", "haproxy"], check=True)
     report.ensure_matplotlib()
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "sluice", "-p", "sluice-testkit"], cwd=ROOT, check=True)
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
+    # A fresh work directory, except bench/work/soak: a `make soak` may be running.
+    WORK.mkdir(parents=True, exist_ok=True)
+    for p in WORK.iterdir():
+        if p.name != "soak":
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
     env = Env(args)
     try:
         env.start_backend()
