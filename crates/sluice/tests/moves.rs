@@ -6,6 +6,7 @@ mod common;
 
 use common::*;
 use mysql_async::prelude::*;
+use sluice_testkit::raw::Raw;
 
 fn users_config(dbs: &[&MariaDb]) -> String {
     format!(
@@ -177,4 +178,56 @@ async fn a_killed_session_stays_dead_and_a_restarted_backend_takes_its_sessions_
     let db: Option<String> = idle.query_first("SELECT DATABASE()").await.unwrap();
     assert_eq!(db.as_deref(), Some("moves"));
     assert_eq!(metric(&s, "sluice_session_moves_total{result=\"moved\"}"), 2);
+}
+
+/// The port a raw session is on (the text row of `SELECT @@port`).
+fn raw_port(r: &mut Raw) -> u16 {
+    let packets = r.query("SELECT @@port");
+    let row = packets.iter().find(|p| p.len() > 1 && p[0] as usize == p.len() - 1 && p[1..].iter().all(u8::is_ascii_digit)).expect("port row");
+    std::str::from_utf8(&row[1..]).unwrap().parse().unwrap()
+}
+
+/// COM_STMT_EXECUTE of `SELECT ? + 1` with one BIGINT; the types only when `bind` is set, as
+/// libmariadb does (it sends them with the first execute only).
+fn execute(r: &mut Raw, id: &[u8], bind: bool, v: i64) -> Vec<Vec<u8>> {
+    let mut p = vec![sluice_proto::consts::com::STMT_EXECUTE];
+    p.extend_from_slice(id);
+    p.extend_from_slice(&[0, 1, 0, 0, 0, 0]);
+    if bind {
+        p.extend_from_slice(&[1, 8, 0]);
+    } else {
+        p.push(0);
+    }
+    p.extend_from_slice(&v.to_le_bytes());
+    r.command(&p)
+}
+
+#[test]
+fn a_moved_statement_gets_the_parameter_types_the_client_sent_once() {
+    let mut a = MariaDb::start();
+    let b = MariaDb::start();
+    let s = start_sluice_config(&users_config(&[&a, &b]));
+    let mut r = loop {
+        let mut r = Raw::login(&s.listen, "app", "apppw", None);
+        if raw_port(&mut r) == a.port {
+            break r;
+        }
+    };
+    let mut prep = vec![sluice_proto::consts::com::STMT_PREPARE];
+    prep.extend_from_slice(b"SELECT ? + 1");
+    let ok = r.command(&prep);
+    let id = ok[0][1..5].to_vec();
+    let last_i64 = |packets: &[Vec<u8>]| {
+        let row = packets.iter().find(|p| p.len() == 10 && p[0] == 0).expect("binary row");
+        i64::from_le_bytes(row[2..10].try_into().unwrap())
+    };
+    assert_eq!(last_i64(&execute(&mut r, &id, true, 41)), 42);
+    assert_eq!(last_i64(&execute(&mut r, &id, false, 1)), 2);
+    a.kill();
+    wait_for("sluice sees the lost connection", || s.log_text().contains("the session moves at its next command"));
+    // The client does not send the types again; the new backend connection needs them.
+    let after = execute(&mut r, &id, false, 99);
+    assert!(after.iter().all(|p| err_code(p).is_none()), "execute after the move: {after:?}");
+    assert_eq!(last_i64(&after), 100);
+    assert_eq!(raw_port(&mut r), b.port);
 }

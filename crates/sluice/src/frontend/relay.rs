@@ -257,7 +257,10 @@ impl<'a> Session<'a> {
         }
         let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         if let (true, Some(id)) = (self.state.stmt_ids_mapped, stmt_id)
-            && matches!(cmd, com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_CLOSE | com::STMT_RESET | com::STMT_SEND_LONG_DATA)
+            && matches!(
+                cmd,
+                com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_CLOSE | com::STMT_RESET | com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE
+            )
         {
             let backend_id = self.state.backend_stmt_id(id);
             self.client.rbuf[HEADER + 1..HEADER + 5].copy_from_slice(&backend_id.to_le_bytes());
