@@ -276,12 +276,16 @@ def sluice_log_summary(path, limit=12):
     return [f"| {n} | {msg} |" for msg, n in counts.most_common(limit)]
 
 
+def built_commit():
+    """The commit the release binary was just built from, and how many files under crates/ differed."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    return git("describe", "--always", "--dirty"), len(git("status", "--porcelain", "--", "crates", "Cargo.lock").splitlines())
+
+
 def write_report(soak, out, argv):
     a, t, d = soak.args, soak.totals, soak.drain
     v = verdict(soak.samples, min(60, a.duration // 2))
-    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    commit = git("describe", "--always", "--dirty")
-    dirty = len(git("status", "--porcelain", "--", "crates", "Cargo.lock").splitlines())
+    commit, dirty = soak.commit
     (out / "samples.json").write_text(json.dumps({"args": vars(a), "restarts": soak.restarts, "totals": t, "drain": d,
                                                   "verdict": v, "samples": soak.samples, "sysbench_intervals": soak.intervals}, indent=1))
     L = ["# sluice soak", "", f"`{argv}`", "",
@@ -382,6 +386,7 @@ def main():
     subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(WORK / "reconnect-shim.so"), str(RECONNECT_SHIM),
                     "-ldl"], check=True)
     soak = Soak(args)
+    soak.commit = built_commit()
     try:
         soak.start_backends()
         soak.start_sluice()
