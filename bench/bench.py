@@ -276,6 +276,7 @@ def main():
             env.start_sluice("sluice-multi", env.backend_port, args.workers, "multi")
         if "scaling" in args.suites:
             env.start_sluice("sluice-1w", env.backend_port, 1)
+            env.start_sluice("sluice-2w", env.backend_port, 2)
             env.start_responder()
             env.start_haproxy("haproxy-resp", env.responder_port)
             env.start_sluice("sluice-1w-resp", env.responder_port, 1)

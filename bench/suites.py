@@ -59,7 +59,7 @@ def cells(env, args):
         for threads in args.threads:
             out.append(Cell("scaling", f"responder/{threads}", "oltp_point_select", threads,
                             ["haproxy-resp", "sluice-1w-resp", "sluice-2w-resp"], ps=False))
-            out.append(Cell("scaling", f"mariadb/{threads}", "oltp_point_select", threads, ["sluice-1w", "sluice"]))
+            out.append(Cell("scaling", f"mariadb/{threads}", "oltp_point_select", threads, ["sluice-1w", "sluice-2w"]))
     return out
 
 
