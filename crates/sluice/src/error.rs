@@ -85,6 +85,19 @@ impl Error {
         }
     }
 
+    /// A backend's ERR packet (`payload`) as an error carrying its code and SQL state.
+    pub fn from_backend_err(payload: &[u8]) -> Error {
+        match sluice_proto::basic::Err::parse(payload) {
+            Ok(e) => {
+                let mut err = Error::backend(String::from_utf8_lossy(e.message).into_owned());
+                err.code = e.code;
+                err.sql_state = e.sql_state;
+                err
+            }
+            Err(e) => Error::malformed(Side::Backend, e),
+        }
+    }
+
     pub fn malformed(side: Side, e: sluice_proto::Malformed) -> Error {
         match side {
             Side::Backend => Error::backend(format!("backend sent a {e}")),

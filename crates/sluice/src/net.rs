@@ -28,9 +28,7 @@ impl Stream {
             Stream::Tls(t) => t.get_ref().0.is_unix(),
         }
     }
-}
 
-impl Stream {
     /// Whether [`Stream::readable`] can wait for data without a read buffer (plain sockets; a
     /// TLS stream may hold decrypted bytes that no socket readiness announces).
     pub fn can_wait_unbuffered(&self) -> bool {
@@ -138,7 +136,6 @@ impl AsyncWrite for Stream {
     }
 }
 
-/// Initial read buffer size of a connection.
 /// Runs an I/O future with a time limit (none when `limit` is zero); running out is an error
 /// of kind `TimedOut`.
 pub async fn within<T>(limit: std::time::Duration, io: impl std::future::Future<Output = io::Result<T>>) -> io::Result<T> {
@@ -151,6 +148,7 @@ pub async fn within<T>(limit: std::time::Duration, io: impl std::future::Future<
     }
 }
 
+/// Initial read buffer size of a connection.
 pub const BUF_SIZE: usize = 16 * 1024;
 
 /// A stream with a read buffer, for reading whole packets during the connection phase.

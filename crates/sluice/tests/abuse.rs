@@ -26,17 +26,8 @@ fn rss_kb(s: &SluiceProc) -> u64 {
         .unwrap_or(0)
 }
 
-fn fd_count(s: &SluiceProc) -> usize {
-    std::fs::read_dir(format!("/proc/{}/fd", s.pid())).map(|d| d.count()).unwrap_or(0)
-}
-
 fn sessions(s: &SluiceProc) -> usize {
     json(&admin_get(s, "/sessions", None).1).as_array().map_or(0, |a| a.len())
-}
-
-fn metric(s: &SluiceProc, series: &str) -> u64 {
-    let (_, body) = admin_get(s, "/metrics", None);
-    body.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok())).unwrap_or(0)
 }
 
 fn config(backend: &str, extra: &str) -> String {
@@ -62,24 +53,17 @@ fn baseline(s: &SluiceProc) -> Baseline {
 fn assert_back_to(s: &SluiceProc, b: &Baseline, what: &str) {
     wait_for(&format!("{what}: sessions gone"), || sessions(s) == 0);
     // (The baseline may include the admin API connection that was closing when it was taken.)
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while fd_count(s) > b.fds {
-        if std::time::Instant::now() > deadline {
-            let fds: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", s.pid()))
-                .unwrap()
-                .flatten()
-                .filter_map(|e| std::fs::read_link(e.path()).ok().map(|l| l.display().to_string()))
-                .collect();
-            panic!("{what}: {} descriptors, baseline {}: {fds:?}", fds.len(), b.fds);
-        }
-        std::thread::sleep(Duration::from_millis(25));
+    if !try_wait_for(|| fd_count(s) <= b.fds) {
+        let fds: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", s.pid()))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok().map(|l| l.display().to_string()))
+            .collect();
+        panic!("{what}: {} descriptors, baseline {}: {fds:?}", fds.len(), b.fds);
     }
     wait_for(&format!("{what}: no backend sessions"), || backend_sessions_zero(s));
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while rss_kb(s) > b.rss_kb + RSS_SLACK_KB {
-        assert!(std::time::Instant::now() < deadline, "{what}: RSS {} KB, baseline {} KB", rss_kb(s), b.rss_kb);
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let rss_back = try_wait_for(|| rss_kb(s) <= b.rss_kb + RSS_SLACK_KB);
+    assert!(rss_back, "{what}: RSS {} KB, baseline {} KB", rss_kb(s), b.rss_kb);
     eprintln!("{what}: RSS back to {} KB (baseline {} KB)", rss_kb(s), b.rss_kb);
     assert!(ping(s), "{what}: sluice still serves");
 }

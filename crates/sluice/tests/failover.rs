@@ -104,7 +104,8 @@ async fn one_failure(s: &SluiceProc, a: &mut MariaDb, b: &MariaDb, load: &mut sy
     a.restart();
     wait_for("the backend rejoins", || backend_up(s, &a.addr()));
     let mut c = app(s).await;
-    assert_eq!(port_of(&mut c).await.unwrap(), a.port, "least-connections sends the next session to the returning backend");
+    let port = port_of(&mut c).await.unwrap();
+    assert_eq!(port, a.port, "least-connections sends the next session to the returning backend: {}", admin_get(s, "/backends", None).1);
     assert!(load.running(), "sysbench was running throughout");
     (carried, on_a)
 }
@@ -132,8 +133,7 @@ async fn failover(mode: Mode) {
         Mode::Users => assert_eq!((killed.0, stopped.0), (killed.1, stopped.1), "every idle users-mode session moved"),
         Mode::Passthrough => assert_eq!((killed.0, stopped.0), (0, 0), "idle passthrough sessions get an error"),
     }
-    let (_, m) = admin_get(&s, "/metrics", None);
-    let moved = m.lines().find_map(|l| l.strip_prefix("sluice_session_moves_total{result=\"moved\"} ")).unwrap_or("0").trim().to_string();
+    let moved = metric(&s, "sluice_session_moves_total{result=\"moved\"} ");
     eprintln!("failover[{mode:?}]: sluice_session_moves_total moved={moved}");
 }
 

@@ -42,10 +42,6 @@ async fn rig() -> Rig {
     Rig { shim, s, other, fds }
 }
 
-fn fd_count(s: &SluiceProc) -> usize {
-    std::fs::read_dir(format!("/proc/{}/fd", s.pid())).map(|d| d.count()).unwrap_or(0)
-}
-
 impl Rig {
     /// After a fault: the other session still works, and sluice holds no more sessions,
     /// backend connections or descriptors than before. (The shim's own count is not used: a

@@ -25,11 +25,13 @@ fn same_schema(dbs: &[&MariaDb]) {
     }
 }
 
-fn metric(s: &SluiceProc, series: &str) -> u64 {
-    let (_, body) = admin_get(s, "/metrics", None);
-    body.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0)
+/// Two servers with the same schema and a users-mode sluice in front of both.
+fn two_backends() -> (MariaDb, MariaDb, SluiceProc) {
+    let a = MariaDb::start();
+    let b = MariaDb::start();
+    same_schema(&[&a, &b]);
+    let s = start_sluice_config(&users_config(&[&a, &b]));
+    (a, b, s)
 }
 
 async fn port_of(c: &mut mysql_async::Conn) -> u16 {
@@ -38,10 +40,7 @@ async fn port_of(c: &mut mysql_async::Conn) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_users_mode_sessions_move_to_the_survivor_with_their_state() {
-    let mut a = MariaDb::start();
-    let b = MariaDb::start();
-    same_schema(&[&a, &b]);
-    let s = start_sluice_config(&users_config(&[&a, &b]));
+    let (mut a, b, s) = two_backends();
 
     // Sessions on both backends; the ones on `a` will lose it.
     let mut on_a = Vec::new();
@@ -117,10 +116,7 @@ async fn idle_users_mode_sessions_move_to_the_survivor_with_their_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_with_untracked_state_do_not_move() {
-    let mut a = MariaDb::start();
-    let b = MariaDb::start();
-    same_schema(&[&a, &b]);
-    let s = start_sluice_config(&users_config(&[&a, &b]));
+    let (mut a, b, s) = two_backends();
     let mut on_a = Vec::new();
     while on_a.len() < 4 {
         let mut c = app(&s).await;
@@ -204,9 +200,7 @@ fn execute(r: &mut Raw, id: &[u8], bind: bool, v: i64) -> Vec<Vec<u8>> {
 
 #[test]
 fn a_moved_statement_gets_the_parameter_types_the_client_sent_once() {
-    let mut a = MariaDb::start();
-    let b = MariaDb::start();
-    let s = start_sluice_config(&users_config(&[&a, &b]));
+    let (mut a, b, s) = two_backends();
     let mut r = loop {
         let mut r = Raw::login(&s.listen, "app", "apppw", None);
         if raw_port(&mut r) == a.port {

@@ -146,13 +146,7 @@ pub async fn answer_auth(b: &Backend, conn: &mut PacketConn, cred: &Credential) 
         let seq = s.wrapping_add(1);
         match p.first() {
             Some(0x00) => return Ok(p),
-            Some(0xff) => {
-                let e = sluice_proto::basic::Err::parse(&p).map_err(|e| Error::malformed(Side::Backend, e))?;
-                let mut err = Error::backend(String::from_utf8_lossy(e.message).into_owned());
-                err.code = e.code;
-                err.sql_state = e.sql_state;
-                return Err(err);
-            }
+            Some(0xff) => return Err(Error::from_backend_err(&p)),
             Some(0xfe) => {
                 let sw = AuthSwitch::parse(&p).map_err(|e| Error::malformed(Side::Backend, e))?;
                 let reply = cred.reply(sw.plugin, sw.data, tls)?;

@@ -33,18 +33,9 @@ pub(super) async fn set_up_query(conn: &mut PacketConn, sql: &[u8]) -> Result<()
     p.extend_from_slice(sql);
     conn.write_packet(&p, 0).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
     let (_, r) = conn.read_packet(1 << 20).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
-    check_ok(&r)
-}
-
-fn check_ok(p: &[u8]) -> Result<()> {
-    match p.first() {
+    match r.first() {
         Some(0x00) => Ok(()),
-        Some(0xff) => {
-            let e = sluice_proto::basic::Err::parse(p).map_err(|e| Error::malformed(Side::Backend, e))?;
-            let mut err = Error::backend(String::from_utf8_lossy(e.message).into_owned());
-            err.code = e.code;
-            Err(err)
-        }
+        Some(0xff) => Err(Error::from_backend_err(&r)),
         _ => Err(Error::backend("unexpected answer to a set-up statement")),
     }
 }
@@ -92,7 +83,9 @@ impl Session<'_> {
                 }
                 Err(r) => return Err(r.error),
             };
-            let profile = self.profile.as_ref().expect("can_move checked the profile");
+            let (Some(profile), Some(credential)) = (self.profile.as_ref(), self.credential.as_ref()) else {
+                return Err(Error::proxy(code::UNKNOWN_ERROR, "sluice holds no credentials for this session"));
+            };
             let tls = o.backend.tls.is_some();
             let mut bhr = backend_response(profile, &o.greeting, self.client_caps(), tls);
             bhr.database = self.state.schema.as_ref().map(|s| s.as_bytes().to_vec());
@@ -102,7 +95,6 @@ impl Session<'_> {
                 tried.push((o.backend.index, Error::connect("its capabilities differ from the lost backend's")));
                 continue;
             }
-            let credential = self.credential.as_ref().expect("can_move checked the credential");
             let mut conn = match bconn::login(&o.backend, o.conn, &o.greeting, bhr, credential).await {
                 Ok(c) => c,
                 Err(e) if e.retry == crate::error::Retry::Safe => {
@@ -180,15 +172,6 @@ impl Session<'_> {
     }
 }
 
-/// COM_STMT_EXECUTE: where the parameter types are. Returns (offset of the new-params-bound
-/// flag in the payload, parameter count) for a statement with parameters.
-fn execute_layout(payload: &[u8], state: &crate::session::SessionState) -> Option<(usize, usize)> {
-    let id = u32::from_le_bytes(payload.get(1..5)?.try_into().ok()?);
-    let params = state.prepared.get(&id)?.params as usize;
-    // command, statement id, flags, iteration count, NULL bitmap, then the flag.
-    (params > 0).then_some((10 + params.div_ceil(8), params))
-}
-
 impl Session<'_> {
     /// Remembers the parameter types an execute sends, and adds them to an execute that does
     /// not send them when the statement was re-prepared on a new connection since. `payload` is
@@ -197,9 +180,11 @@ impl Session<'_> {
         use sluice_proto::packet::HEADER;
         let end = HEADER + h.len;
         let Some(payload) = self.client.rbuf.get(HEADER..end) else { return Ok(()) };
-        let Some((flag_at, params)) = execute_layout(payload, &self.state) else { return Ok(()) };
-        let id = u32::from_le_bytes([payload[1], payload[2], payload[3], payload[4]]);
-        let Some(p) = self.state.prepared.get_mut(&id) else { return Ok(()) };
+        let Some(id) = payload.get(1..5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])) else { return Ok(()) };
+        let Some(p) = self.state.prepared.get_mut(&id).filter(|p| p.params > 0) else { return Ok(()) };
+        let params = p.params as usize;
+        // Command, statement id, flags, iteration count, NULL bitmap, then the flag.
+        let flag_at = 10 + params.div_ceil(8);
         let types = flag_at + 1..flag_at + 1 + 2 * params;
         match payload.get(flag_at) {
             Some(1) if payload.len() >= types.end => {
@@ -286,9 +271,10 @@ fn set_value(out: &mut Vec<u8>, value: &str) {
     } else if value.is_empty() {
         out.extend_from_slice(b"''");
     } else {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         out.extend_from_slice(b"_utf8mb4 X'");
         for b in value.bytes() {
-            out.extend_from_slice(format!("{b:02x}").as_bytes());
+            out.extend_from_slice(&[HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
         }
         out.push(b'\'');
     }

@@ -139,7 +139,6 @@ impl<'a> Session<'a> {
                     self.backend.rbuf.reserve(BUF_SIZE);
                 }
             }
-            let may_move = self.may_move();
             let Session { client, backend, handle, .. } = self;
             tokio::select! {
                 biased;
@@ -156,9 +155,10 @@ impl<'a> Session<'a> {
                         Ok(n) if n > 0 => lost_reason(&backend.rbuf),
                         _ => ("the backend closed the connection".to_string(), None),
                     };
+                    let handle = self.handle;
                     let killed = handle.killed.load(Ordering::Relaxed) || handle.kill_pending.load(Ordering::Relaxed);
                     // A connection killed on purpose is not revived.
-                    if may_move && !killed && code != Some(code::CONNECTION_KILLED) {
+                    if self.may_move() && !killed && code != Some(code::CONNECTION_KILLED) {
                         tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, "backend connection lost while idle; the session moves at its next command");
                         self.backend.rbuf.clear();
                         self.lost = Some(reason);

@@ -89,12 +89,32 @@ pub fn admin_get(s: &SluiceProc, path: &str, token: Option<&str>) -> (u16, Strin
 
 /// Waits (bounded) until `cond` holds; panics with `what` otherwise. Not a timing assertion:
 /// the bound only keeps a broken build from hanging.
-pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+pub fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    assert!(try_wait_for(cond), "timed out waiting for: {what}");
+}
+
+/// Waits (bounded, as [`wait_for`]) until `cond` holds; false when it never did, so that the
+/// caller can say why.
+pub fn try_wait_for(mut cond: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !cond() {
-        assert!(std::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(std::time::Duration::from_millis(25));
     }
+    true
+}
+
+/// The value of one series of sluice's metrics (`series` includes the labels), 0 if absent.
+pub fn metric(s: &SluiceProc, series: &str) -> u64 {
+    let (_, body) = admin_get(s, "/metrics", None);
+    body.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok())).unwrap_or(0)
+}
+
+/// Open file descriptors of the sluice process.
+pub fn fd_count(s: &SluiceProc) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", s.pid())).map(|d| d.count()).unwrap_or(0)
 }
 
 pub fn json(body: &str) -> serde_json::Value {
