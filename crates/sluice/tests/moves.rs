@@ -13,7 +13,8 @@ fn users_config(dbs: &[&MariaDb]) -> String {
         "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
          [health]\ninterval = \"200ms\"\nrise = 1\nfall = 1\n\
          [proxy]\nbalance = \"round-robin\"\n{}\n\
-         [[users]]\nname = \"app\"\npassword = \"apppw\"\n",
+         [[users]]\nname = \"app\"\npassword = \"apppw\"\n\
+         [[users]]\nname = \"other\"\npassword = \"otherpw\"\n",
         backends_toml(dbs)
     )
 }
@@ -224,4 +225,31 @@ fn a_moved_statement_gets_the_parameter_types_the_client_sent_once() {
     assert!(after.iter().all(|p| err_code(p).is_none()), "execute after the move: {after:?}");
     assert_eq!(last_i64(&after), 100);
     assert_eq!(raw_port(&mut r), b.port);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_set_after_a_reset_or_a_change_of_user_moves_too() {
+    let (mut a, b, s) = two_backends();
+    let mut sessions = Vec::new();
+    while sessions.len() < 2 {
+        let mut c = app(&s).await;
+        if port_of(&mut c).await == a.port {
+            sessions.push(c);
+        }
+    }
+    // COM_RESET_CONNECTION puts the server's variable tracking back to its default.
+    let mut reset = sessions.pop().unwrap();
+    reset.reset().await.unwrap();
+    reset.query_drop("SET SESSION sql_mode = 'ANSI_QUOTES'").await.unwrap();
+    // COM_CHANGE_USER too, and the session is now another user's.
+    let mut changed = sessions.pop().unwrap();
+    changed.change_user(mysql_async::ChangeUserOpts::default().with_user(Some("other".into())).with_pass(Some("otherpw".into()))).await.unwrap();
+    changed.query_drop("SET SESSION sql_mode = 'ANSI_QUOTES'").await.unwrap();
+    a.kill();
+    wait_for("sluice sees both lost connections", || s.log_text().matches("the session moves at its next command").count() == 2);
+    for (c, user) in [(&mut reset, "app@%"), (&mut changed, "other@%")] {
+        let (mode, who): (String, String) = c.query_first("SELECT @@sql_mode, CURRENT_USER()").await.unwrap().unwrap();
+        assert_eq!((mode.as_str(), who.as_str()), ("ANSI_QUOTES", user));
+        assert_eq!(port_of(c).await, b.port);
+    }
 }

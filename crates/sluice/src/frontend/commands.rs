@@ -218,6 +218,11 @@ impl Session<'_> {
                 self.state.reset();
                 self.state.user = name;
                 self.state.schema = (!cu.database.is_empty()).then(|| String::from_utf8_lossy(&cu.database).into_owned());
+                // A later login on the session's behalf is as the new user.
+                if let Some(p) = self.profile.as_mut() {
+                    p.user = cu.user.clone();
+                }
+                self.track_variables().await;
                 self.handle.publish(&self.state);
                 Ok(Flow::Continue)
             }

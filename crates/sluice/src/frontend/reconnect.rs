@@ -46,6 +46,18 @@ impl Session<'_> {
         self.credential.is_some() && self.profile.is_some() && self.state.movable()
     }
 
+    /// Asks the backend connection to report every variable change (after a login, a
+    /// COM_RESET_CONNECTION or a COM_CHANGE_USER, which all start from the server's defaults).
+    /// Only sessions sluice could move need it.
+    pub(super) async fn track_variables(&mut self) {
+        if self.credential.is_none() {
+            return;
+        }
+        if let Err(e) = set_up_query(&mut self.backend, TRACK_ALL).await {
+            tracing::warn!(session = self.handle.id, backend = %self.guard.name, error = %e.message, "cannot track session variables; the session will not move");
+        }
+    }
+
     /// Moves the session after its backend connection was lost; when it cannot move, the client
     /// gets an error for its command and the session ends.
     pub(super) async fn move_or_fail(&mut self, reason: &str) -> Result<()> {

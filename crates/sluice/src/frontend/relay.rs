@@ -287,6 +287,10 @@ impl<'a> Session<'a> {
         if let (Some(db), None) = (init_db, error) {
             self.state.schema = Some(db);
         }
+        if cmd == com::RESET_CONNECTION && error.is_none() {
+            // The reset also put the backend's variable tracking back to its default.
+            Box::pin(self.track_variables()).await;
+        }
         if self.after_command(cmd, error.is_none()) || changed {
             self.handle.publish(&self.state);
         } else {
