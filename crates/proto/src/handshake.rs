@@ -221,6 +221,33 @@ impl HandshakeResponse {
     }
 }
 
+impl HandshakeResponse {
+    /// The COM_CHANGE_USER that makes an already logged-in connection this client's: same user,
+    /// schema, character set and attributes, with `plugin` named and no auth data. `caps` are
+    /// those in force on that connection (attributes are sent only with CONNECT_ATTRS).
+    pub fn change_user(&self, caps: u32, plugin: &[u8]) -> ChangeUser {
+        let attributes = (caps & cap::CONNECT_ATTRS != 0).then(|| {
+            let mut block = Vec::new();
+            for (k, v) in &self.attributes {
+                put_lenenc_bytes(&mut block, k);
+                put_lenenc_bytes(&mut block, v);
+            }
+            let mut out = Vec::with_capacity(block.len() + 9);
+            put_lenenc(&mut out, block.len() as u64);
+            out.extend_from_slice(&block);
+            out
+        });
+        ChangeUser {
+            user: self.user.clone(),
+            auth_response: Vec::new(),
+            database: self.database.clone().unwrap_or_default(),
+            collation: Some(self.collation as u16),
+            auth_plugin: Some(plugin.to_vec()),
+            attributes,
+        }
+    }
+}
+
 /// Writes an SSL request payload.
 pub fn write_ssl_request(out: &mut Vec<u8>, capabilities: u32, mariadb_capabilities: u32, max_packet: u32, collation: u8) {
     out.extend_from_slice(&(capabilities | cap::SSL).to_le_bytes());
@@ -389,6 +416,27 @@ impl ChangeUser {
 #[cfg(test)]
 mod change_user_tests {
     use super::*;
+
+    #[test]
+    fn a_handshake_response_becomes_the_change_user_that_repeats_it() {
+        let hr = HandshakeResponse {
+            capabilities: cap::PROTOCOL_41 | cap::SECURE_CONNECTION | cap::PLUGIN_AUTH | cap::CONNECT_ATTRS | cap::CONNECT_WITH_DB,
+            collation: 45,
+            user: b"app".to_vec(),
+            database: Some(b"shop".to_vec()),
+            attributes: vec![(b"_client_name".to_vec(), b"x".to_vec())],
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        hr.change_user(hr.capabilities, b"p").write(&mut out);
+        let back = ChangeUser::parse(&out, hr.capabilities).unwrap();
+        assert_eq!(back.user, b"app");
+        assert_eq!(back.database, b"shop");
+        assert_eq!(back.collation, Some(45));
+        assert_eq!(back.auth_plugin.as_deref(), Some(&b"p"[..]));
+        assert_eq!(back.attributes.unwrap(), [15, 12, b'_', b'c', b'l', b'i', b'e', b'n', b't', b'_', b'n', b'a', b'm', b'e', 1, b'x']);
+        assert!(back.auth_response.is_empty());
+    }
 
     #[test]
     fn change_user_round_trip() {

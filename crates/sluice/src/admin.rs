@@ -76,6 +76,8 @@ struct BackendView {
     up: bool,
     reason: Option<String>,
     sessions: usize,
+    /// Idle backend connections kept for reuse.
+    pooled: usize,
     checks: u64,
     consecutive_ok: u32,
     consecutive_fail: u32,
@@ -98,6 +100,7 @@ async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
                     up: b.is_up(),
                     reason: h.reason,
                     sessions: b.sessions.load(Ordering::Relaxed),
+                    pooled: b.pooled(),
                     checks: h.checks,
                     consecutive_ok: h.consecutive_ok,
                     consecutive_fail: h.consecutive_fail,

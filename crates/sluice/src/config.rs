@@ -85,6 +85,11 @@ pub struct ProxyConfig {
     /// The auth plugin sluice's greeting names in users mode: "mysql_native_password" or
     /// "caching_sha2_password".
     pub auth_plugin: AuthPlugin,
+    /// Idle backend connections kept for reuse, per backend and worker; 0 disables pooling.
+    pub pool_idle_max: usize,
+    /// A pooled backend connection unused for this long is closed.
+    #[serde(deserialize_with = "duration")]
+    pub pool_idle_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -120,6 +125,8 @@ impl Default for ProxyConfig {
             max_packet_size: 1 << 30,
             shutdown_timeout: Duration::from_secs(30),
             auth_plugin: AuthPlugin::MysqlNativePassword,
+            pool_idle_max: 16,
+            pool_idle_timeout: Duration::from_secs(60),
         }
     }
 }

@@ -40,7 +40,7 @@ impl Ctx {
             .backends
             .iter()
             .enumerate()
-            .map(|(i, b)| Backend::from_config(i, b, metrics.backends[i].clone()))
+            .map(|(i, b)| Backend::from_config(i, b, metrics.backends[i].clone(), &config.proxy))
             .collect::<Result<Vec<_>, _>>()?;
         let tls = match &config.tls {
             Some(t) => Some(crate::tls::server_config(&t.cert, &t.key)?),

@@ -137,6 +137,10 @@ pub struct BackendMetrics {
     pub sessions: Gauge,
     pub connect_errors: Counter,
     pub latency: AtomicHistogram,
+    /// Idle connections in the pool now.
+    pub pool_idle: Gauge,
+    /// Logins served by a pooled connection.
+    pub pool_reused: Counter,
 }
 
 /// Why a connection was refused.
@@ -230,6 +234,10 @@ impl Metrics {
         registry.register("backend_sessions", "Client sessions on the backend now", sessions.clone());
         let connect_errors = Family::<Labels, Counter>::default();
         registry.register("backend_connect_errors", "Failed connection attempts to the backend", connect_errors.clone());
+        let pool_idle = Family::<Labels, Gauge>::default();
+        registry.register("backend_pool_idle", "Idle backend connections kept for reuse", pool_idle.clone());
+        let pool_reused = Family::<Labels, Counter>::default();
+        registry.register("backend_pool_reused", "Logins served by a pooled backend connection", pool_reused.clone());
         let latency = Family::<Labels, AtomicHistogram>::default();
         registry.register(
             "backend_query_duration_seconds",
@@ -245,6 +253,8 @@ impl Metrics {
                     sessions: sessions.get_or_create(&l).clone(),
                     connect_errors: connect_errors.get_or_create(&l).clone(),
                     latency: latency.get_or_create(&l).clone(),
+                    pool_idle: pool_idle.get_or_create(&l).clone(),
+                    pool_reused: pool_reused.get_or_create(&l).clone(),
                 }
             })
             .collect();

@@ -29,6 +29,18 @@ impl Stream {
         }
     }
 
+    /// Whether nothing is waiting to be read and the peer has not closed: a connection that sat
+    /// unused should have nothing to say (a server that closed it sends an error or an end).
+    pub fn is_quiet(&self) -> bool {
+        let mut b = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        let peek = match self {
+            Stream::Tcp(s) => socket2::SockRef::from(s).peek(&mut b),
+            Stream::Unix(s) => socket2::SockRef::from(s).peek(&mut b),
+            Stream::Tls(t) => return t.get_ref().0.is_quiet(),
+        };
+        matches!(peek, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
     /// Whether [`Stream::readable`] can wait for data without a read buffer (plain sockets; a
     /// TLS stream may hold decrypted bytes that no socket readiness announces).
     pub fn can_wait_unbuffered(&self) -> bool {

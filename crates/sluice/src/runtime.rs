@@ -133,6 +133,7 @@ fn spawn_per_core(ctx: &Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, workers: u
             .name(format!("sluice-w{i}"))
             .spawn(move || {
                 crate::metrics::set_thread_shard(i + 1);
+                crate::backend::pool::set_worker(i + 1);
                 let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(rt) => rt,
                     Err(e) => {
@@ -171,7 +172,25 @@ async fn accept_forever(ctx: Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, stop:
     for (b, info) in bound {
         start_accept(ctx.clone(), b, info, stop.clone());
     }
-    std::future::pending::<()>().await
+    sweep_pool(&ctx).await
+}
+
+/// Closes this worker's pooled backend connections that idled out, and all of them when their
+/// backend is down or sluice is draining.
+async fn sweep_pool(ctx: &Ctx) {
+    let p = &ctx.config.proxy;
+    if p.pool_idle_max == 0 || p.pool_idle_timeout.is_zero() {
+        return std::future::pending().await;
+    }
+    let tick = (p.pool_idle_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(tick).await;
+        for b in &ctx.backends.list {
+            for idle in b.expired(ctx.is_draining()) {
+                crate::backend::conn::quit(idle.conn).await;
+            }
+        }
+    }
 }
 
 /// Starts accept loops on the current runtime for a bound listener.
@@ -321,6 +340,11 @@ async fn drain(ctx: &Ctx, stop_tx: &watch::Sender<bool>) {
             tracing::warn!(sessions = left, "shutdown_timeout reached; closing the remaining sessions");
             break;
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Each worker's sweeper closes its pooled backend connections with COM_QUIT.
+    let pool_deadline = Instant::now() + Duration::from_secs(2);
+    while ctx.backends.list.iter().any(|b| b.pooled() > 0) && Instant::now() < pool_deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for l in &ctx.config.listeners {

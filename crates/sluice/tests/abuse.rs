@@ -41,19 +41,30 @@ fn config(backend: &str, extra: &str) -> String {
 struct Baseline {
     fds: usize,
     rss_kb: u64,
+    /// Backend connections kept for reuse (each holds a descriptor).
+    pooled: usize,
 }
 
 fn baseline(s: &SluiceProc) -> Baseline {
     assert!(ping(s));
     wait_for("no sessions", || sessions(s) == 0);
-    Baseline { fds: fd_count(s), rss_kb: rss_kb(s) }
+    Baseline { fds: fd_count(s), rss_kb: rss_kb(s), pooled: pooled(s) }
+}
+
+/// Idle backend connections sluice keeps for reuse now (bounded by pool_idle_max per worker).
+fn pooled(s: &SluiceProc) -> usize {
+    let (_, m) = admin_get(s, "/metrics", None);
+    m.lines()
+        .filter(|l| l.starts_with("sluice_backend_pool_idle{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
+        .sum()
 }
 
 /// Sessions gone, descriptors back, memory back within the slack, and a new login works.
 fn assert_back_to(s: &SluiceProc, b: &Baseline, what: &str) {
     wait_for(&format!("{what}: sessions gone"), || sessions(s) == 0);
     // (The baseline may include the admin API connection that was closing when it was taken.)
-    if !try_wait_for(|| fd_count(s) <= b.fds) {
+    if !try_wait_for(|| fd_count(s) <= b.fds + pooled(s).saturating_sub(b.pooled)) {
         let fds: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", s.pid()))
             .unwrap()
             .flatten()
@@ -195,7 +206,7 @@ fn connect_and_disconnect_loops_leak_nothing() {
             .trim()
             .parse()
             .unwrap();
-        now <= threads_before
+        now <= threads_before + pooled(&s).saturating_sub(b.pooled) as u64
     });
 }
 

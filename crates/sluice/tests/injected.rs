@@ -16,7 +16,9 @@ use sluice_testkit::fault::{Action, Dir, Fault, FaultProxy, Trigger};
 /// Long enough that only a hang reaches it; not a performance bound.
 const HANG: Duration = Duration::from_secs(60);
 
-/// A sluice whose one backend is the shared MariaDB reached through a fault shim.
+/// A sluice whose one backend is the shared MariaDB reached through a fault shim. Pooling is
+/// off: each fault is armed for the next new backend connection, and a login that reused a
+/// pooled one would never meet it (tests/pool.rs covers pooled connections that fail).
 struct Rig {
     shim: FaultProxy,
     s: SluiceProc,
@@ -32,7 +34,7 @@ async fn rig() -> Rig {
     let cfg = format!(
         "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
          [health]\ninterval = \"1h\"\n\
-         [proxy]\nresponse_timeout = \"2s\"\nhandshake_timeout = \"3s\"\nconnect_timeout = \"2s\"\n\
+         [proxy]\nresponse_timeout = \"2s\"\nhandshake_timeout = \"3s\"\nconnect_timeout = \"2s\"\npool_idle_max = 0\n\
          [[backends]]\naddress = \"{}\"\n",
         shim.addr()
     );

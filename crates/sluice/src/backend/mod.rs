@@ -1,6 +1,7 @@
 //! Backends: their addresses, health state and load, and connecting to them.
 
 pub mod conn;
+pub mod pool;
 mod tls;
 
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use crate::config::{Address, BackendConfig, parse_address};
+use crate::config::{Address, BackendConfig, ProxyConfig, parse_address};
 use crate::metrics::BackendMetrics;
 
 pub use tls::BackendTls;
@@ -49,10 +50,12 @@ pub struct Backend {
     pub activity: crate::health::Activity,
     pub health: Mutex<HealthState>,
     pub info: Mutex<Option<ServerInfo>>,
+    /// Idle logged-in connections kept for reuse.
+    pool: pool::Pool,
 }
 
 impl Backend {
-    pub fn from_config(index: usize, c: &BackendConfig, metrics: BackendMetrics) -> Result<Backend, String> {
+    pub fn from_config(index: usize, c: &BackendConfig, metrics: BackendMetrics, p: &ProxyConfig) -> Result<Backend, String> {
         let address = parse_address(c.address.get_ref())?;
         let tls = if c.tls { Some(BackendTls::new(c, &address)?) } else { None };
         metrics.up.set(1);
@@ -75,7 +78,44 @@ impl Backend {
                 last_check: None,
             }),
             info: Mutex::new(None),
+            pool: pool::Pool::new(p.pool_idle_max, p.pool_idle_timeout),
         })
+    }
+
+    /// Leaves an idle connection for reuse (None), or hands it back when the pool does not want
+    /// it (full, disabled, or the backend is down).
+    pub fn park(&self, c: pool::Idle) -> Option<pool::Idle> {
+        if !self.is_up() {
+            return Some(c);
+        }
+        let back = self.pool.put(c);
+        if back.is_none() {
+            self.metrics.pool_idle.inc();
+        }
+        back
+    }
+
+    pub fn pool_enabled(&self) -> bool {
+        self.pool.enabled()
+    }
+
+    /// A pooled connection of this worker for a client with `fit`, if one is kept.
+    pub fn reuse(&self, fit: pool::Fit) -> Option<pool::Idle> {
+        let c = self.pool.take(fit)?;
+        self.metrics.pool_idle.dec();
+        Some(c)
+    }
+
+    /// This worker's pooled connections to close now: those idle too long, or all of them
+    /// with `all` or when the backend is down.
+    pub fn expired(&self, all: bool) -> Vec<pool::Idle> {
+        let v = self.pool.expired(all || !self.is_up());
+        self.metrics.pool_idle.dec_by(v.len() as i64);
+        v
+    }
+
+    pub fn pooled(&self) -> usize {
+        self.pool.count()
     }
 
     #[inline]

@@ -10,6 +10,7 @@ use sluice_proto::handshake::{Greeting, HandshakeResponse, is_ssl_request};
 use super::Listener;
 use super::verify::{AuthIo, Verdict, verify};
 use crate::backend::conn::{self as bconn, Credential};
+use crate::backend::pool::{Fit, Idle};
 use crate::backend::{Backend, BackendGuard, ServerInfo};
 use crate::config::AuthMode;
 use crate::ctx::Ctx;
@@ -55,6 +56,8 @@ pub struct LoggedIn {
     pub scramble: [u8; 20],
     /// What a new backend login on the session's behalf repeats (users mode only).
     pub profile: Option<Box<HandshakeResponse>>,
+    /// Which clients may reuse the backend connection once this session ends.
+    pub fit: Fit,
 }
 
 /// An error for the client at a given sequence id, and what to record.
@@ -80,32 +83,75 @@ pub(super) struct Opened {
     pub(super) greeting: Greeting,
 }
 
+/// Where a login goes on: a new connection, or a pooled one that is already logged in.
+pub(super) enum Link {
+    Fresh(Opened),
+    Reused(Arc<Backend>, Idle),
+}
+
 /// Opens a connection to the next usable backend, trying others when one cannot be reached.
 pub(super) async fn open_any(ctx: &Ctx, tried: &mut Vec<(usize, Error)>) -> std::result::Result<Opened, Refusal> {
     loop {
-        let exclude: Vec<usize> = tried.iter().map(|(i, _)| *i).collect();
-        let Some(b) = ctx.balancer.pick(&ctx.backends, &exclude) else {
-            // A backend that refused with its own error (1040 Too many connections, a blocked
-            // host) speaks for itself: the client gets that error unchanged.
-            if let Some((_, e)) = tried.iter().rev().find(|(_, e)| e.is_backend_refusal()) {
-                let mut err = Error::new(Side::Backend, e.code, e.message.clone());
-                err.sql_state = e.sql_state;
-                return Err(refuse(Reject::NoBackend, err));
-            }
-            let what = if ctx.backends.list.is_empty() { "no backends are configured".to_string() } else { ctx.backends.describe_unusable(tried) };
-            return Err(refuse(
-                Reject::NoBackend,
-                Error::proxy(code::NO_BACKEND, format!("sluice: no backend available: {what}")).state(b"08S01"),
-            ));
-        };
-        match bconn::open(&b, ctx.config.proxy.connect_timeout).await {
-            Ok((conn, greeting)) => return Ok(Opened { backend: b, conn, greeting }),
-            Err(e) => {
-                tracing::warn!(backend = %b.name, error = %e.message, "backend unreachable at login; trying the next one");
-                tried.push((b.index, e));
-            }
+        let b = pick(ctx, tried)?;
+        if let Some(o) = open_on(ctx, b, tried).await {
+            return Ok(o);
         }
     }
+}
+
+/// Like `open_any`, but takes a pooled connection of the chosen backend when one fits.
+async fn link_any(ctx: &Ctx, tried: &mut Vec<(usize, Error)>, fit: Fit) -> std::result::Result<Link, Refusal> {
+    loop {
+        let b = pick(ctx, tried)?;
+        if let Some(idle) = b.reuse(fit) {
+            return Ok(Link::Reused(b, idle));
+        }
+        if let Some(o) = open_on(ctx, b, tried).await {
+            return Ok(Link::Fresh(o));
+        }
+    }
+}
+
+/// The balancer's choice among the backends not tried yet, or the error for the client.
+fn pick(ctx: &Ctx, tried: &[(usize, Error)]) -> std::result::Result<Arc<Backend>, Refusal> {
+    let exclude: Vec<usize> = tried.iter().map(|(i, _)| *i).collect();
+    if let Some(b) = ctx.balancer.pick(&ctx.backends, &exclude) {
+        return Ok(b);
+    }
+    // A backend that refused with its own error (1040 Too many connections, a blocked host)
+    // speaks for itself: the client gets that error unchanged.
+    if let Some((_, e)) = tried.iter().rev().find(|(_, e)| e.is_backend_refusal()) {
+        let mut err = Error::new(Side::Backend, e.code, e.message.clone());
+        err.sql_state = e.sql_state;
+        return Err(refuse(Reject::NoBackend, err));
+    }
+    let what = if ctx.backends.list.is_empty() { "no backends are configured".to_string() } else { ctx.backends.describe_unusable(tried) };
+    Err(refuse(Reject::NoBackend, Error::proxy(code::NO_BACKEND, format!("sluice: no backend available: {what}")).state(b"08S01")))
+}
+
+/// Connects to `b`; a failure is recorded in `tried`.
+async fn open_on(ctx: &Ctx, b: Arc<Backend>, tried: &mut Vec<(usize, Error)>) -> Option<Opened> {
+    match bconn::open(&b, ctx.config.proxy.connect_timeout).await {
+        Ok((conn, greeting)) => Some(Opened { backend: b, conn, greeting }),
+        Err(e) => {
+            tracing::warn!(backend = %b.name, error = %e.message, "backend unreachable at login; trying the next one");
+            tried.push((b.index, e));
+            None
+        }
+    }
+}
+
+/// Sends COM_CHANGE_USER for the client on a pooled connection and reads the first reply.
+/// An error means the connection went stale while pooled (the server closed it): nothing has
+/// reached the client, so the login goes on with another connection.
+async fn change_user(idle: &mut Idle, hr: &HandshakeResponse) -> std::io::Result<(u8, Vec<u8>)> {
+    if !idle.conn.stream.is_quiet() {
+        return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "the server spoke or closed while it was pooled"));
+    }
+    let mut out = Vec::with_capacity(128);
+    hr.change_user(idle.backend_caps, PASSTHROUGH_PLUGIN).write(&mut out);
+    idle.conn.write_packet(&out, 0).await?;
+    idle.conn.read_packet(LOGIN_PACKET_LIMIT).await
 }
 
 impl AuthIo for PacketConn {
@@ -213,7 +259,13 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
         multi_statements: client_caps & cap::MULTI_STATEMENTS != 0,
         ..Default::default()
     };
-    let mut attempt = Attempt { ctx, handle, hr: &hr, greeting: &g, client_caps, pre, tried };
+    // Whether a schema was named at login does not matter once logged in; COM_CHANGE_USER
+    // names the client's own.
+    let fit = Fit {
+        client_caps: client_caps & !(cap::TRANSPORT | cap::CONNECT_WITH_DB),
+        mariadb_caps: hr.mariadb_capabilities & g.mariadb_capabilities,
+    };
+    let mut attempt = Attempt { ctx, handle, hr: &hr, greeting: &g, client_caps, pre, tried, fit };
     let result = match listener.auth {
         AuthMode::Passthrough => {
             state.passthrough = true;
@@ -236,6 +288,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
             counted_user: b.counted_user,
             scramble,
             profile,
+            fit,
         }),
         Err((r, seq)) => {
             if let Some(seq) = seq {
@@ -278,6 +331,17 @@ pub(super) fn backend_response(hr: &HandshakeResponse, g: &Greeting, client_caps
     }
 }
 
+/// Makes a pooled connection the client's with the credentials sluice holds.
+async fn reuse_as(b: &Backend, idle: &mut Idle, hr: &HandshakeResponse, cred: &Credential) -> Result<()> {
+    if !idle.conn.stream.is_quiet() {
+        return Err(Error::backend("the server spoke or closed while it was pooled"));
+    }
+    let mut out = Vec::with_capacity(128);
+    hr.change_user(idle.backend_caps, PASSTHROUGH_PLUGIN).write(&mut out);
+    idle.conn.write_packet(&out, 0).await.map_err(|e| Error::io(Side::Backend, "change user", e))?;
+    bconn::answer_auth(b, &mut idle.conn, cred).await.map(|_| ())
+}
+
 /// What both authentication modes work from.
 struct Attempt<'a> {
     ctx: &'a Ctx,
@@ -289,36 +353,53 @@ struct Attempt<'a> {
     pre: Option<Opened>,
     /// Backends that could not be reached, and why.
     tried: Vec<(usize, Error)>,
+    /// Which pooled connections this client may take.
+    fit: Fit,
 }
 
 /// Passthrough: the backend authenticates the client; sluice relays the exchange.
 async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> std::result::Result<Backed, Fail> {
     let (ctx, handle, hr, client_caps) = (a.ctx, a.handle, a.hr, a.client_caps);
-    let (pre, tried) = (a.pre.take(), &mut a.tried);
     if client_caps & cap::PLUGIN_AUTH == 0 {
         let e = Error::new(Side::Client, code::NOT_SUPPORTED_YET, "sluice passthrough needs a client with plugin authentication");
         return Err((e.into(), Some(cseq)));
     }
-    let o = match pre {
-        Some(o) => o,
-        None => open_any(ctx, tried).await.map_err(|r| (r, Some(cseq)))?,
-    };
-    let tls = o.backend.tls.is_some();
-    let mut bhr = backend_response(hr, &o.greeting, client_caps, tls);
-    bhr.auth_plugin = Some(PASSTHROUGH_PLUGIN.to_vec());
-    let (mut backend, bseq) = bconn::maybe_tls(&o.backend, o.conn, &o.greeting, &bhr).await.map_err(|e| (e.into(), Some(cseq)))?;
-    let mut out = Vec::new();
-    bhr.write(&mut out);
     let io_b = |e| (Refusal::from(Error::io(Side::Backend, "login", e)), Some(cseq));
-    backend.write_packet(&out, bseq).await.map_err(io_b)?;
-    let guard = o.backend.bind();
-    let backend_caps = bhr.capabilities;
-    let mariadb = o.greeting.capabilities & cap::LONG_PASSWORD == 0;
+    // The backend's first answer comes from a new connection's login or a pooled one's
+    // COM_CHANGE_USER; the exchange that follows is the same.
+    let (mut backend, b, thread_id, backend_caps, mariadb, mut first) = loop {
+        let link = match a.pre.take() {
+            Some(o) => Link::Fresh(o),
+            None => link_any(ctx, &mut a.tried, a.fit).await.map_err(|r| (r, Some(cseq)))?,
+        };
+        match link {
+            Link::Reused(b, mut idle) => match change_user(&mut idle, hr).await {
+                Ok(first) => {
+                    b.metrics.pool_reused.inc();
+                    break (idle.conn, b, idle.thread_id, idle.backend_caps, idle.mariadb, first);
+                }
+                Err(e) => tracing::debug!(backend = %b.name, error = %e, "pooled connection went stale; taking another"),
+            },
+            Link::Fresh(o) => {
+                let tls = o.backend.tls.is_some();
+                let mut bhr = backend_response(hr, &o.greeting, client_caps, tls);
+                bhr.auth_plugin = Some(PASSTHROUGH_PLUGIN.to_vec());
+                let (mut backend, bseq) = bconn::maybe_tls(&o.backend, o.conn, &o.greeting, &bhr).await.map_err(|e| (e.into(), Some(cseq)))?;
+                let mut out = Vec::new();
+                bhr.write(&mut out);
+                backend.write_packet(&out, bseq).await.map_err(io_b)?;
+                let first = backend.read_packet(LOGIN_PACKET_LIMIT).await.map_err(io_b)?;
+                let mariadb = o.greeting.capabilities & cap::LONG_PASSWORD == 0;
+                break (backend, o.backend, o.greeting.connection_id, bhr.capabilities, mariadb, first);
+            }
+        }
+    };
+    let guard = b.bind();
     // Relay the exchange until the backend says OK or ERR.
     loop {
-        let (bseq, mut p) = backend.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| (Error::io(Side::Backend, "login", e).into(), Some(cseq)))?;
+        let (bseq, mut p) = first;
         if p.first() == Some(&0) {
-            handle.bind_backend(o.backend.index, &o.backend.name, o.greeting.connection_id);
+            handle.bind_backend(b.index, &b.name, thread_id);
             if client_caps & cap::SESSION_TRACK == 0 {
                 p = sluice_proto::basic::strip_session_track(&p, mariadb).unwrap_or(p);
             }
@@ -327,15 +408,7 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8)
         cseq = cseq.wrapping_add(1);
         match p.first() {
             Some(0x00) => {
-                return Ok(Backed {
-                    backend,
-                    guard,
-                    backend_thread_id: o.greeting.connection_id,
-                    backend_caps,
-                    mariadb,
-                    credential: None,
-                    counted_user: None,
-                });
+                return Ok(Backed { backend, guard, backend_thread_id: thread_id, backend_caps, mariadb, credential: None, counted_user: None });
             }
             Some(0xff) => {
                 let e = sluice_proto::basic::Err::parse(&p).map_err(|e| (Error::malformed(Side::Backend, e).into(), None))?;
@@ -344,7 +417,7 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8)
                 let reject = (e.code == code::ACCESS_DENIED).then_some(Reject::AccessDenied);
                 return Err((Refusal { error: err, reject }, None));
             }
-            Some(0x01) if p.get(1) == Some(&3) => continue,
+            Some(0x01) if p.get(1) == Some(&3) => {}
             Some(0xfe) | Some(0x01) => {
                 let (_, reply) = client.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| (Error::io(Side::Client, "login", e).into(), None))?;
                 cseq = cseq.wrapping_add(1);
@@ -352,6 +425,7 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8)
             }
             _ => return Err((Error::backend("unexpected packet during login").into(), Some(cseq))),
         }
+        first = backend.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| (Error::io(Side::Backend, "login", e).into(), Some(cseq)))?;
     }
 }
 
@@ -400,32 +474,49 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
     };
     let mut pre = pre;
     let b = loop {
-        let o = match pre.take() {
-            Some(o) => o,
-            None => open_any(ctx, tried).await.map_err(|r| release((r, Some(cseq))))?,
+        let link = match pre.take() {
+            Some(o) => Link::Fresh(o),
+            None => link_any(ctx, tried, a.fit).await.map_err(|r| release((r, Some(cseq))))?,
         };
-        let tls = o.backend.tls.is_some();
-        let bhr = backend_response(hr, &o.greeting, client_caps, tls);
-        let backend_caps = bhr.capabilities;
-        match bconn::login(&o.backend, o.conn, &o.greeting, bhr, &credential).await {
-            Ok(mut conn) => {
-                // Without this, a session could not be recreated elsewhere with all its variables.
-                if let Err(e) = super::reconnect::set_up_query(&mut conn, super::reconnect::TRACK_ALL).await {
-                    tracing::warn!(backend = %o.backend.name, error = %e.message, "cannot track session variables; sessions will not move");
+        let (mut conn, backend, backend_thread_id, backend_caps, mariadb) = match link {
+            Link::Reused(b, mut idle) => match reuse_as(&b, &mut idle, hr, &credential).await {
+                Ok(()) => {
+                    b.metrics.pool_reused.inc();
+                    (idle.conn, b, idle.thread_id, idle.backend_caps, idle.mariadb)
                 }
-                break Backed {
-                    backend: conn,
-                    guard: o.backend.bind(),
-                    backend_thread_id: o.greeting.connection_id,
-                    backend_caps,
-                    mariadb: o.greeting.capabilities & cap::LONG_PASSWORD == 0,
-                    credential: Some(credential.clone()),
-                    counted_user: Some(name.clone()),
-                };
+                // Stale, or refused: a new connection's login will say which.
+                Err(e) => {
+                    tracing::debug!(backend = %b.name, error = %e.message, "pooled connection unusable; taking another");
+                    continue;
+                }
+            },
+            Link::Fresh(o) => {
+                let tls = o.backend.tls.is_some();
+                let bhr = backend_response(hr, &o.greeting, client_caps, tls);
+                let backend_caps = bhr.capabilities;
+                match bconn::login(&o.backend, o.conn, &o.greeting, bhr, &credential).await {
+                    Ok(conn) => (conn, o.backend, o.greeting.connection_id, backend_caps, o.greeting.capabilities & cap::LONG_PASSWORD == 0),
+                    Err(e) if e.retry == crate::error::Retry::Safe => {
+                        tried.push((o.backend.index, e));
+                        continue;
+                    }
+                    Err(e) => return Err(release((e.into(), Some(cseq)))),
+                }
             }
-            Err(e) if e.retry == crate::error::Retry::Safe => tried.push((o.backend.index, e)),
-            Err(e) => return Err(release((e.into(), Some(cseq)))),
+        };
+        // Without this, a session could not be recreated elsewhere with all its variables.
+        if let Err(e) = super::reconnect::set_up_query(&mut conn, super::reconnect::TRACK_ALL).await {
+            tracing::warn!(backend = %backend.name, error = %e.message, "cannot track session variables; sessions will not move");
         }
+        break Backed {
+            backend: conn,
+            guard: backend.bind(),
+            backend_thread_id,
+            backend_caps,
+            mariadb,
+            credential: Some(credential.clone()),
+            counted_user: Some(name.clone()),
+        };
     };
     handle.bind_backend(b.guard.index, &b.guard.name, b.backend_thread_id);
     let mut ok = Vec::new();

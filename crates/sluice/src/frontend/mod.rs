@@ -90,12 +90,19 @@ pub async fn serve(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Li
     if let Err(e) = &result {
         log_error(ctx, id, &peer, e, "session ended with an error");
     }
-    // Tell the backend we are leaving, so it does not log an aborted connection.
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), session.close_backend()).await;
     session.close_client().await;
     if let Some(u) = session.counted_user.take().and_then(|u| ctx.users.get(&u)) {
         u.release();
     }
+    session.end_backend(result.is_ok()).await;
+}
+
+/// COM_RESET_CONNECTION; whether the backend said OK.
+async fn reset(conn: &mut PacketConn) -> bool {
+    if conn.write_packet(&[sluice_proto::consts::com::RESET_CONNECTION], 0).await.is_err() {
+        return false;
+    }
+    matches!(conn.read_packet(1 << 16).await, Ok((_, p)) if p.first() == Some(&0) && conn.rbuf.is_empty())
 }
 
 /// Removes the session from the registry when it ends, however it ends.
@@ -125,10 +132,33 @@ async fn refuse_early(stream: Stream, code: u16, msg: &str) {
 }
 
 impl relay::Session<'_> {
-    async fn close_backend(&mut self) {
-        use tokio::io::AsyncWriteExt;
-        let _ = self.backend.write_packet(&[sluice_proto::consts::com::QUIT], 0).await;
-        let _ = self.backend.stream.shutdown().await;
+    /// Leaves the backend connection in its backend's pool when the session ended `clean`ly
+    /// and the connection is too (nothing in flight or unread, no KILL), after
+    /// COM_RESET_CONNECTION has ended whatever the session left open on it: a transaction, locks,
+    /// temporary tables, however they were made. Otherwise tells the backend we are leaving, so
+    /// that it does not log an aborted connection.
+    async fn end_backend(self, clean: bool) {
+        let h = self.handle;
+        let reusable = clean
+            && self.lost.is_none()
+            && !self.ctx.is_draining()
+            && !h.killed.load(Ordering::Relaxed)
+            && !h.kill_pending.load(Ordering::Relaxed)
+            && self.backend.rbuf.is_empty()
+            && self.guard.pool_enabled();
+        let backend_caps = self.backend_caps();
+        let mut conn = self.backend;
+        let second = std::time::Duration::from_secs(1);
+        if reusable && tokio::time::timeout(second, reset(&mut conn)).await.is_ok_and(|ok| ok) {
+            crate::net::buffers::park(&mut conn.rbuf);
+            let thread_id = h.backend_thread_id.load(Ordering::Relaxed);
+            let idle = crate::backend::pool::Idle::new(conn, self.fit, backend_caps, thread_id, self.mariadb);
+            match self.guard.park(idle) {
+                None => return,
+                Some(idle) => conn = idle.conn,
+            }
+        }
+        let _ = tokio::time::timeout(second, crate::backend::conn::quit(conn)).await;
     }
 
     async fn close_client(&mut self) {

@@ -43,7 +43,9 @@ pub struct Session<'a> {
     pub(super) profile: Option<Box<sluice_proto::handshake::HandshakeResponse>>,
     /// Why the backend connection was lost while the session was idle; the session moves to a
     /// new one at its next command.
-    lost: Option<String>,
+    pub(super) lost: Option<String>,
+    /// Which clients may reuse the backend connection once this session ends.
+    pub(super) fit: crate::backend::pool::Fit,
 }
 
 /// What to do after a command.
@@ -76,6 +78,7 @@ impl<'a> Session<'a> {
             counted_user: l.counted_user,
             profile: l.profile,
             lost: None,
+            fit: l.fit,
         }
     }
 
@@ -171,6 +174,7 @@ impl<'a> Session<'a> {
                     if !self.backend.rbuf.is_empty() {
                         let _ = self.client.write(&self.backend.rbuf).await;
                     }
+                    self.lost = Some(reason);
                     return Ok(None);
                 }
                 r = client_event(client, park) => match r {
@@ -213,10 +217,8 @@ impl<'a> Session<'a> {
             Box::pin(self.move_or_fail(&reason)).await?;
         }
         let expect = match cmd {
-            com::QUIT => {
-                let _ = self.backend.stream.write_all(&self.client.rbuf[..HEADER + 1]).await;
-                return Ok(Flow::Close);
-            }
+            // The backend connection is pooled or closed when the session ends.
+            com::QUIT => return Ok(Flow::Close),
             com::BINLOG_DUMP | com::BINLOG_DUMP_GTID | com::REGISTER_SLAVE | com::TABLE_DUMP | com::CONNECT_OUT | com::DAEMON
             | com::CONNECT | com::DELAYED_INSERT | com::TIME | com::SLEEP => {
                 self.skip_request().await?;

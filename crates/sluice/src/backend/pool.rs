@@ -1,0 +1,151 @@
+//! Idle backend connections kept for reuse. A session that ends cleanly leaves its backend
+//! connection here instead of closing it; the next login to that backend from a client with
+//! the same capabilities takes it and changes its user with COM_CHANGE_USER, which resets every
+//! session state on the server (transactions, variables, temporary tables, locks, statements).
+//! That saves the TCP connection, the greeting and the server's connection set-up.
+//!
+//! A connection lives on the worker runtime that opened it, so each entry records its worker
+//! and only that worker takes it back. Entries older than the idle timeout, and every entry of a
+//! backend that is down, are closed by each worker's sweeper.
+
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::net::PacketConn;
+
+thread_local! {
+    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Tells the pool which worker runtime the calling thread drives. Per-core workers call this
+/// once at start; threads of the shared multi-threaded runtime all stay 0.
+pub fn set_worker(i: usize) {
+    WORKER.with(|w| w.set(i));
+}
+
+pub fn worker() -> usize {
+    WORKER.with(|w| w.get())
+}
+
+/// What a pooled connection was logged in with; a login reuses it only if these match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fit {
+    /// Capabilities in force between the client and sluice, without the client-leg transport
+    /// bits (TLS, compression), which do not reach the backend.
+    pub client_caps: u32,
+    /// MariaDB extended capabilities in force with the backend.
+    pub mariadb_caps: u32,
+}
+
+/// A backend connection that is logged in and idle.
+pub struct Idle {
+    pub conn: PacketConn,
+    pub fit: Fit,
+    /// Capabilities in force between sluice and the backend.
+    pub backend_caps: u32,
+    pub thread_id: u32,
+    pub mariadb: bool,
+    worker: usize,
+    since: Instant,
+}
+
+impl Idle {
+    pub fn new(conn: PacketConn, fit: Fit, backend_caps: u32, thread_id: u32, mariadb: bool) -> Idle {
+        Idle { conn, fit, backend_caps, thread_id, mariadb, worker: worker(), since: Instant::now() }
+    }
+}
+
+/// The idle connections of one backend.
+pub struct Pool {
+    idle: Mutex<Vec<Idle>>,
+    /// Most idle connections kept per worker; 0 disables pooling.
+    max: usize,
+    timeout: Duration,
+}
+
+impl Pool {
+    pub fn new(max: usize, timeout: Duration) -> Pool {
+        Pool { idle: Mutex::new(Vec::new()), max, timeout }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.max > 0 && !self.timeout.is_zero()
+    }
+
+    /// Keeps `c` (None), or hands it back when this worker already keeps as many as allowed.
+    pub fn put(&self, c: Idle) -> Option<Idle> {
+        let mut idle = self.idle.lock();
+        if !self.enabled() || idle.iter().filter(|i| i.worker == c.worker).count() >= self.max {
+            return Some(c);
+        }
+        idle.push(c);
+        None
+    }
+
+    /// The most recently parked connection of the calling worker that fits (the warmest).
+    pub fn take(&self, fit: Fit) -> Option<Idle> {
+        let w = worker();
+        let mut idle = self.idle.lock();
+        let i = idle.iter().rposition(|c| c.worker == w && c.fit == fit && c.since.elapsed() < self.timeout)?;
+        Some(idle.swap_remove(i))
+    }
+
+    /// Removes the calling worker's connections that idled out (all of them with `all`).
+    pub fn expired(&self, all: bool) -> Vec<Idle> {
+        let w = worker();
+        let mut idle = self.idle.lock();
+        let (out, keep): (Vec<Idle>, Vec<Idle>) =
+            idle.drain(..).partition(|c| c.worker == w && (all || c.since.elapsed() >= self.timeout));
+        *idle = keep;
+        out
+    }
+
+    pub fn count(&self) -> usize {
+        self.idle.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idle(fit: Fit) -> Idle {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _g = rt.enter();
+        let s = tokio::net::UnixStream::from_std(a).unwrap();
+        Idle::new(PacketConn::new(crate::net::Stream::Unix(s)), fit, 0, 1, true)
+    }
+
+    #[test]
+    fn keeps_at_most_max_per_worker_and_takes_only_a_fitting_connection() {
+        let a = Fit { client_caps: 1, mariadb_caps: 0 };
+        let b = Fit { client_caps: 2, mariadb_caps: 0 };
+        let p = Pool::new(2, Duration::from_secs(60));
+        assert!(p.put(idle(a)).is_none());
+        assert!(p.put(idle(b)).is_none());
+        assert!(p.put(idle(a)).is_some(), "a third connection exceeds max");
+        assert_eq!(p.take(a).map(|c| c.fit), Some(a));
+        assert!(p.take(a).is_none(), "the other one has other capabilities");
+        set_worker(7);
+        assert!(p.take(b).is_none(), "another worker's connection is not taken");
+        set_worker(0);
+        assert_eq!(p.take(b).map(|c| c.fit), Some(b));
+        assert_eq!(p.count(), 0);
+    }
+
+    #[test]
+    fn idled_out_connections_are_not_taken_and_are_swept() {
+        let a = Fit { client_caps: 1, mariadb_caps: 0 };
+        let p = Pool::new(4, Duration::from_millis(1));
+        assert!(p.put(idle(a)).is_none());
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(p.take(a).is_none());
+        assert_eq!(p.expired(false).len(), 1);
+        assert_eq!(p.count(), 0);
+        let off = Pool::new(0, Duration::from_secs(60));
+        assert!(off.put(idle(a)).is_some(), "max 0 disables pooling");
+    }
+}
