@@ -70,6 +70,18 @@ def proc_cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def child_pid(parent):
+    """The first child process of `parent` (the MariaDB server sluice-mariadb started), or None."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                    return int(d.name)
+            except (OSError, ValueError, IndexError):
+                pass
+    return None
+
+
 def proc_rss_kb(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -119,6 +131,7 @@ class Env:
         self.backend_port = int(addr.rsplit(":", 1)[1])
         sock = next((WORK / "mariadb").glob("db-*/mariadb.sock"))
         self.targets["direct"] = Target("direct", self.backend_port, socket_path=str(sock))
+        self.server_pid = child_pid(p.pid)
 
     def start_responder(self):
         p = self.spawn([str(ROOT / "target/release/sluice-responder")], "responder.log", stdout=subprocess.PIPE)
@@ -155,6 +168,9 @@ listen mysql
                        f"{name}.log")
         wait_port(port, p)
         self.targets[name] = Target(name, port, socket_path=str(sock), proc=p)
+
+    def cpu_seconds(self, pid):
+        return proc_cpu_seconds(pid)
 
     def rss(self, t):
         return proc_rss_kb(t.pid) if t.pid else 0
@@ -289,8 +305,11 @@ def main():
                     figures = suites.measure(env, cell, target, args)
                     results.setdefault(cell.key(target), []).append(figures)
                     cpu = figures.get("proxy_cpu_us_per_query")
-                    log(f"round {rnd + 1}/{args.rounds} {cell.key(target)}: {figures['qps']:.0f} qps"
-                        + (f", {cpu:.1f} us/query" if cpu is not None else ""))
+                    if "qps" in figures:
+                        log(f"round {rnd + 1}/{args.rounds} {cell.key(target)}: {figures['qps']:.0f} qps"
+                            + (f", {cpu:.1f} us/query" if cpu is not None else ""))
+                    else:
+                        log(f"round {rnd + 1}/{args.rounds} {cell.key(target)}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
         med = median_cells(results)
         out = ROOT / "bench" / "results" / args.name
         out.mkdir(parents=True, exist_ok=True)

@@ -96,6 +96,15 @@ def long_conns(med, args, lines):
 def short_conns(med, args, lines):
     intro = f"A background client opens and closes {args.churn_rate} connections per second while sysbench runs."
     with_and_without(med, "short", args.churn_rate, intro, None, lines)
+    lines += [f"What one new connection (log in, quit) costs, churning {args.churn_rate}/s with nothing else running, "
+              "in CPU µs per connection:", "",
+              "| target | proxy | MariaDB server | client | all three |", "|---|---|---|---|---|"]
+    for x in ("direct", "haproxy", "sluice"):
+        k = f"short/cost/{x}"
+        parts = [get(med, k, "proxy_us_per_conn"), get(med, k, "server_us_per_conn"), get(med, k, "client_us_per_conn")]
+        total = None if parts[1] is None else sum(v for v in parts if v is not None)
+        lines.append(f"| {x} | {f(parts[0], 1) if parts[0] is not None else '-'} | {f(parts[1], 1)} | {f(parts[2], 1)} | {f(total, 1)} |")
+    lines.append("")
 
 
 def scaling(med, args, lines):

@@ -4,6 +4,8 @@ it names, rounds interleaved, so that slow drift of the machine hits all targets
 A cell key is "suite/variant/target"; its value per round is a dict of figures.
 """
 
+import os
+import re
 import subprocess
 import time
 
@@ -48,6 +50,8 @@ def cells(env, args):
     if "short" in suites:
         out.append(Cell("short", "0", "oltp_point_select", args.long_threads, proxies))
         out.append(Cell("short", f"{args.churn_rate}", "oltp_point_select", args.long_threads, proxies, churn=args.churn_rate))
+        # What one new connection costs each process, with nothing else running.
+        out.append(Cell("short", "cost", None, 0, main, churn=args.churn_rate))
     if "runtime" in suites:
         # Runtime flavours: per-core (sluice) against one work-stealing runtime (sluice-multi).
         for threads in args.threads:
@@ -63,8 +67,32 @@ def cells(env, args):
     return out
 
 
+def connection_cost(env, cell, target, args):
+    """Churns connections alone for --duration seconds: CPU µs per connection of the proxy, the
+    MariaDB server and the client."""
+    t = env.targets[target]
+    cpu = lambda pid: env.cpu_seconds(pid) if pid else 0.0  # noqa: E731
+    proxy0, server0 = cpu(t.pid), cpu(env.server_pid)
+    p = subprocess.Popen([str(env.conns_bin), "churn", f"127.0.0.1:{t.port}", "sbtest", "sbtest",
+                          str(cell.churn), str(args.duration)], stdout=subprocess.PIPE, text=True)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    m = re.search(r"churned (\d+) connections.*?(\d+) failed", out)
+    if p.returncode != 0 or not m:
+        raise RuntimeError(f"churn failed on {target}: {out}")
+    n = max(int(m.group(1)) - int(m.group(2)), 1)
+    figures = {"conns": float(n), "server_us_per_conn": 1e6 * (cpu(env.server_pid) - server0) / n,
+               "client_us_per_conn": 1e6 * (usage.ru_utime + usage.ru_stime) / n}
+    if t.pid:
+        figures["proxy_us_per_conn"] = 1e6 * (cpu(t.pid) - proxy0) / n
+    return figures
+
+
 def measure(env, cell, target, args):
     """Runs one cell on one target and returns its figures."""
+    if cell.workload is None:
+        return connection_cost(env, cell, target, args)
     t = env.targets[target]
     companion = None
     rss_before = env.rss(t)

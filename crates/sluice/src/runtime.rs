@@ -29,6 +29,7 @@ fn bind_tcp(addr: SocketAddr, count: usize) -> std::io::Result<(Vec<std::net::Tc
         s.set_reuse_address(true)?;
         s.set_reuse_port(true)?;
         s.set_nonblocking(true)?;
+        tune_tcp(socket2::SockRef::from(&s));
         s.bind(&actual.into())?;
         s.listen(1024)?;
         let l: std::net::TcpListener = s.into();
@@ -208,7 +209,7 @@ fn start_accept(ctx: Arc<Ctx>, b: Bound, info: Arc<Listener>, stop: watch::Recei
                         tokio::select! {
                             r = l.accept() => match r {
                                 Ok((s, peer)) => {
-                                    tune_tcp(&s);
+                                    // TCP_NODELAY and keepalive come from the listener.
                                     tokio::spawn(frontend::serve(ctx.clone(), Stream::Tcp(s), peer.to_string(), info.clone()));
                                 }
                                 Err(e) => accept_error(e).await,

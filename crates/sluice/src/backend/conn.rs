@@ -22,7 +22,7 @@ pub async fn open(b: &Backend, timeout: Duration) -> Result<(PacketConn, Greetin
         let stream = match &b.address {
             Address::Tcp(a) => {
                 let s = TcpStream::connect(a).await.map_err(|e| Error::connect(format!("connect: {e}")))?;
-                tune_tcp(&s);
+                tune_tcp(socket2::SockRef::from(&s));
                 Stream::Tcp(s)
             }
             Address::Unix(p) => Stream::Unix(UnixStream::connect(p).await.map_err(|e| Error::connect(format!("connect: {e}")))?),

@@ -124,8 +124,12 @@ impl ClientConn {
         self.write_packet(&p, seq).await
     }
 
+    /// Ends the connection: TLS sends close_notify; a plain socket needs nothing before its
+    /// close, which sends the FIN.
     pub async fn shutdown(&mut self) {
-        let _ = self.stream.shutdown().await;
+        if self.stream.is_tls() {
+            let _ = self.stream.shutdown().await;
+        }
     }
 }
 

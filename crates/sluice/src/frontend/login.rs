@@ -227,10 +227,10 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
     g.write(&mut out);
     client.write_packet(&out, 0).await.map_err(|e| Error::io(Side::Client, "sending greeting", e))?;
 
-    let (mut seq, mut payload) = client
-        .read_packet_exact(LOGIN_PACKET_LIMIT)
-        .await
-        .map_err(|e| Error::io(Side::Client, "reading handshake response", e))?;
+    // With TLS configured this may be an SSL request, after which the TLS handshake must see
+    // every byte: read exactly one packet. Without, one buffered read takes it all.
+    let first = if ctx.tls.is_some() { client.read_packet_exact(LOGIN_PACKET_LIMIT).await } else { client.read_packet(LOGIN_PACKET_LIMIT).await };
+    let (mut seq, mut payload) = first.map_err(|e| Error::io(Side::Client, "reading handshake response", e))?;
     if is_ssl_request(&payload) {
         let Some(tls) = ctx.tls.clone() else {
             return Err(Error::client("client asked for TLS, which is not configured").into());
