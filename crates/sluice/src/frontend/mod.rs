@@ -94,7 +94,7 @@ pub async fn serve(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Li
     if let Some(u) = session.counted_user.take().and_then(|u| ctx.users.get(&u)) {
         u.release();
     }
-    session.end_backend(result.is_ok()).await;
+    Box::pin(session.end_backend(result.is_ok())).await;
 }
 
 /// COM_RESET_CONNECTION; whether the backend said OK.
