@@ -53,11 +53,7 @@ fn baseline(s: &SluiceProc) -> Baseline {
 
 /// Idle backend connections sluice keeps for reuse now (bounded by pool_idle_max per worker).
 fn pooled(s: &SluiceProc) -> usize {
-    let (_, m) = admin_get(s, "/metrics", None);
-    m.lines()
-        .filter(|l| l.starts_with("sluice_backend_pool_idle{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
-        .sum()
+    metric_sum(s, "sluice_backend_pool_idle{") as usize
 }
 
 /// Sessions gone, descriptors back, memory back within the slack, and a new login works.

@@ -39,6 +39,18 @@ async fn port_of(c: &mut mysql_async::Conn) -> u16 {
     c.query_first("SELECT @@port").await.unwrap().unwrap()
 }
 
+/// Opens sessions until `n` of them landed on the backend at `port` (the others are closed).
+async fn sessions_on(s: &SluiceProc, port: u16, n: usize) -> Vec<mysql_async::Conn> {
+    let mut on = Vec::new();
+    while on.len() < n {
+        let mut c = app(s).await;
+        if port_of(&mut c).await == port {
+            on.push(c);
+        }
+    }
+    on
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_users_mode_sessions_move_to_the_survivor_with_their_state() {
     let (mut a, b, s) = two_backends();
@@ -118,13 +130,7 @@ async fn idle_users_mode_sessions_move_to_the_survivor_with_their_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_with_untracked_state_do_not_move() {
     let (mut a, b, s) = two_backends();
-    let mut on_a = Vec::new();
-    while on_a.len() < 4 {
-        let mut c = app(&s).await;
-        if port_of(&mut c).await == a.port {
-            on_a.push(c);
-        }
-    }
+    let mut on_a = sessions_on(&s, a.port, 4).await;
     on_a[0].query_drop("SET @x = 1").await.unwrap();
     on_a[1].query_drop("CREATE TEMPORARY TABLE moves.tmp (a INT)").await.unwrap();
     on_a[2].query_drop("SELECT GET_LOCK('moves', 10)").await.unwrap();
@@ -230,13 +236,7 @@ fn a_moved_statement_gets_the_parameter_types_the_client_sent_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_set_after_a_reset_or_a_change_of_user_moves_too() {
     let (mut a, b, s) = two_backends();
-    let mut sessions = Vec::new();
-    while sessions.len() < 2 {
-        let mut c = app(&s).await;
-        if port_of(&mut c).await == a.port {
-            sessions.push(c);
-        }
-    }
+    let mut sessions = sessions_on(&s, a.port, 2).await;
     // COM_RESET_CONNECTION puts the server's variable tracking back to its default.
     let mut reset = sessions.pop().unwrap();
     reset.reset().await.unwrap();

@@ -24,16 +24,11 @@ const PASSTHROUGH: &str = "auth = \"passthrough\"";
 const USERS: &str = "auth = \"users\"";
 
 fn pooled(s: &SluiceProc) -> u64 {
-    sum_metric(s, "sluice_backend_pool_idle{")
+    metric_sum(s, "sluice_backend_pool_idle{")
 }
 
 fn reused(s: &SluiceProc) -> u64 {
-    sum_metric(s, "sluice_backend_pool_reused_total{")
-}
-
-fn sum_metric(s: &SluiceProc, prefix: &str) -> u64 {
-    let (_, m) = admin_get(s, "/metrics", None);
-    m.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok()).sum()
+    metric_sum(s, "sluice_backend_pool_reused_total{")
 }
 
 async fn id_of(c: &mut Conn) -> u32 {

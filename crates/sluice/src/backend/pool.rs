@@ -94,11 +94,7 @@ impl Pool {
     /// Removes the calling worker's connections that idled out (all of them with `all`).
     pub fn expired(&self, all: bool) -> Vec<Idle> {
         let w = worker();
-        let mut idle = self.idle.lock();
-        let (out, keep): (Vec<Idle>, Vec<Idle>) =
-            idle.drain(..).partition(|c| c.worker == w && (all || c.since.elapsed() >= self.timeout));
-        *idle = keep;
-        out
+        self.idle.lock().extract_if(.., |c| c.worker == w && (all || c.since.elapsed() >= self.timeout)).collect()
     }
 
     pub fn count(&self) -> usize {
@@ -139,9 +135,10 @@ mod tests {
     #[test]
     fn idled_out_connections_are_not_taken_and_are_swept() {
         let a = Fit { client_caps: 1, mariadb_caps: 0 };
-        let p = Pool::new(4, Duration::from_millis(1));
-        assert!(p.put(idle(a)).is_none());
-        std::thread::sleep(Duration::from_millis(5));
+        let p = Pool::new(4, Duration::from_secs(60));
+        let mut old = idle(a);
+        old.since -= Duration::from_secs(61);
+        assert!(p.put(old).is_none());
         assert!(p.take(a).is_none());
         assert_eq!(p.expired(false).len(), 1);
         assert_eq!(p.count(), 0);

@@ -141,16 +141,21 @@ async fn open_on(ctx: &Ctx, b: Arc<Backend>, tried: &mut Vec<(usize, Error)>) ->
     }
 }
 
-/// Sends COM_CHANGE_USER for the client on a pooled connection and reads the first reply.
-/// An error means the connection went stale while pooled (the server closed it): nothing has
-/// reached the client, so the login goes on with another connection.
-async fn change_user(idle: &mut Idle, hr: &HandshakeResponse) -> std::io::Result<(u8, Vec<u8>)> {
+/// Sends COM_CHANGE_USER for the client on a pooled connection. An error means the connection
+/// went stale while pooled (the server closed it): nothing has reached the client, so the
+/// login goes on with another connection.
+async fn send_change_user(idle: &mut Idle, hr: &HandshakeResponse) -> std::io::Result<()> {
     if !idle.conn.stream.is_quiet() {
         return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "the server spoke or closed while it was pooled"));
     }
     let mut out = Vec::with_capacity(128);
     hr.change_user(idle.backend_caps, PASSTHROUGH_PLUGIN).write(&mut out);
-    idle.conn.write_packet(&out, 0).await?;
+    idle.conn.write_packet(&out, 0).await.map(|_| ())
+}
+
+/// Passthrough on a pooled connection: COM_CHANGE_USER, and the server's first answer.
+async fn change_user(idle: &mut Idle, hr: &HandshakeResponse) -> std::io::Result<(u8, Vec<u8>)> {
+    send_change_user(idle, hr).await?;
     idle.conn.read_packet(LOGIN_PACKET_LIMIT).await
 }
 
@@ -333,12 +338,7 @@ pub(super) fn backend_response(hr: &HandshakeResponse, g: &Greeting, client_caps
 
 /// Makes a pooled connection the client's with the credentials sluice holds.
 async fn reuse_as(b: &Backend, idle: &mut Idle, hr: &HandshakeResponse, cred: &Credential) -> Result<()> {
-    if !idle.conn.stream.is_quiet() {
-        return Err(Error::backend("the server spoke or closed while it was pooled"));
-    }
-    let mut out = Vec::with_capacity(128);
-    hr.change_user(idle.backend_caps, PASSTHROUGH_PLUGIN).write(&mut out);
-    idle.conn.write_packet(&out, 0).await.map_err(|e| Error::io(Side::Backend, "change user", e))?;
+    send_change_user(idle, hr).await.map_err(|e| Error::io(Side::Backend, "change user", e))?;
     bconn::answer_auth(b, &mut idle.conn, cred).await.map(|_| ())
 }
 

@@ -112,6 +112,12 @@ pub fn metric(s: &SluiceProc, series: &str) -> u64 {
     body.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok())).unwrap_or(0)
 }
 
+/// The sum over every label set of a metric (`prefix` is the name with its opening brace).
+pub fn metric_sum(s: &SluiceProc, prefix: &str) -> u64 {
+    let (_, body) = admin_get(s, "/metrics", None);
+    body.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok()).sum()
+}
+
 /// Open file descriptors of the sluice process.
 pub fn fd_count(s: &SluiceProc) -> usize {
     std::fs::read_dir(format!("/proc/{}/fd", s.pid())).map(|d| d.count()).unwrap_or(0)
