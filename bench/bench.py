@@ -63,11 +63,16 @@ def wait_port(port, proc, timeout=60):
     raise RuntimeError(f"nothing listens on {port}")
 
 
-def proc_cpu_seconds(pid):
-    """utime + stime of a process (all its threads), in seconds."""
+def proc_cpu_split(pid):
+    """(utime, stime) of a process (all its threads), in seconds: user space and kernel."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def proc_cpu_seconds(pid):
+    """utime + stime of a process (all its threads), in seconds."""
+    return sum(proc_cpu_split(pid))
 
 
 def child_pid(parent):
@@ -182,11 +187,11 @@ listen mysql
                "--mysql-db=sbtest", *conn, f"--tables={a.tables}", f"--table-size={a.table_size}",
                f"--threads={threads}", f"--time={duration}", "--percentile=95", "--report-interval=0",
                "--mysql-ignore-errors=all", *extra, "run"]
-        cpu0 = proc_cpu_seconds(t.pid) if t.pid else None
+        cpu0 = proc_cpu_split(t.pid) if t.pid else None
         t0 = time.time()
         out = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.time() - t0
-        cpu1 = proc_cpu_seconds(t.pid) if t.pid else None
+        cpu1 = proc_cpu_split(t.pid) if t.pid else None
         text = out.stdout
         m = re.search(r"queries:\s+(\d+)\s+\(([\d.]+) per sec", text)
         if out.returncode != 0 or not m:
@@ -200,9 +205,12 @@ listen mysql
             "errors": int(re.search(r"ignored errors:\s+(\d+)", text).group(1)),
         }
         if cpu0 is not None:
-            cpu = cpu1 - cpu0
+            user, kernel = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+            cpu = user + kernel
             cell["proxy_cpu_pct"] = 100.0 * cpu / wall
             cell["proxy_cpu_us_per_query"] = 1e6 * cpu / max(queries, 1)
+            cell["proxy_user_us_per_query"] = 1e6 * user / max(queries, 1)
+            cell["proxy_kernel_us_per_query"] = 1e6 * kernel / max(queries, 1)
             cell["proxy_rss_kb"] = proc_rss_kb(t.pid)
         return cell
 

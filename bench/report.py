@@ -43,6 +43,27 @@ def basic(med, args, lines):
             row.append(f(ratio(get(med, k("sluice"), "proxy_cpu_us_per_query"), get(med, k("haproxy"), "proxy_cpu_us_per_query")), 2))
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
+    cpu_split(med, args, lines)
+
+
+def cpu_split(med, args, lines):
+    """Where the proxies' CPU per query goes: user space (the proxy's own code) and the kernel
+    (system calls, the loopback TCP path, waking the peer), from utime and stime."""
+    lines += ["### Proxy CPU per query: user space and kernel", "",
+              "utime and stime of the proxy process (tick-sampled, so read them as a split of the total above). "
+              "The kernel part is the system calls and the loopback TCP path both proxies share.", "",
+              "| workload | threads | HAProxy user µs | HAProxy kernel µs | sluice user µs | sluice kernel µs "
+              "| HAProxy kernel share | sluice/HAProxy user | sluice/HAProxy kernel |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for w in args.workloads:
+        for t in args.threads:
+            k = lambda target: f"basic/{w}/{t}/{target}"  # noqa: E731
+            hu, hk = get(med, k("haproxy"), "proxy_user_us_per_query"), get(med, k("haproxy"), "proxy_kernel_us_per_query")
+            su, sk = get(med, k("sluice"), "proxy_user_us_per_query"), get(med, k("sluice"), "proxy_kernel_us_per_query")
+            share = ratio(hk, None if hu is None or hk is None else hu + hk)
+            row = [w, str(t), f(hu, 2), f(hk, 2), f(su, 2), f(sk, 2), f(share, 2), f(ratio(su, hu), 2), f(ratio(sk, hk), 2)]
+            lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
 
 
 def ranges(med, args, lines):

@@ -47,11 +47,12 @@ impl Stream {
         !self.is_tls()
     }
 
-    /// Waits until the socket has data or an end (plain sockets only; TLS never returns).
+    /// Waits until the socket has data or an end (plain sockets only; TLS never returns). The
+    /// waker goes to the socket's reader slot, as a read's does: no waiter list, no lock.
     pub async fn readable(&self) -> io::Result<()> {
         match self {
-            Stream::Tcp(s) => s.readable().await,
-            Stream::Unix(s) => s.readable().await,
+            Stream::Tcp(s) => std::future::poll_fn(|cx| s.poll_read_ready(cx)).await,
+            Stream::Unix(s) => std::future::poll_fn(|cx| s.poll_read_ready(cx)).await,
             Stream::Tls(_) => std::future::pending().await,
         }
     }
@@ -149,15 +150,39 @@ impl AsyncWrite for Stream {
 }
 
 /// Runs an I/O future with a time limit (none when `limit` is zero); running out is an error
-/// of kind `TimedOut`.
+/// of kind `TimedOut`. The limit counts from the first time the operation cannot go on: the
+/// timer is made only then, so an operation that completes at once (most writes, reads of data
+/// already there) costs no clock read and no timer.
 pub async fn within<T>(limit: std::time::Duration, io: impl std::future::Future<Output = io::Result<T>>) -> io::Result<T> {
+    let mut io = std::pin::pin!(io);
     if limit.is_zero() {
         return io.await;
     }
-    match tokio::time::timeout(limit, io).await {
-        Ok(r) => r,
-        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, format!("no progress for {limit:?}"))),
+    // One poll; Pending leaves the task's waker registered with the operation.
+    if let Poll::Ready(r) = poll_once(io.as_mut()).await {
+        return r;
     }
+    let mut timer = std::pin::pin!(tokio::time::sleep(limit));
+    let mut polled = true;
+    std::future::poll_fn(|cx| {
+        // The operation was just polled with this same waker: no need to poll it again now.
+        if !std::mem::take(&mut polled)
+            && let Poll::Ready(r) = io.as_mut().poll(cx)
+        {
+            return Poll::Ready(r);
+        }
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, format!("no progress for {limit:?}")))),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Polls a future once, with the task's waker: Pending leaves that waker registered wherever
+/// the future registered it.
+pub async fn poll_once<F: std::future::Future + Unpin>(mut f: F) -> Poll<F::Output> {
+    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut f).poll(cx))).await
 }
 
 /// Initial read buffer size of a connection.
@@ -237,4 +262,31 @@ pub fn tune_tcp(sock: socket2::SockRef<'_>) {
         .with_time(std::time::Duration::from_secs(60))
         .with_interval(std::time::Duration::from_secs(10));
     let _ = sock.set_tcp_keepalive(&ka);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn within_limits_only_an_operation_that_stalls() {
+        let limit = Duration::from_secs(10);
+        assert_eq!(within(limit, async { Ok(7) }).await.unwrap(), 7);
+        // Pending at first, done before the limit.
+        let slow = async {
+            tokio::time::sleep(Duration::from_secs(9)).await;
+            Ok(8)
+        };
+        assert_eq!(within(limit, slow).await.unwrap(), 8);
+        let stalled = within(limit, std::future::pending::<io::Result<()>>());
+        assert_eq!(stalled.await.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        // No limit: the operation runs to its end.
+        let slow = async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(9)
+        };
+        assert_eq!(within(Duration::ZERO, slow).await.unwrap(), 9);
+    }
 }

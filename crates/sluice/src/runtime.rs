@@ -331,7 +331,7 @@ async fn drain(ctx: &Ctx, stop_tx: &watch::Sender<bool>) {
     let deadline = Instant::now() + ctx.config.proxy.shutdown_timeout;
     loop {
         for h in ctx.sessions.all() {
-            h.wake.notify_one();
+            h.wake.notify();
         }
         let left = ctx.sessions.len();
         if left == 0 {

@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::{Instant, SystemTime};
 
 use parking_lot::Mutex;
@@ -250,7 +251,7 @@ pub struct SessionHandle {
     /// A KILL CONNECTION for this session is under way.
     pub kill_pending: AtomicBool,
     /// Woken to make an idle session look at `killed` and the drain flag.
-    pub wake: tokio::sync::Notify,
+    pub wake: Wake,
     pub backend_index: AtomicU32,
     pub backend_thread_id: AtomicU32,
     /// Server status flags after the last command (changes every transaction: kept apart from
@@ -269,7 +270,7 @@ impl SessionHandle {
             busy: AtomicBool::new(false),
             killed: AtomicBool::new(false),
             kill_pending: AtomicBool::new(false),
-            wake: tokio::sync::Notify::new(),
+            wake: Wake::default(),
             backend_index: AtomicU32::new(u32::MAX),
             backend_thread_id: AtomicU32::new(0),
             status: AtomicU16::new(status::AUTOCOMMIT),
@@ -326,7 +327,43 @@ impl SessionHandle {
 
     pub fn kill(&self) {
         self.killed.store(true, Ordering::Relaxed);
-        self.wake.notify_one();
+        self.wake.notify();
+    }
+}
+
+/// Wakes a session that waits for its next command (to look at a kill or the drain flag).
+/// Waiting costs an atomic swap and a pointer comparison: the task's waker is stored only when
+/// it changed, not registered and removed at every command as a `tokio::sync::Notify` would.
+#[derive(Default)]
+pub struct Wake {
+    flag: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl Wake {
+    /// Makes the next (or current) wait return.
+    pub fn notify(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        if let Some(w) = self.waker.lock().as_ref() {
+            w.wake_by_ref();
+        }
+    }
+
+    /// Ready once `notify` was called since it last returned Ready. `known` is the waker the
+    /// caller last stored here.
+    pub fn poll_woken(&self, cx: &mut Context<'_>, known: &mut Option<Waker>) -> Poll<()> {
+        if self.flag.swap(false, Ordering::SeqCst) {
+            return Poll::Ready(());
+        }
+        if !known.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *known = Some(cx.waker().clone());
+            *self.waker.lock() = Some(cx.waker().clone());
+            // A notify that ran before the waker was stored left only the flag.
+            if self.flag.swap(false, Ordering::SeqCst) {
+                return Poll::Ready(());
+            }
+        }
+        Poll::Pending
     }
 }
 
@@ -372,5 +409,28 @@ impl Registry {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn wake_reaches_a_waiting_session_and_one_that_was_busy() {
+        let wake = Arc::new(Wake::default());
+        let mut known = None;
+        // A notify while nobody waits is kept for the next wait.
+        wake.notify();
+        std::future::poll_fn(|cx| wake.poll_woken(cx, &mut known)).await;
+        // A notify from another thread wakes the waiting task.
+        let w = wake.clone();
+        let waiter = tokio::spawn(async move {
+            let mut known = None;
+            std::future::poll_fn(|cx| w.poll_woken(cx, &mut known)).await;
+        });
+        tokio::task::yield_now().await;
+        std::thread::spawn(move || wake.notify()).join().unwrap();
+        waiter.await.unwrap();
     }
 }

@@ -3,6 +3,7 @@
 //! session state, repeat.
 
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::Instant;
 
 use bytes::Buf;
@@ -17,7 +18,7 @@ use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
 use crate::ctx::Ctx;
 use crate::error::{Error, Result, Side};
-use crate::net::{BUF_SIZE, PacketConn, buffers, within};
+use crate::net::{BUF_SIZE, PacketConn, buffers, poll_once, within};
 use crate::session::{SessionHandle, SessionState, StateSink};
 
 /// Commands up to this size are read whole before being forwarded; larger ones are streamed.
@@ -46,6 +47,8 @@ pub struct Session<'a> {
     pub(super) lost: Option<String>,
     /// Which clients may reuse the backend connection once this session ends.
     pub(super) fit: crate::backend::pool::Fit,
+    /// The waker last stored in the handle's [`crate::session::Wake`].
+    waker: Option<std::task::Waker>,
 }
 
 /// What to do after a command.
@@ -79,6 +82,7 @@ impl<'a> Session<'a> {
             profile: l.profile,
             lost: None,
             fit: l.fit,
+            waker: None,
         }
     }
 
@@ -142,7 +146,7 @@ impl<'a> Session<'a> {
                     self.backend.rbuf.reserve(BUF_SIZE);
                 }
             }
-            let Session { client, backend, handle, .. } = self;
+            let Session { client, backend, handle, waker, .. } = self;
             tokio::select! {
                 biased;
                 // The backend first: when it left and a command arrived at once, the session
@@ -178,12 +182,23 @@ impl<'a> Session<'a> {
                     return Ok(None);
                 }
                 r = client_event(client, park) => match r {
-                    _ if park => may_park = false,
+                    _ if park => {
+                        // Readiness: read at once rather than wait again (read_buf is
+                        // cancel-safe; a false readiness goes back to waiting on everything).
+                        may_park = false;
+                        buffers::unpark(&mut self.client.rbuf);
+                        buffers::unpark(&mut self.backend.rbuf);
+                        match poll_once(std::pin::pin!(self.client.fill())).await {
+                            Poll::Ready(Ok(0)) => return Ok(None),
+                            Poll::Ready(Err(e)) => return Err(Error::io(Side::Client, "reading command", e)),
+                            Poll::Ready(Ok(_)) | Poll::Pending => {}
+                        }
+                    }
                     Ok(0) => return Ok(None),
                     Ok(_) => {}
                     Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
                 },
-                _ = handle.wake.notified() => {}
+                _ = std::future::poll_fn(|cx| handle.wake.poll_woken(cx, waker)) => {}
                 _ = sleep_until(idle_deadline) => {
                     tracing::info!(session = handle.id, "closing idle session");
                     return Ok(None);
