@@ -21,6 +21,57 @@ impl Stream {
         matches!(self, Stream::Tls(_))
     }
 
+    /// Reads what is there without waiting: `WouldBlock` when the socket is not known to be
+    /// readable (no system call then). The relay's fast path: no future, no budget, no waker.
+    /// A TLS stream always answers `WouldBlock` (its reads go through the async path).
+    pub fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_read_buf(buf),
+            Stream::Unix(s) => s.try_read_buf(buf),
+            Stream::Tls(_) => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    /// Reads into `buf` (which must have spare capacity): at once when data is there, else
+    /// waiting at most `limit` for it (no limit when zero). Returns 0 at end of stream.
+    pub async fn read_within(&mut self, limit: std::time::Duration, buf: &mut BytesMut) -> io::Result<usize> {
+        match self.try_read_buf(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => within(limit, self.read_buf(buf)).await,
+            r => r,
+        }
+    }
+
+    /// Writes all of `data`: what the socket takes at once without a future or a timer, the
+    /// rest waiting at most `limit` for room (no limit when zero). Every write of sluice's goes
+    /// through here: a TLS stream is flushed, since it may otherwise keep records it could not
+    /// send yet, and the peer would wait for them forever.
+    pub async fn write_within(&mut self, limit: std::time::Duration, data: &[u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < data.len() {
+            let r = match self {
+                Stream::Tcp(s) => s.try_write(&data[done..]),
+                Stream::Unix(s) => s.try_write(&data[done..]),
+                Stream::Tls(_) => break,
+            };
+            match r {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if done == data.len() {
+            return Ok(());
+        }
+        let send = async {
+            self.write_all(&data[done..]).await?;
+            if self.is_tls() {
+                self.flush().await?;
+            }
+            Ok(())
+        };
+        within(limit, send).await
+    }
+
     pub fn is_unix(&self) -> bool {
         match self {
             Stream::Unix(_) => true,
@@ -249,7 +300,7 @@ impl PacketConn {
     pub async fn write_packet(&mut self, payload: &[u8], seq: u8) -> io::Result<u8> {
         let mut out = Vec::with_capacity(payload.len() + HEADER);
         let next = sluice_proto::packet::frame(&mut out, payload, seq);
-        self.stream.write_all(&out).await?;
+        self.stream.write_within(std::time::Duration::ZERO, &out).await?;
         Ok(next)
     }
 }
@@ -288,5 +339,45 @@ mod tests {
             Ok(9)
         };
         assert_eq!(within(Duration::ZERO, slow).await.unwrap(), 9);
+    }
+
+    /// rustls takes more plaintext than the socket can send at once; a write that returned
+    /// then would leave records behind that nothing sends (the peer waits for them forever).
+    #[tokio::test]
+    async fn a_tls_write_returns_only_once_its_records_are_sent() {
+        use rustls::pki_types::{PrivateKeyDer, ServerName};
+        use std::sync::Arc;
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let key = PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
+        let server_cfg =
+            rustls::ServerConfig::builder().with_no_client_auth().with_single_cert(vec![cert.cert.der().clone()], key).unwrap();
+        let client_cfg = rustls::ClientConfig::builder()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(crate::tls::NoVerify))
+            .with_no_client_auth();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connect = tokio::spawn(async move {
+            // Small socket buffers: far less than rustls buffers.
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.set_recv_buffer_size(4096).unwrap();
+            let tcp = socket.connect(addr).await.unwrap();
+            let name = ServerName::try_from("localhost").unwrap();
+            tokio_rustls::TlsConnector::from(Arc::new(client_cfg)).connect(name, tcp).await.unwrap()
+        });
+        let (tcp, _) = listener.accept().await.unwrap();
+        socket2::SockRef::from(&tcp).set_send_buffer_size(4096).unwrap();
+        let accepted = tokio_rustls::TlsAcceptor::from(Arc::new(server_cfg)).accept(Stream::Tcp(tcp)).await.unwrap();
+        let mut server = Stream::Tls(Box::new(tokio_rustls::TlsStream::Server(accepted)));
+        let mut client = connect.await.unwrap();
+
+        let data: Vec<u8> = (0..48 * 1024).map(|i| i as u8).collect();
+        let mut write = std::pin::pin!(server.write_within(Duration::ZERO, &data));
+        assert!(poll_once(write.as_mut()).await.is_pending(), "the write returned with records still in rustls");
+        let mut got = vec![0; data.len()];
+        let (w, r) = tokio::join!(write, client.read_exact(&mut got));
+        w.unwrap();
+        r.unwrap();
+        assert!(got == data, "the client read other bytes than were written");
     }
 }

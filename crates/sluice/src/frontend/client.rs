@@ -8,7 +8,7 @@ use sluice_proto::compress::{self, Algorithm, FRAME_HEADER, FrameHeader};
 use sluice_proto::packet::frame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::net::{BUF_SIZE, PacketConn, Stream, within};
+use crate::net::{BUF_SIZE, PacketConn, Stream};
 
 struct Compression {
     alg: Algorithm,
@@ -51,7 +51,7 @@ impl ClientConn {
             self.rbuf.reserve(BUF_SIZE);
         }
         let Some(c) = &mut self.comp else {
-            return self.stream.read_buf(&mut self.rbuf).await;
+            return self.stream.read_within(std::time::Duration::ZERO, &mut self.rbuf).await;
         };
         loop {
             if let Some(h) = FrameHeader::parse(&c.raw) {
@@ -101,11 +101,11 @@ impl ClientConn {
     pub async fn write(&mut self, data: &[u8]) -> io::Result<()> {
         let limit = self.write_timeout;
         match &mut self.comp {
-            None => within(limit, self.stream.write_all(data)).await,
+            None => self.stream.write_within(limit, data).await,
             Some(c) => {
                 c.out.clear();
                 c.seq = compress::compress(c.alg, data, c.seq, &mut c.out);
-                within(limit, self.stream.write_all(&c.out)).await
+                self.stream.write_within(limit, &c.out).await
             }
         }
     }

@@ -9,7 +9,6 @@ use sluice_proto::handshake::{ChangeUser, HandshakeResponse};
 use sluice_proto::packet::{HEADER, Header};
 use sluice_proto::response::Expect;
 use sluice_proto::sql::{self, Kill};
-use tokio::io::AsyncWriteExt;
 
 use super::relay::{Flow, Session, relay_response};
 use super::verify::{Verdict, verify};
@@ -54,7 +53,7 @@ impl Session<'_> {
         let ok = if tb == self.guard.index {
             let mut pkt = Vec::with_capacity(q.len() + HEADER);
             sluice_proto::packet::frame(&mut pkt, &q, 0);
-            self.backend.stream.write_all(&pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
+            self.backend.stream.write_within(std::time::Duration::ZERO, &pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
             let mut sink = StateSink { state: &mut self.state, preparing: None, executing: None, error: None, changed: false, patch_stmt_id: None };
             relay_response(&mut self.tracker, Expect::Results, 0, &mut self.backend, &mut self.client, &mut sink, self.ctx).await?;
             sink.error.is_none()

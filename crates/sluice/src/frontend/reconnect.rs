@@ -14,7 +14,7 @@
 use sluice_proto::consts::{cap, com, err as code};
 use sluice_proto::packet::frame;
 use sluice_proto::response::{Expect, ResponseTracker, Sink, State};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 use super::login::{backend_response, open_any};
 use super::relay::Session;
@@ -158,7 +158,7 @@ impl Session<'_> {
             payload.extend_from_slice(sql.as_bytes());
             frame(&mut out, &payload, 0);
         }
-        conn.stream.write_all(&out).await.map_err(|e| Error::io(Side::Backend, "restoring the session", e))?;
+        conn.stream.write_within(std::time::Duration::ZERO, &out).await.map_err(|e| Error::io(Side::Backend, "restoring the session", e))?;
 
         let caps = self.backend_caps();
         let deprecate_eof = caps & cap::DEPRECATE_EOF != 0;

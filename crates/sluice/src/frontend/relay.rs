@@ -10,7 +10,7 @@ use bytes::Buf;
 use sluice_proto::consts::{com, err as code};
 use sluice_proto::packet::{HEADER, Header, RequestWalker};
 use sluice_proto::response::{Expect, ResponseTracker, State};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 use super::client::ClientConn;
 use super::login::LoggedIn;
@@ -18,7 +18,7 @@ use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
 use crate::ctx::Ctx;
 use crate::error::{Error, Result, Side};
-use crate::net::{BUF_SIZE, PacketConn, buffers, poll_once, within};
+use crate::net::{BUF_SIZE, PacketConn, buffers, poll_once};
 use crate::session::{SessionHandle, SessionState, StateSink};
 
 /// Commands up to this size are read whole before being forwarded; larger ones are streamed.
@@ -398,7 +398,10 @@ impl<'a> Session<'a> {
                 return Err(Error::client(format!("request of more than {limit} bytes exceeds max_packet_size")));
             }
             if n > 0 {
-                within(self.ctx.config.proxy.response_timeout, self.backend.stream.write_all(&self.client.rbuf[..n]))
+                let limit = self.ctx.config.proxy.response_timeout;
+                self.backend
+                    .stream
+                    .write_within(limit, &self.client.rbuf[..n])
                     .await
                     .map_err(|e| Error::io(Side::Backend, "forwarding request", e))?;
                 self.ctx.metrics.bytes_from_clients.inc_by(n as u64);
@@ -459,7 +462,7 @@ pub(super) async fn relay_response(
                 if backend.rbuf.capacity() - backend.rbuf.len() < 4096 {
                     backend.rbuf.reserve(BUF_SIZE);
                 }
-                let e = match within(ctx.config.proxy.response_timeout, backend.stream.read_buf(&mut backend.rbuf)).await {
+                let e = match backend.stream.read_within(ctx.config.proxy.response_timeout, &mut backend.rbuf).await {
                     Ok(0) => Error::backend("the backend closed the connection in the middle of a response"),
                     Ok(_) => continue,
                     Err(e) => Error::io(Side::Backend, "reading response", e),
@@ -482,7 +485,9 @@ async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &C
     loop {
         let n = walk.scan(&client.rbuf);
         if n > 0 {
-            within(ctx.config.proxy.response_timeout, backend.stream.write_all(&client.rbuf[..n]))
+            backend
+                .stream
+                .write_within(ctx.config.proxy.response_timeout, &client.rbuf[..n])
                 .await
                 .map_err(|e| Error::io(Side::Backend, "forwarding file", e))?;
             ctx.metrics.bytes_from_clients.inc_by(n as u64);
