@@ -54,6 +54,8 @@ impl Stream {
                 Stream::Tls(_) => break,
             };
             match r {
+                // (A socket that takes nothing is left to write_all, which reports it.)
+                Ok(0) => break,
                 Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(e),
@@ -232,7 +234,7 @@ pub async fn within<T>(limit: std::time::Duration, io: impl std::future::Future<
 
 /// Polls a future once, with the task's waker: Pending leaves that waker registered wherever
 /// the future registered it.
-pub async fn poll_once<F: std::future::Future + Unpin>(mut f: F) -> Poll<F::Output> {
+async fn poll_once<F: std::future::Future + Unpin>(mut f: F) -> Poll<F::Output> {
     std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut f).poll(cx))).await
 }
 

@@ -3,7 +3,6 @@
 //! session state, repeat.
 
 use std::sync::atomic::Ordering;
-use std::task::Poll;
 use std::time::Instant;
 
 use bytes::Buf;
@@ -18,7 +17,7 @@ use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
 use crate::ctx::Ctx;
 use crate::error::{Error, Result, Side};
-use crate::net::{BUF_SIZE, PacketConn, buffers, poll_once};
+use crate::net::{BUF_SIZE, PacketConn, buffers};
 use crate::session::{SessionHandle, SessionState, StateSink};
 
 /// Commands up to this size are read whole before being forwarded; larger ones are streamed.
@@ -183,15 +182,17 @@ impl<'a> Session<'a> {
                 }
                 r = client_event(client, park) => match r {
                     _ if park => {
-                        // Readiness: read at once rather than wait again (read_buf is
-                        // cancel-safe; a false readiness goes back to waiting on everything).
+                        // Readiness: read at once rather than wait again (a parked session is
+                        // plain, so its socket is read directly; a false readiness goes back to
+                        // waiting on everything).
                         may_park = false;
                         buffers::unpark(&mut self.client.rbuf);
                         buffers::unpark(&mut self.backend.rbuf);
-                        match poll_once(std::pin::pin!(self.client.fill())).await {
-                            Poll::Ready(Ok(0)) => return Ok(None),
-                            Poll::Ready(Err(e)) => return Err(Error::io(Side::Client, "reading command", e)),
-                            Poll::Ready(Ok(_)) | Poll::Pending => {}
+                        match self.client.stream.try_read_buf(&mut self.client.rbuf) {
+                            Ok(0) => return Ok(None),
+                            Ok(_) => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
                         }
                     }
                     Ok(0) => return Ok(None),
