@@ -206,36 +206,44 @@ impl AsyncWrite for Stream {
 /// of kind `TimedOut`. The limit counts from the first time the operation cannot go on: the
 /// timer is made only then, so an operation that completes at once (most writes, reads of data
 /// already there) costs no clock read and no timer.
-pub async fn within<T>(limit: std::time::Duration, io: impl std::future::Future<Output = io::Result<T>>) -> io::Result<T> {
-    let mut io = std::pin::pin!(io);
-    if limit.is_zero() {
-        return io.await;
-    }
-    // One poll; Pending leaves the task's waker registered with the operation.
-    if let Poll::Ready(r) = poll_once(io.as_mut()).await {
-        return r;
-    }
-    let mut timer = std::pin::pin!(tokio::time::sleep(limit));
-    let mut polled = true;
-    std::future::poll_fn(|cx| {
-        // The operation was just polled with this same waker: no need to poll it again now.
-        if !std::mem::take(&mut polled)
-            && let Poll::Ready(r) = io.as_mut().poll(cx)
-        {
-            return Poll::Ready(r);
-        }
-        match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, format!("no progress for {limit:?}")))),
-            Poll::Pending => Poll::Pending,
-        }
-    })
-    .await
+pub fn within<F: Future>(limit: std::time::Duration, io: F) -> Within<F> {
+    Within { io, timer: None, limit }
 }
 
-/// Polls a future once, with the task's waker: Pending leaves that waker registered wherever
-/// the future registered it.
-async fn poll_once<F: std::future::Future + Unpin>(mut f: F) -> Poll<F::Output> {
-    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut f).poll(cx))).await
+pin_project_lite::pin_project! {
+    /// The future of [`within`]: the operation and, once it has had to wait, its timer. A plain
+    /// struct rather than an async fn, so that it holds each of them once (it sits in the
+    /// future of every session, idle or not).
+    pub struct Within<F> {
+        #[pin]
+        io: F,
+        #[pin]
+        timer: Option<tokio::time::Sleep>,
+        limit: std::time::Duration,
+    }
+}
+
+impl<F: Future<Output = io::Result<T>>, T> Future for Within<F> {
+    type Output = io::Result<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        let mut this = self.project();
+        if let Poll::Ready(r) = this.io.poll(cx) {
+            return Poll::Ready(r);
+        }
+        if this.limit.is_zero() {
+            return Poll::Pending;
+        }
+        if this.timer.is_none() {
+            this.timer.set(Some(tokio::time::sleep(*this.limit)));
+        }
+        match this.timer.as_pin_mut().map(|t| t.poll(cx)) {
+            Some(Poll::Ready(())) => {
+                Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, format!("no progress for {:?}", this.limit))))
+            }
+            _ => Poll::Pending,
+        }
+    }
 }
 
 /// Initial read buffer size of a connection.
@@ -322,6 +330,11 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// Polls a future once, with the task's waker.
+    async fn poll_once<F: Future + Unpin>(mut f: F) -> Poll<F::Output> {
+        std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut f).poll(cx))).await
+    }
 
     #[tokio::test(start_paused = true)]
     async fn within_limits_only_an_operation_that_stalls() {

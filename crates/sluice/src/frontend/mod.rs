@@ -47,45 +47,24 @@ pub async fn serve(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Li
     let _slot = ConnectionSlot(ctx);
     if ctx.is_draining() {
         ctx.metrics.reject(Reject::ShuttingDown);
-        refuse_early(stream, code::SERVER_SHUTDOWN, "sluice is shutting down").await;
+        Box::pin(refuse_early(stream, code::SERVER_SHUTDOWN, "sluice is shutting down")).await;
         return;
     }
     if open >= ctx.config.proxy.max_connections {
         ctx.metrics.reject(Reject::MaxConnections);
         tracing::warn!(client = %peer, limit = ctx.config.proxy.max_connections, "refusing client: max_connections reached");
-        refuse_early(stream, code::CON_COUNT, "Too many connections").await;
+        Box::pin(refuse_early(stream, code::CON_COUNT, "Too many connections")).await;
         return;
     }
     let id = ctx.sessions.next_id();
     let handle = Arc::new(SessionHandle::new(id, peer.clone(), listener.name.clone()));
     ctx.sessions.insert(handle.clone());
     let _registered = Registered(ctx, id);
-    let tls = stream.is_tls();
-    // Boxed: the login's state is freed once it is done, not kept in the session's task.
-    let login = tokio::time::timeout(ctx.config.proxy.handshake_timeout, Box::pin(login::login(ctx, stream, &handle, &listener))).await;
-    let logged_in = match login {
-        Err(_) => {
-            ctx.metrics.reject(Reject::HandshakeTimeout);
-            ctx.metrics.error(Side::Client);
-            tracing::info!(session = id, client = %peer, "client did not finish logging in within handshake_timeout");
-            return;
-        }
-        Ok(Err(r)) => {
-            if let Some(reject) = r.reject {
-                ctx.metrics.reject(reject);
-            }
-            log_error(ctx, id, &peer, &r.error, "login failed");
-            return;
-        }
-        Ok(Ok(l)) => l,
+    // The login runs in its own future: its locals (the login result, LoggedIn) then take no
+    // room in the task of the session that follows it, idle for hours, perhaps.
+    let Some(mut session) = start(ctx, stream, &handle, &listener, &peer).await else {
+        return;
     };
-    {
-        let mut i = handle.info.lock();
-        i.tls = tls || logged_in.client.stream.is_tls();
-        i.compressed = logged_in.compression.is_some();
-    }
-    tracing::debug!(session = id, client = %peer, user = %logged_in.state.user, backend = %logged_in.guard.name, "session started");
-    let mut session = relay::Session::new(ctx, &handle, logged_in);
     let result = session.run().await;
     if let Err(e) = &result {
         log_error(ctx, id, &peer, e, "session ended with an error");
@@ -95,6 +74,44 @@ pub async fn serve(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Li
         u.release();
     }
     Box::pin(session.end_backend(result.is_ok())).await;
+}
+
+/// Logs the client in (within handshake_timeout) and makes its session; None when the login
+/// failed, which is logged and counted here.
+async fn start<'a>(
+    ctx: &'a Ctx,
+    stream: Stream,
+    handle: &'a SessionHandle,
+    listener: &Listener,
+    peer: &str,
+) -> Option<relay::Session<'a>> {
+    let id = handle.id;
+    let tls = stream.is_tls();
+    // Boxed: the login's state is freed once it is done.
+    let login = tokio::time::timeout(ctx.config.proxy.handshake_timeout, Box::pin(login::login(ctx, stream, handle, listener))).await;
+    let logged_in = match login {
+        Err(_) => {
+            ctx.metrics.reject(Reject::HandshakeTimeout);
+            ctx.metrics.error(Side::Client);
+            tracing::info!(session = id, client = %peer, "client did not finish logging in within handshake_timeout");
+            return None;
+        }
+        Ok(Err(r)) => {
+            if let Some(reject) = r.reject {
+                ctx.metrics.reject(reject);
+            }
+            log_error(ctx, id, peer, &r.error, "login failed");
+            return None;
+        }
+        Ok(Ok(l)) => l,
+    };
+    {
+        let mut i = handle.info.lock();
+        i.tls = tls || logged_in.client.stream.is_tls();
+        i.compressed = logged_in.compression.is_some();
+    }
+    tracing::debug!(session = id, client = %peer, user = %logged_in.state.user, backend = %logged_in.guard.name, "session started");
+    Some(relay::Session::new(ctx, handle, logged_in))
 }
 
 /// COM_RESET_CONNECTION; whether the backend said OK.
@@ -163,5 +180,25 @@ impl relay::Session<'_> {
 
     async fn close_client(&mut self) {
         self.client.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An idle session's memory is mostly its task, this future. The login's locals must not
+    /// stay in it after the login, and it must stay under tokio's threshold for boxing a
+    /// spawned future apart from its task (2 KB), so that a session costs one allocation.
+    #[tokio::test]
+    async fn a_session_task_holds_the_session_not_its_login() {
+        let config = crate::config::Config::parse("[[backends]]\naddress = \"127.0.0.1:1\"\n").unwrap();
+        let ctx = Ctx::new(config).unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let listener = Arc::new(Listener { name: "t".into(), auth: AuthMode::Passthrough });
+        let task = serve(ctx, Stream::Tcp(c), "peer".into(), listener);
+        let size = std::mem::size_of_val(&task);
+        assert!(size <= 2048, "a session's task takes {size} bytes");
     }
 }

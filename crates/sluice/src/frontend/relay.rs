@@ -175,7 +175,7 @@ impl<'a> Session<'a> {
                     // than a failing one.
                     tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, pins = ?self.state.pins(), "backend connection lost while idle; closing the client connection");
                     if !self.backend.rbuf.is_empty() {
-                        let _ = self.client.write(&self.backend.rbuf).await;
+                        let _ = Box::pin(self.client.write(&self.backend.rbuf)).await;
                     }
                     self.lost = Some(reason);
                     return Ok(None);
@@ -355,9 +355,10 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Sends an ERR to the client (best effort: it may be gone).
+    /// Sends an ERR to the client (best effort: it may be gone). Boxed, like every rare path:
+    /// its future stays out of the session's task.
     pub(super) async fn client_error(&mut self, seq: u8, code: u16, state: &[u8; 5], msg: &str) {
-        let _ = self.client.send_err(seq, code, state, msg).await;
+        let _ = Box::pin(self.client.send_err(seq, code, state, msg)).await;
     }
 
     /// Forwards a client request (one logical packet, of any size) to the backend; returns the
@@ -448,15 +449,17 @@ pub(super) async fn relay_response(
                 }
                 return Ok(());
             }
+            // The rare paths are boxed: their futures stay out of every session's task.
             State::LocalInfile => {
-                relay_infile(backend, client, ctx).await?;
+                Box::pin(relay_infile(backend, client, ctx)).await?;
                 tracker.after_infile();
             }
             State::Rewrite { len } => {
                 let packet = &backend.rbuf[..len];
                 let plain = sluice_proto::basic::strip_session_track(&packet[HEADER..], tracker.lenenc_info());
                 let payload = plain.as_deref().unwrap_or(&packet[HEADER..]);
-                client.write_packet(payload, packet[3]).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
+                let seq = packet[3];
+                Box::pin(client.write_packet(payload, seq)).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
                 backend.rbuf.advance(len);
             }
             State::Pending => {
@@ -472,7 +475,7 @@ pub(super) async fn relay_response(
                 if tracker.at_packet_boundary() {
                     let mut p = Vec::new();
                     sluice_proto::basic::err_payload(&mut p, code::SERVER_LOST, b"HY000", &format!("sluice: {}", e.message));
-                    let _ = client.write_packet(&p, tracker.last_seq.wrapping_add(1)).await;
+                    let _ = Box::pin(client.write_packet(&p, tracker.last_seq.wrapping_add(1))).await;
                 }
                 return Err(e);
             }
