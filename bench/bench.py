@@ -316,7 +316,10 @@ def main():
         results = {}
         for rnd in range(args.rounds):
             for cell in plan:
-                for target in cell.targets:
+                # The order of the targets rotates from round to round, so that none always
+                # runs first, or right after another's writes.
+                shift = rnd % len(cell.targets)
+                for target in cell.targets[shift:] + cell.targets[:shift]:
                     figures = suites.measure(env, cell, target, args)
                     results.setdefault(cell.key(target), []).append(figures)
                     cpu = figures.get("proxy_cpu_us_per_query")

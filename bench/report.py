@@ -241,7 +241,8 @@ def write(med, args, out, command):
              f"Command: `{command}`", "",
              f"Machine: {os.cpu_count()} cores. Proxies run {args.workers} worker thread(s) each; sysbench, MariaDB and "
              f"the proxy share the machine. Every cell is the median of {args.rounds} round(s) of {args.duration} s, "
-             "targets interleaved within each round. CPU is the proxy process's utime+stime over the run.", ""]
+             "targets interleaved within each round, their order rotating from round to round. "
+             "CPU is the proxy process's utime+stime over the run.", ""]
     sections = [("basic", "Basic workloads", basic), ("ranges", "Result-set size", ranges),
                 ("latency", "Added latency", latency), ("long", "Long (idle) connections", long_conns),
                 ("short", "Short connections", short_conns), ("scaling", "Worker scaling", scaling),
