@@ -25,6 +25,8 @@ pub struct Ctx {
     pub draining: AtomicBool,
     /// Client connections open now (for max_connections).
     pub connections: AtomicUsize,
+    /// The coarse clock of the response-timeout sweep.
+    pub clock: crate::deadline::Clock,
     origin: std::time::Instant,
 }
 
@@ -57,6 +59,7 @@ impl Ctx {
             tls,
             draining: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
+            clock: crate::deadline::Clock::new(config.proxy.response_timeout),
             origin: std::time::Instant::now(),
             config,
         }))

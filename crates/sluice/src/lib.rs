@@ -8,6 +8,7 @@ pub mod balance;
 pub mod cli;
 pub mod config;
 pub mod ctx;
+pub mod deadline;
 pub mod error;
 pub mod frontend;
 pub mod health;

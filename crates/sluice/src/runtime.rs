@@ -263,6 +263,7 @@ fn spawn_control(
             rt.block_on(async move {
                 crate::health::run(ctx.clone()).await;
                 tokio::spawn(return_memory(ctx.clone()));
+                tokio::spawn(crate::deadline::sweep(ctx.clone()));
                 if let Some(l) = admin {
                     match tokio::net::TcpListener::from_std(l) {
                         Ok(l) => {

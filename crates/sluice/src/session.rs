@@ -257,6 +257,11 @@ pub struct SessionHandle {
     /// Server status flags after the last command (changes every transaction: kept apart from
     /// `info` so that publishing it costs one store).
     pub status: AtomicU16,
+    /// The tick (`ctx.clock`) at which the session began to wait for its backend's response,
+    /// 0 when it is not waiting; the sweep in `deadline.rs` reads it.
+    pub response_wait: AtomicU32,
+    /// Set by the sweep when that wait ran past `response_timeout`.
+    pub response_expired: AtomicBool,
     pub info: Mutex<SessionInfo>,
 }
 
@@ -274,6 +279,8 @@ impl SessionHandle {
             backend_index: AtomicU32::new(u32::MAX),
             backend_thread_id: AtomicU32::new(0),
             status: AtomicU16::new(status::AUTOCOMMIT),
+            response_wait: AtomicU32::new(0),
+            response_expired: AtomicBool::new(false),
             info: Mutex::new(SessionInfo {
                 id,
                 client,
@@ -349,6 +356,21 @@ impl Wake {
         }
     }
 
+    /// Wakes the task that waits here, without making its wait return.
+    pub fn wake_task(&self) {
+        if let Some(w) = self.waker.lock().as_ref() {
+            w.wake_by_ref();
+        }
+    }
+
+    /// Makes sure the task of `cx` is the one woken, leaving the flag alone.
+    pub fn register(&self, cx: &Context<'_>, known: &mut Option<Waker>) {
+        if !known.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *known = Some(cx.waker().clone());
+            *self.waker.lock() = Some(cx.waker().clone());
+        }
+    }
+
     /// Ready once `notify` was called since it last returned Ready. `known` is the waker the
     /// caller last stored here.
     pub fn poll_woken(&self, cx: &mut Context<'_>, known: &mut Option<Waker>) -> Poll<()> {
@@ -387,6 +409,13 @@ impl Registry {
 
     pub fn insert(&self, h: Arc<SessionHandle>) {
         self.map.lock().insert(h.id, h);
+    }
+
+    /// Runs `f` on every live session (under the registry's lock: keep it short).
+    pub fn for_each(&self, mut f: impl FnMut(&SessionHandle)) {
+        for h in self.map.lock().values() {
+            f(h);
+        }
     }
 
     pub fn remove(&self, id: u32) {

@@ -55,7 +55,8 @@ impl Session<'_> {
             sluice_proto::packet::frame(&mut pkt, &q, 0);
             self.backend.stream.write_within(std::time::Duration::ZERO, &pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
             let mut sink = StateSink { state: &mut self.state, preparing: None, executing: None, error: None, changed: false, patch_stmt_id: None };
-            relay_response(&mut self.tracker, Expect::Results, 0, &mut self.backend, &mut self.client, &mut sink, self.ctx).await?;
+            let watch = crate::deadline::Watch { ctx: self.ctx, handle: self.handle, waker: &mut self.waker };
+            relay_response(&mut self.tracker, Expect::Results, 0, &mut self.backend, &mut self.client, &mut sink, watch).await?;
             sink.error.is_none()
         } else {
             self.kill_elsewhere(tb, &q).await?

@@ -16,6 +16,7 @@ use super::login::LoggedIn;
 use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
 use crate::ctx::Ctx;
+use crate::deadline::Watch;
 use crate::error::{Error, Result, Side};
 use crate::net::{BUF_SIZE, PacketConn, buffers};
 use crate::session::{SessionHandle, SessionState, StateSink};
@@ -47,7 +48,7 @@ pub struct Session<'a> {
     /// Which clients may reuse the backend connection once this session ends.
     pub(super) fit: crate::backend::pool::Fit,
     /// The waker last stored in the handle's [`crate::session::Wake`].
-    waker: Option<std::task::Waker>,
+    pub(super) waker: Option<std::task::Waker>,
 }
 
 /// What to do after a command.
@@ -297,7 +298,8 @@ impl<'a> Session<'a> {
             changed: false,
             patch_stmt_id: None,
         };
-        relay_response(&mut self.tracker, expect, request_seq, &mut self.backend, &mut self.client, &mut sink, self.ctx).await?;
+        let watch = Watch { ctx: self.ctx, handle: self.handle, waker: &mut self.waker };
+        relay_response(&mut self.tracker, expect, request_seq, &mut self.backend, &mut self.client, &mut sink, watch).await?;
         let (error, changed) = (sink.error, sink.changed);
         let now = Instant::now();
         self.guard.metrics.latency.observe_nanos((now - started).as_nanos() as u64);
@@ -425,8 +427,9 @@ pub(super) async fn relay_response(
     backend: &mut PacketConn,
     client: &mut ClientConn,
     sink: &mut StateSink<'_>,
-    ctx: &Ctx,
+    mut watch: Watch<'_>,
 ) -> Result<()> {
+    let ctx = watch.ctx;
     tracker.start(expect, request_seq);
     loop {
         let scan = tracker.scan(&backend.rbuf, sink).map_err(|e| Error::malformed(Side::Backend, e))?;
@@ -466,7 +469,7 @@ pub(super) async fn relay_response(
                 if backend.rbuf.capacity() - backend.rbuf.len() < 4096 {
                     backend.rbuf.reserve(BUF_SIZE);
                 }
-                let e = match backend.stream.read_within(ctx.config.proxy.response_timeout, &mut backend.rbuf).await {
+                let e = match watch.read(&mut backend.stream, &mut backend.rbuf).await {
                     Ok(0) => Error::backend("the backend closed the connection in the middle of a response"),
                     Ok(_) => continue,
                     Err(e) => Error::io(Side::Backend, "reading response", e),
