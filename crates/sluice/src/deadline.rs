@@ -18,9 +18,14 @@ use tokio::io::AsyncReadExt;
 
 use crate::ctx::Ctx;
 use crate::net::Stream;
-use crate::session::SessionHandle;
+use crate::session::{Registry, SessionHandle};
 
-/// The coarse clock of the sweep: ticks since start, from 1 (0 stands for "not waiting").
+/// What `SessionHandle::response_wait` holds when the session is not waiting.
+pub const NOT_WAITING: u32 = 0;
+/// What it holds once the sweep found the wait past the limit.
+pub const EXPIRED: u32 = u32::MAX;
+
+/// The coarse clock of the sweep: ticks since start, never `NOT_WAITING` nor `EXPIRED`.
 pub struct Clock {
     ticks: AtomicU32,
     pub tick: Duration,
@@ -40,14 +45,17 @@ impl Clock {
     }
 
     fn advance(&self) -> u32 {
-        let t = self.ticks.load(Ordering::Relaxed).wrapping_add(1).max(1);
+        let mut t = self.ticks.load(Ordering::Relaxed).wrapping_add(1);
+        if t == EXPIRED {
+            t = 1;
+        }
         self.ticks.store(t, Ordering::Relaxed);
         t
     }
 
     /// Whether a wait that began at tick `since` has lasted past the limit at tick `now`.
     fn expired(&self, since: u32, now: u32) -> bool {
-        since != 0 && now.wrapping_sub(since) >= self.max_age
+        since != NOT_WAITING && since != EXPIRED && now.wrapping_sub(since) >= self.max_age
     }
 }
 
@@ -59,12 +67,19 @@ pub async fn sweep(ctx: std::sync::Arc<Ctx>) {
     loop {
         tokio::time::sleep(ctx.clock.tick).await;
         let now = ctx.clock.advance();
-        ctx.sessions.for_each(|h| {
-            if ctx.clock.expired(h.response_wait.load(Ordering::Relaxed), now) && !h.response_expired.swap(true, Ordering::SeqCst) {
-                h.wake.wake_task();
-            }
-        });
+        expire(&ctx.clock, &ctx.sessions, now);
     }
+}
+
+/// Marks the waits that ran past the limit at tick `now`, and wakes their sessions.
+fn expire(clock: &Clock, sessions: &Registry, now: u32) {
+    sessions.for_each(|h| {
+        let since = h.response_wait.load(Ordering::Relaxed);
+        // The exchange expires this very wait, not one that began since it was read.
+        if clock.expired(since, now) && h.response_wait.compare_exchange(since, EXPIRED, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
+            h.wake.wake_task();
+        }
+    });
 }
 
 /// What a session's response reads need: its handle, where the sweep marks it, and the waker
@@ -89,7 +104,6 @@ impl Watch<'_> {
             return stream.read_buf(buf).await;
         }
         let h = self.handle;
-        h.response_expired.store(false, Ordering::SeqCst);
         h.response_wait.store(self.ctx.clock.now(), Ordering::Relaxed);
         let waker = &mut *self.waker;
         let mut read = std::pin::pin!(stream.read_buf(buf));
@@ -100,19 +114,21 @@ impl Watch<'_> {
             // The sweep wakes whatever waker the handle holds: make sure it is this task's
             // before looking at the mark (the handle's lock orders the two).
             h.wake.register(cx, waker);
-            if h.response_expired.load(Ordering::SeqCst) {
+            if h.response_wait.load(Ordering::SeqCst) == EXPIRED {
                 return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, format!("no progress for {limit:?}"))));
             }
             Poll::Pending
         })
         .await;
-        h.response_wait.store(0, Ordering::Relaxed);
+        h.response_wait.store(NOT_WAITING, Ordering::Relaxed);
         r
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
@@ -127,16 +143,48 @@ mod tests {
             assert!(!c.expired(since, now));
         }
         assert!(c.expired(since, c.advance()));
-        assert!(!c.expired(0, c.now()), "0 is no wait");
+        assert!(!c.expired(NOT_WAITING, c.now()));
+        assert!(!c.expired(EXPIRED, c.now()), "an expired wait is not expired again");
         // A tick is an eighth of the limit, and at most a second.
         assert_eq!(Clock::new(Duration::from_millis(400)).tick, Duration::from_millis(50));
         assert_eq!(Clock::new(Duration::from_secs(3600)).tick, Duration::from_secs(1));
     }
 
     #[test]
-    fn the_clock_never_reads_zero() {
+    fn the_sweep_expires_the_waits_past_the_limit_and_wakes_them() {
+        struct Count(AtomicU32);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let c = Clock::new(Duration::from_secs(8));
+        let sessions = Registry::default();
+        let handles: Vec<Arc<SessionHandle>> =
+            (1..=3).map(|id| Arc::new(SessionHandle::new(id, "client".into(), "listener".into()))).collect();
+        let woken: Vec<Arc<Count>> = handles.iter().map(|_| Arc::new(Count(AtomicU32::new(0)))).collect();
+        for (h, w) in handles.iter().zip(&woken) {
+            let waker = Waker::from(w.clone());
+            h.wake.register(&std::task::Context::from_waker(&waker), &mut None);
+            sessions.insert(h.clone());
+        }
+        // Waiting since tick 1 (9 ticks at tick 10), since tick 5, and not waiting.
+        handles[0].response_wait.store(1, Ordering::Relaxed);
+        handles[1].response_wait.store(5, Ordering::Relaxed);
+        expire(&c, &sessions, 10);
+        let waits: Vec<u32> = handles.iter().map(|h| h.response_wait.load(Ordering::Relaxed)).collect();
+        assert_eq!(waits, [EXPIRED, 5, NOT_WAITING]);
+        let wakes: Vec<u32> = woken.iter().map(|w| w.0.load(Ordering::Relaxed)).collect();
+        assert_eq!(wakes, [1, 0, 0]);
+        // An expired wait is woken once.
+        expire(&c, &sessions, 11);
+        assert_eq!(woken[0].0.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn the_clock_skips_the_two_marks() {
         let c = Clock::new(Duration::from_secs(1));
-        c.ticks.store(u32::MAX, Ordering::Relaxed);
+        c.ticks.store(u32::MAX - 1, Ordering::Relaxed);
         assert_eq!(c.advance(), 1);
         assert!(c.expired(u32::MAX - 20, 1), "waits are measured across the wrap");
     }

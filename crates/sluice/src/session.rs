@@ -258,10 +258,9 @@ pub struct SessionHandle {
     /// `info` so that publishing it costs one store).
     pub status: AtomicU16,
     /// The tick (`ctx.clock`) at which the session began to wait for its backend's response,
-    /// 0 when it is not waiting; the sweep in `deadline.rs` reads it.
+    /// `deadline::NOT_WAITING` when it is not waiting, or `deadline::EXPIRED` once the sweep
+    /// found that wait past `response_timeout`.
     pub response_wait: AtomicU32,
-    /// Set by the sweep when that wait ran past `response_timeout`.
-    pub response_expired: AtomicBool,
     pub info: Mutex<SessionInfo>,
 }
 
@@ -279,8 +278,7 @@ impl SessionHandle {
             backend_index: AtomicU32::new(u32::MAX),
             backend_thread_id: AtomicU32::new(0),
             status: AtomicU16::new(status::AUTOCOMMIT),
-            response_wait: AtomicU32::new(0),
-            response_expired: AtomicBool::new(false),
+            response_wait: AtomicU32::new(crate::deadline::NOT_WAITING),
             info: Mutex::new(SessionInfo {
                 id,
                 client,
