@@ -37,7 +37,8 @@ impl Clock {
     pub fn new(limit: Duration) -> Clock {
         let tick = (limit / 8).clamp(Duration::from_millis(1), Duration::from_secs(1));
         let ticks = limit.as_nanos().div_ceil(tick.as_nanos().max(1));
-        Clock { ticks: AtomicU32::new(1), tick, max_age: u32::try_from(ticks).unwrap_or(u32::MAX - 1) + 1 }
+        // (A limit beyond u32 ticks never expires.)
+        Clock { ticks: AtomicU32::new(1), tick, max_age: u32::try_from(ticks).unwrap_or(u32::MAX).saturating_add(1) }
     }
 
     pub fn now(&self) -> u32 {
@@ -95,13 +96,13 @@ impl Watch<'_> {
     /// come, or until the sweep finds that none came for `response_timeout` (an error of kind
     /// `TimedOut`).
     pub async fn read(&mut self, stream: &mut Stream, buf: &mut BytesMut) -> io::Result<usize> {
+        let limit = self.ctx.config.proxy.response_timeout;
+        if limit.is_zero() {
+            return stream.read_into(buf).await;
+        }
         match stream.try_read_buf(buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             r => return r,
-        }
-        let limit = self.ctx.config.proxy.response_timeout;
-        if limit.is_zero() {
-            return stream.read_buf(buf).await;
         }
         let h = self.handle;
         h.response_wait.store(self.ctx.clock.now(), Ordering::Relaxed);

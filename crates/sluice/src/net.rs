@@ -33,10 +33,10 @@ impl Stream {
     }
 
     /// Reads into `buf` (which must have spare capacity): at once when data is there, else
-    /// waiting at most `limit` for it (no limit when zero). Returns 0 at end of stream.
-    pub async fn read_within(&mut self, limit: std::time::Duration, buf: &mut BytesMut) -> io::Result<usize> {
+    /// through tokio's read future. Returns 0 at end of stream.
+    pub async fn read_into(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         match self.try_read_buf(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => within(limit, self.read_buf(buf)).await,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.read_buf(buf).await,
             r => r,
         }
     }

@@ -349,9 +349,7 @@ impl Wake {
     /// Makes the next (or current) wait return.
     pub fn notify(&self) {
         self.flag.store(true, Ordering::SeqCst);
-        if let Some(w) = self.waker.lock().as_ref() {
-            w.wake_by_ref();
-        }
+        self.wake_task();
     }
 
     /// Wakes the task that waits here, without making its wait return.
@@ -361,12 +359,15 @@ impl Wake {
         }
     }
 
-    /// Makes sure the task of `cx` is the one woken, leaving the flag alone.
-    pub fn register(&self, cx: &Context<'_>, known: &mut Option<Waker>) {
-        if !known.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            *known = Some(cx.waker().clone());
-            *self.waker.lock() = Some(cx.waker().clone());
+    /// Makes sure the task of `cx` is the one woken, leaving the flag alone. `known` is the
+    /// waker the caller last stored here; true when it had to be stored again.
+    pub fn register(&self, cx: &Context<'_>, known: &mut Option<Waker>) -> bool {
+        if known.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            return false;
         }
+        *known = Some(cx.waker().clone());
+        *self.waker.lock() = Some(cx.waker().clone());
+        true
     }
 
     /// Ready once `notify` was called since it last returned Ready. `known` is the waker the
@@ -375,13 +376,9 @@ impl Wake {
         if self.flag.swap(false, Ordering::SeqCst) {
             return Poll::Ready(());
         }
-        if !known.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            *known = Some(cx.waker().clone());
-            *self.waker.lock() = Some(cx.waker().clone());
-            // A notify that ran before the waker was stored left only the flag.
-            if self.flag.swap(false, Ordering::SeqCst) {
-                return Poll::Ready(());
-            }
+        // A notify that ran before the waker was stored left only the flag.
+        if self.register(cx, known) && self.flag.swap(false, Ordering::SeqCst) {
+            return Poll::Ready(());
         }
         Poll::Pending
     }

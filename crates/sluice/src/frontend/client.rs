@@ -51,7 +51,7 @@ impl ClientConn {
             self.rbuf.reserve(BUF_SIZE);
         }
         let Some(c) = &mut self.comp else {
-            return self.stream.read_within(std::time::Duration::ZERO, &mut self.rbuf).await;
+            return self.stream.read_into(&mut self.rbuf).await;
         };
         loop {
             if let Some(h) = FrameHeader::parse(&c.raw) {
