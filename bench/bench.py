@@ -35,7 +35,7 @@ import suites  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling"]
+ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling", "floor"]
 # Not part of the default run: the comparison of sluice's two runtime flavours.
 EXTRA_SUITES = ["runtime"]
 
@@ -164,6 +164,15 @@ listen mysql
         p = self.spawn(["haproxy", "-db", "-f", str(cfg)], f"{name}.log")
         wait_port(port, p)
         self.targets[name] = Target(name, port, socket_path=str(sock), proc=p)
+
+    def start_forward(self, name, mode, backend_port):
+        """A byte forwarder with no protocol work (sluice-forward), for the floor suite."""
+        p = self.spawn([str(ROOT / "target/release/sluice-forward"), mode, f"127.0.0.1:{backend_port}"],
+                       f"{name}.log", stdout=subprocess.PIPE)
+        addr = p.stdout.readline().strip()
+        if not addr:
+            raise RuntimeError(f"sluice-forward {mode} failed; see bench/work/{name}.log")
+        self.targets[name] = Target(name, int(addr.rsplit(":", 1)[1]), proc=p)
 
     def start_sluice(self, name, backend_port, workers, runtime="per-core"):
         port = free_port()
@@ -305,6 +314,9 @@ def main():
         env.start_sluice("sluice", env.backend_port, args.workers)
         if "runtime" in args.suites:
             env.start_sluice("sluice-multi", env.backend_port, args.workers, "multi")
+        if "floor" in args.suites:
+            env.start_forward("forward-epoll", "epoll", env.backend_port)
+            env.start_forward("forward-uring", "uring", env.backend_port)
         if "scaling" in args.suites:
             env.start_sluice("sluice-1w", env.backend_port, 1)
             env.start_sluice("sluice-2w", env.backend_port, 2)

@@ -145,6 +145,32 @@ def scaling(med, args, lines):
     lines.append("")
 
 
+FLOOR_TARGETS = [("haproxy", "HAProxy"), ("sluice", "sluice"), ("forward-epoll", "epoll forwarder"),
+                 ("forward-uring", "io_uring forwarder")]
+
+
+def floor(med, args, lines):
+    lines += ["The cells of the CPU targets, also on two forwarders that relay bytes and do nothing else "
+              "(`sluice-forward`, one thread each): a level-triggered epoll loop with one read per readiness "
+              "event, and an io_uring loop that keeps a receive in flight on every socket and submits and "
+              "waits in one system call per turn. No proxy that works through the same event loop can cost "
+              "less than its forwarder.", "",
+              "| cell | target | QPS | QPS vs HAProxy | CPU µs/query | user µs | kernel µs | CPU vs HAProxy |",
+              "|---|---|---|---|---|---|---|---|"]
+    variants = [c.split("/", 1)[1].rsplit("/", 1)[0] for c in med if c.startswith("floor/") and c.endswith("/haproxy")]
+    for v in variants:
+        k = lambda target: f"floor/{v}/{target}"  # noqa: E731
+        for target, label in FLOOR_TARGETS:
+            row = [v, label, f(get(med, k(target), "qps")),
+                   f(ratio(get(med, k(target), "qps"), get(med, k("haproxy"), "qps")), 2)]
+            row += [f(get(med, k(target), x), 2) for x in
+                    ("proxy_cpu_us_per_query", "proxy_user_us_per_query", "proxy_kernel_us_per_query")]
+            row.append(f(ratio(get(med, k(target), "proxy_cpu_us_per_query"),
+                               get(med, k("haproxy"), "proxy_cpu_us_per_query")), 2))
+            lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+
+
 def runtime(med, args, lines):
     lines += [f"sluice with {args.workers} workers: one single-threaded runtime per worker (per-core, the default) "
               "against one work-stealing runtime (multi).", "",
@@ -246,7 +272,7 @@ def write(med, args, out, command):
     sections = [("basic", "Basic workloads", basic), ("ranges", "Result-set size", ranges),
                 ("latency", "Added latency", latency), ("long", "Long (idle) connections", long_conns),
                 ("short", "Short connections", short_conns), ("scaling", "Worker scaling", scaling),
-                ("runtime", "Runtime flavours", runtime)]
+                ("floor", "The floor: forwarders with no protocol work", floor), ("runtime", "Runtime flavours", runtime)]
     if any(s in args.suites for s in ("basic", "ranges", "latency", "long", "short", "scaling")):
         lines += ["## Targets", ""]
         targets(med, args, lines)

@@ -11,6 +11,8 @@ import time
 
 BASIC = ["oltp_point_select", "oltp_read_only", "oltp_write_only", "oltp_read_write"]
 RANGE_SIZES = [10, 100, 1000, 10000]
+# The range size of the CPU target, measured again in the floor suite.
+FLOOR_RANGE = 1000
 # Only simple ranges, no transactions: the cost of the rows themselves.
 RANGE_ARGS = ["--skip_trx=on", "--point_selects=0", "--simple_ranges=1", "--sum_ranges=0",
               "--order_ranges=0", "--distinct_ranges=0"]
@@ -64,6 +66,16 @@ def cells(env, args):
             out.append(Cell("scaling", f"responder/{threads}", "oltp_point_select", threads,
                             ["haproxy-resp", "sluice-1w-resp", "sluice-2w-resp"], ps=False))
             out.append(Cell("scaling", f"mariadb/{threads}", "oltp_point_select", threads, ["sluice-1w", "sluice-2w"]))
+    if "floor" in suites:
+        # The cells of the CPU targets, also on two forwarders that relay bytes and do nothing
+        # else (sluice-forward): what relaying costs on each event loop, with no protocol work.
+        floor = ["haproxy", "sluice", "forward-epoll", "forward-uring"]
+        for w in args.workloads[:2]:
+            for threads in args.threads:
+                out.append(Cell("floor", f"{w}/{threads}", w, threads, floor))
+        size = FLOOR_RANGE if FLOOR_RANGE in args.range_sizes else max(args.range_sizes)
+        out.append(Cell("floor", f"ranges-{size}/{args.range_threads}", "oltp_read_only", args.range_threads, floor,
+                        RANGE_ARGS + [f"--range_size={size}"]))
     return out
 
 

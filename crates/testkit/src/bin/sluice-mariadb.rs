@@ -13,7 +13,8 @@ fn main() {
         match a.as_str() {
             "--count" => count = args.next().and_then(|v| v.parse().ok()).expect("--count N"),
             "--dir" => {
-                let dir = args.next().expect("--dir DIR");
+                // Absolute: the servers are started from other working directories.
+                let dir = std::path::absolute(args.next().expect("--dir DIR")).expect("--dir: a usable path");
                 // SAFETY: no other thread exists yet, so nothing reads the environment concurrently.
                 unsafe { std::env::set_var("SLUICE_TESTKIT_DIR", dir) };
             }

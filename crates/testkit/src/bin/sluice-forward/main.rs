@@ -1,0 +1,105 @@
+//! A TCP byte forwarder that does no work of its own, for the benchmarks' `floor` suite: what
+//! relaying a query costs a proxy that neither parses nor allocates, over two kinds of event
+//! loop on one thread.
+//!
+//! - `epoll`: level-triggered epoll; one read per readiness event, the bytes written on at once
+//!   (no EAGAIN read to drain a socket: a short read ends the turn, epoll reports the rest).
+//! - `uring`: io_uring; a receive is always in flight on each side, the send is queued from its
+//!   completion, and one `io_uring_enter` per loop turn submits everything and waits.
+//!
+//! Each client connection gets its own backend connection, opened (blocking) when it is
+//! accepted. Not a proxy: no limits, no timeouts, no health checks. It exists to measure.
+//!
+//! Usage: sluice-forward epoll|uring BACKEND_ADDR   (prints the bound 127.0.0.1 address)
+
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+
+mod epoll;
+mod uring;
+
+/// Bytes buffered per direction, HAProxy's default `tune.bufsize`.
+const BUF: usize = 16 * 1024;
+
+/// A client connection and its backend connection: side 0 is the client, side 1 the backend.
+/// Direction `d` moves bytes from side `d` to side `1 - d` through `buf[d]`.
+struct Pair {
+    socks: [TcpStream; 2],
+    buf: [Box<[u8]>; 2],
+}
+
+impl Pair {
+    fn open(client: TcpStream, backend: &str, nonblocking: bool) -> std::io::Result<Pair> {
+        let server = TcpStream::connect(backend)?;
+        for s in [&client, &server] {
+            s.set_nodelay(true)?;
+            s.set_nonblocking(nonblocking)?;
+        }
+        Ok(Pair { socks: [client, server], buf: [vec![0; BUF].into(), vec![0; BUF].into()] })
+    }
+
+    fn fd(&self, side: usize) -> RawFd {
+        self.socks[side].as_raw_fd()
+    }
+}
+
+/// Slots of pairs, each with a generation so that an event for a closed pair is told apart from
+/// one for the pair that took its slot.
+/// Boxed, so that the buffers the kernel writes into do not move when the slab grows.
+struct Slab<T> {
+    items: Vec<Option<Box<T>>>,
+    gens: Vec<u32>,
+    free: Vec<usize>,
+}
+
+impl<T> Slab<T> {
+    fn new() -> Slab<T> {
+        Slab { items: Vec::new(), gens: Vec::new(), free: Vec::new() }
+    }
+
+    fn insert(&mut self, item: T) -> (usize, u32) {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.items.push(None);
+            self.gens.push(0);
+            self.items.len() - 1
+        });
+        self.gens[slot] = self.gens[slot].wrapping_add(1);
+        self.items[slot] = Some(Box::new(item));
+        (slot, self.gens[slot])
+    }
+
+    fn get(&mut self, slot: usize, generation: u32) -> Option<&mut T> {
+        if self.gens.get(slot) != Some(&generation) {
+            return None;
+        }
+        self.items[slot].as_deref_mut()
+    }
+
+    fn remove(&mut self, slot: usize) {
+        if self.items[slot].take().is_some() {
+            self.free.push(slot);
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (Some(mode), Some(backend)) = (args.get(1), args.get(2)) else {
+        eprintln!("usage: sluice-forward epoll|uring BACKEND_ADDR");
+        std::process::exit(2);
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+    println!("{}", listener.local_addr().expect("local address"));
+    let result = match mode.as_str() {
+        "epoll" => epoll::run(listener, backend),
+        "uring" => uring::run(listener, backend),
+        _ => {
+            eprintln!("unknown mode {mode}: epoll or uring");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = result {
+        eprintln!("sluice-forward: {e}");
+        std::process::exit(1);
+    }
+}
