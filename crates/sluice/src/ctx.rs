@@ -27,7 +27,18 @@ pub struct Ctx {
     pub connections: AtomicUsize,
     /// The coarse clock of the response-timeout sweep.
     pub clock: crate::deadline::Clock,
-    origin: std::time::Instant,
+    /// `mono_ns()` when this context was created.
+    origin_ns: u64,
+}
+
+/// Nanoseconds of the monotonic clock (from an arbitrary origin). The relay reads it twice per
+/// command; it is one vDSO call and integer arithmetic, where `Instant` adds checked
+/// `timespec` conversions on each read and subtraction.
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
 impl Ctx {
@@ -60,18 +71,19 @@ impl Ctx {
             draining: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
             clock: crate::deadline::Clock::new(config.proxy.response_timeout),
-            origin: std::time::Instant::now(),
+            origin_ns: mono_ns(),
             config,
         }))
     }
 
     /// Milliseconds since this context was created (a cheap monotonic clock for bookkeeping).
     pub fn clock_ms(&self) -> u64 {
-        self.origin.elapsed().as_millis() as u64
+        self.ms_at(mono_ns())
     }
 
-    pub fn ms_at(&self, t: std::time::Instant) -> u64 {
-        t.saturating_duration_since(self.origin).as_millis() as u64
+    /// [`Ctx::clock_ms`] at a time read earlier with [`mono_ns`].
+    pub fn ms_at(&self, t_ns: u64) -> u64 {
+        t_ns.saturating_sub(self.origin_ns) / 1_000_000
     }
 
     pub fn is_draining(&self) -> bool {

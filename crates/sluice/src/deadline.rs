@@ -7,14 +7,12 @@
 //! their tasks. A wait costs two relaxed stores; the timeout fires between the limit and the
 //! limit plus two ticks (a tick is an eighth of the limit, at most one second).
 
-use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::AsyncReadExt;
 
 use crate::ctx::Ctx;
 use crate::net::Stream;
@@ -107,9 +105,8 @@ impl Watch<'_> {
         let h = self.handle;
         h.response_wait.store(self.ctx.clock.now(), Ordering::Relaxed);
         let waker = &mut *self.waker;
-        let mut read = std::pin::pin!(stream.read_buf(buf));
         let r = std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = read.as_mut().poll(cx) {
+            if let Poll::Ready(r) = stream.poll_read_into(cx, buf) {
                 return Poll::Ready(r);
             }
             // The sweep wakes whatever waker the handle holds: make sure it is this task's

@@ -1,12 +1,13 @@
 //! Byte streams (TCP, Unix, TLS over either) and packet-level I/O for the connection phase.
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use sluice_proto::packet::{HEADER, Header};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
 /// A connection to a client or a backend.
@@ -26,18 +27,36 @@ impl Stream {
     /// A TLS stream always answers `WouldBlock` (its reads go through the async path).
     pub fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => s.try_read_buf(buf),
-            Stream::Unix(s) => s.try_read_buf(buf),
+            Stream::Tcp(s) => try_recv(|f| s.try_io(Interest::READABLE, f), s.as_raw_fd(), buf),
+            Stream::Unix(s) => try_recv(|f| s.try_io(Interest::READABLE, f), s.as_raw_fd(), buf),
             Stream::Tls(_) => Err(io::ErrorKind::WouldBlock.into()),
         }
     }
 
-    /// Reads into `buf` (which must have spare capacity): at once when data is there, else
-    /// through tokio's read future. Returns 0 at end of stream.
+    /// Reads into `buf` (which must have spare capacity), waiting until there is something to
+    /// read. Returns 0 at end of stream.
     pub async fn read_into(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        match self.try_read_buf(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.read_buf(buf).await,
-            r => r,
+        std::future::poll_fn(|cx| self.poll_read_into(cx, buf)).await
+    }
+
+    /// Polls for bytes into `buf`'s spare capacity. A plain socket is read at once, and only when
+    /// it has nothing is its readiness polled (which registers the waker); a TLS stream goes
+    /// through its `AsyncRead`.
+    pub fn poll_read_into(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        loop {
+            if let Stream::Tls(t) = self {
+                return poll_read_tls(t, cx, buf);
+            }
+            match self.try_read_buf(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return Poll::Ready(r),
+            }
+            let readiness = match self {
+                Stream::Tcp(s) => s.poll_read_ready(cx),
+                Stream::Unix(s) => s.poll_read_ready(cx),
+                Stream::Tls(_) => unreachable!("TLS streams returned above"),
+            };
+            std::task::ready!(readiness)?;
         }
     }
 
@@ -49,8 +68,8 @@ impl Stream {
         let mut done = 0;
         while done < data.len() {
             let r = match self {
-                Stream::Tcp(s) => s.try_write(&data[done..]),
-                Stream::Unix(s) => s.try_write(&data[done..]),
+                Stream::Tcp(s) => s.try_io(Interest::WRITABLE, || sys::send(s.as_raw_fd(), &data[done..])),
+                Stream::Unix(s) => s.try_io(Interest::WRITABLE, || sys::send(s.as_raw_fd(), &data[done..])),
                 Stream::Tls(_) => break,
             };
             match r {
@@ -108,6 +127,89 @@ impl Stream {
             Stream::Unix(s) => std::future::poll_fn(|cx| s.poll_read_ready(cx)).await,
             Stream::Tls(_) => std::future::pending().await,
         }
+    }
+}
+
+/// One read of a plain socket through `try_io` (which reads only when the socket is known to be
+/// readable, and forgets that readiness on `WouldBlock`). A short read also drained the socket,
+/// so it forgets the readiness too, as tokio's own `poll_read` does: else the next wait would
+/// begin with a read that can only answer EAGAIN.
+fn try_recv<F>(try_io: F, fd: std::os::fd::RawFd, buf: &mut BytesMut) -> io::Result<usize>
+where
+    F: FnOnce(&mut dyn FnMut() -> io::Result<usize>) -> io::Result<usize>,
+{
+    let mut short = None;
+    let r = try_io(&mut || {
+        let room = buf.capacity() - buf.len();
+        let n = sys::recv(fd, buf)?;
+        if n > 0 && n < room {
+            short = Some(n);
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    short.map_or(r, Ok)
+}
+
+/// A TLS stream's read into `buf`'s spare capacity (what tokio's `read_buf` does).
+fn poll_read_tls(t: &mut tokio_rustls::TlsStream<Stream>, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+    use bytes::BufMut;
+    let spare = buf.chunk_mut();
+    // SAFETY: ReadBuf only writes initialised bytes into the slice and reports how many.
+    let mut rb = ReadBuf::uninit(unsafe { spare.as_uninit_slice_mut() });
+    std::task::ready!(Pin::new(t).poll_read(cx, &mut rb))?;
+    let n = rb.filled().len();
+    // SAFETY: the first `n` bytes of the spare capacity were filled.
+    unsafe { buf.advance_mut(n) };
+    Poll::Ready(Ok(n))
+}
+
+/// The relay's reads and writes of plain sockets, as system calls by number. glibc's `recv` and
+/// `send` are thread-cancellation points: each call switches cancellation on and off around the
+/// system call, two atomic updates that sluice (which never cancels a thread) does not need.
+/// Elsewhere than Linux, the standard library's calls.
+mod sys {
+    use std::io;
+    use std::os::fd::RawFd;
+
+    use bytes::{BufMut, BytesMut};
+
+    /// Reads into `buf`'s spare capacity (none: reads nothing).
+    pub fn recv(fd: RawFd, buf: &mut BytesMut) -> io::Result<usize> {
+        let spare = buf.chunk_mut();
+        let n = raw_recv(fd, spare.as_mut_ptr(), spare.len())?;
+        // SAFETY: the kernel initialised the first `n` bytes of the spare capacity.
+        unsafe { buf.advance_mut(n) };
+        Ok(n)
+    }
+
+    #[cfg(target_os = "linux")]
+    fn raw_recv(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
+        // SAFETY: `ptr..ptr + len` is writable memory that outlives the call.
+        let n = unsafe { libc::syscall(libc::SYS_recvfrom, fd, ptr, len, 0, 0usize, 0usize) };
+        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn raw_recv(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
+        // SAFETY: as above.
+        let n = unsafe { libc::recv(fd, ptr.cast(), len, 0) };
+        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+    }
+
+    /// Writes what the socket takes of `data` (never raising SIGPIPE).
+    #[cfg(target_os = "linux")]
+    pub fn send(fd: RawFd, data: &[u8]) -> io::Result<usize> {
+        // SAFETY: `data` is readable memory that outlives the call.
+        let n = unsafe { libc::syscall(libc::SYS_sendto, fd, data.as_ptr(), data.len(), libc::MSG_NOSIGNAL, 0usize, 0usize) };
+        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn send(fd: RawFd, data: &[u8]) -> io::Result<usize> {
+        // SAFETY: as above.
+        let n = unsafe { libc::send(fd, data.as_ptr().cast(), data.len(), 0) };
+        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
     }
 }
 
@@ -354,6 +456,39 @@ mod tests {
             Ok(9)
         };
         assert_eq!(within(Duration::ZERO, slow).await.unwrap(), 9);
+    }
+
+    /// A read that gets less than it had room for drained the socket: the stream forgets its
+    /// readiness, so the next read waits for the next readiness event instead of trying the
+    /// socket (which could only answer EAGAIN, one wasted system call per command). A read that
+    /// fills the buffer keeps it: more may be there.
+    #[tokio::test]
+    async fn a_short_read_forgets_readiness_and_a_full_one_keeps_it() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (ours, _) = listener.accept().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let stream = Stream::Tcp(TcpStream::from_std(ours).unwrap());
+        let mut buf = BytesMut::with_capacity(64);
+
+        peer.write_all(&[1; 10]).unwrap();
+        stream.readable().await.unwrap();
+        assert_eq!(stream.try_read_buf(&mut buf).unwrap(), 10);
+        // The bytes are in the socket already, but no readiness event has announced them.
+        peer.write_all(&[2; 5]).unwrap();
+        assert_eq!(stream.try_read_buf(&mut buf).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        stream.readable().await.unwrap();
+        assert_eq!(stream.try_read_buf(&mut buf).unwrap(), 5);
+
+        // A read that fills the buffer: the readiness stays, and the next read gets the rest.
+        let mut small = BytesMut::with_capacity(8);
+        peer.write_all(&[3; 100]).unwrap();
+        stream.readable().await.unwrap();
+        let n = stream.try_read_buf(&mut small).unwrap();
+        assert_eq!(n, small.capacity());
+        small.clear();
+        assert!(stream.try_read_buf(&mut small).unwrap() > 0);
     }
 
     /// rustls takes more plaintext than the socket can send at once; a write that returned

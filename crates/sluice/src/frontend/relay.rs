@@ -3,7 +3,6 @@
 //! session state, repeat.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use bytes::Buf;
 use sluice_proto::consts::{com, err as code};
@@ -15,7 +14,7 @@ use super::client::ClientConn;
 use super::login::LoggedIn;
 use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
-use crate::ctx::Ctx;
+use crate::ctx::{Ctx, mono_ns};
 use crate::deadline::Watch;
 use crate::error::{Error, Result, Side};
 use crate::net::{BUF_SIZE, PacketConn, buffers};
@@ -288,7 +287,7 @@ impl<'a> Session<'a> {
         let preparing = (cmd == com::STMT_PREPARE).then(|| self.client.rbuf[HEADER + 1..body_end].to_vec());
         let init_db = (cmd == com::INIT_DB).then(|| String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into_owned());
         self.before_command(cmd, stmt_id);
-        let started = Instant::now();
+        let started = mono_ns();
         let request_seq = self.forward_request().await?;
         let mut sink = StateSink {
             state: &mut self.state,
@@ -301,8 +300,8 @@ impl<'a> Session<'a> {
         let watch = Watch { ctx: self.ctx, handle: self.handle, waker: &mut self.waker };
         relay_response(&mut self.tracker, expect, request_seq, &mut self.backend, &mut self.client, &mut sink, watch).await?;
         let (error, changed) = (sink.error, sink.changed);
-        let now = Instant::now();
-        self.guard.metrics.latency.observe_nanos((now - started).as_nanos() as u64);
+        let now = mono_ns();
+        self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
         self.guard.activity.record(self.ctx.ms_at(now));
         if let (Some(db), None) = (init_db, error) {
             self.state.schema = Some(db);
