@@ -386,15 +386,19 @@ impl ResponseTracker {
 /// that continues in the next one, or an incomplete packet), which the general path handles.
 #[inline]
 fn skip_whole_rows<S: Sink>(buf: &[u8], mut pos: usize, last_seq: &mut u8, sink: &mut S) -> usize {
-    while let Some(b) = buf.get(pos..pos + HEADER + 1) {
+    let mut seq = None;
+    while let Some(b) = buf.get(pos..).and_then(|rest| rest.first_chunk::<{ HEADER + 1 }>()) {
         let len = u32::from_le_bytes([b[0], b[1], b[2], 0]) as usize;
-        let first = b[HEADER];
-        if len == 0 || len >= MAX_PAYLOAD || first == 0xfe || first == 0xff || buf.len() - pos < HEADER + len {
+        // (`buf.len() - pos` is at least HEADER + 1 here.)
+        if len == 0 || len >= MAX_PAYLOAD || b[HEADER] >= 0xfe || buf.len() - pos - HEADER < len {
             break;
         }
         sink.row();
-        *last_seq = b[3];
+        seq = Some(b[3]);
         pos += HEADER + len;
+    }
+    if let Some(s) = seq {
+        *last_seq = s;
     }
     pos
 }
