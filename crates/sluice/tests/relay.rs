@@ -82,6 +82,26 @@ async fn values_of_64_mib_both_ways() {
     c.disconnect().await.unwrap();
 }
 
+
+/// A result set of many rows of varied sizes: several megabytes that sluice reads in growing
+/// buffers, rows straddling every read, in both protocols, and the session goes on after it.
+#[tokio::test]
+async fn results_of_many_rows_of_varied_sizes() {
+    let s = shared_sluice();
+    let mut c = app(s).await;
+    c.query_drop("SET SESSION max_recursive_iterations = 100000").await.unwrap();
+    let sql = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 20000) \
+               SELECT n, REPEAT(CHAR(65 + n % 26), n % 700) FROM r";
+    let expected: Vec<(u32, String)> =
+        (1..=20000u32).map(|n| (n, char::from(b'A' + (n % 26) as u8).to_string().repeat((n % 700) as usize))).collect();
+    let text: Vec<(u32, String)> = c.query(sql).await.unwrap();
+    assert!(text == expected, "text protocol: {} rows, not the 20000 expected", text.len());
+    let binary: Vec<(u32, String)> = c.exec(sql, ()).await.unwrap();
+    assert!(binary == expected, "binary protocol: {} rows, not the 20000 expected", binary.len());
+    let one: Option<i32> = c.query_first("SELECT 1").await.unwrap();
+    assert_eq!(one, Some(1));
+    c.disconnect().await.unwrap();
+}
 #[tokio::test]
 async fn ping_init_db_reset_and_change_user() {
     let s = shared_sluice();

@@ -17,7 +17,7 @@ use crate::backend::conn::Credential;
 use crate::ctx::{Ctx, mono_ns};
 use crate::deadline::Watch;
 use crate::error::{Error, Result, Side};
-use crate::net::{BUF_SIZE, PacketConn, buffers};
+use crate::net::{BUF_SIZE, LARGE_BUF_SIZE, PacketConn, buffers};
 use crate::session::{SessionHandle, SessionState, StateSink};
 
 /// Commands up to this size are read whole before being forwarded; larger ones are streamed.
@@ -430,6 +430,8 @@ pub(super) async fn relay_response(
 ) -> Result<()> {
     let ctx = watch.ctx;
     tracker.start(expect, request_seq);
+    // Whether the last read filled the buffer: the response is large, read it in large pieces.
+    let mut filled = false;
     loop {
         let scan = tracker.scan(&backend.rbuf, sink).map_err(|e| Error::malformed(Side::Backend, e))?;
         if let Some(id) = sink.patch_stmt_id.take() {
@@ -465,12 +467,17 @@ pub(super) async fn relay_response(
                 backend.rbuf.advance(len);
             }
             State::Pending => {
-                if backend.rbuf.capacity() - backend.rbuf.len() < 4096 {
-                    backend.rbuf.reserve(BUF_SIZE);
+                let want = if filled { LARGE_BUF_SIZE } else { BUF_SIZE };
+                if backend.rbuf.capacity() - backend.rbuf.len() < want / 4 {
+                    backend.rbuf.reserve(want);
                 }
+                let room = backend.rbuf.capacity() - backend.rbuf.len();
                 let e = match watch.read(&mut backend.stream, &mut backend.rbuf).await {
                     Ok(0) => Error::backend("the backend closed the connection in the middle of a response"),
-                    Ok(_) => continue,
+                    Ok(n) => {
+                        filled = n == room;
+                        continue;
+                    }
                     Err(e) => Error::io(Side::Backend, "reading response", e),
                 };
                 // The client gets an error it can show, when the response can still end cleanly.

@@ -7,7 +7,7 @@ use std::io::{Error, ErrorKind, Result};
 use std::net::TcpListener;
 use std::os::fd::AsRawFd;
 
-use super::{Pair, Slab};
+use super::{Pair, Slab, Target};
 
 const IN: u32 = libc::EPOLLIN as u32;
 const OUT: u32 = libc::EPOLLOUT as u32;
@@ -38,9 +38,9 @@ impl Loop {
         check(unsafe { libc::epoll_ctl(self.ep, op, fd, &mut ev) }).map(drop)
     }
 
-    fn accept(&mut self, listener: &TcpListener, backend: &str) -> Result<()> {
+    fn accept(&mut self, listener: &TcpListener, target: &Target) -> Result<()> {
         let (client, _) = listener.accept()?;
-        let pair = match Pair::open(client, backend, true) {
+        let pair = match Pair::open(client, &target.backend, true, target.buf_size) {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("backend connect: {e}");
@@ -133,7 +133,7 @@ fn flush(relay: &mut Relay, d: usize) -> bool {
     true
 }
 
-pub fn run(listener: TcpListener, backend: &str) -> Result<()> {
+pub fn run(listener: TcpListener, target: &Target) -> Result<()> {
     let ep = check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
     let mut lp = Loop { ep, relays: Slab::new() };
     lp.ctl(libc::EPOLL_CTL_ADD, listener.as_raw_fd(), IN, LISTENER)?;
@@ -150,7 +150,7 @@ pub fn run(listener: TcpListener, backend: &str) -> Result<()> {
         for ev in &events[..n as usize] {
             let (data, flags) = (ev.u64, ev.events);
             if data == LISTENER {
-                lp.accept(&listener, backend)?;
+                lp.accept(&listener, target)?;
             } else {
                 lp.event(data, flags);
             }

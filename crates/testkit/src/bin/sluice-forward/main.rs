@@ -10,7 +10,9 @@
 //! Each client connection gets its own backend connection, opened (blocking) when it is
 //! accepted. Not a proxy: no limits, no timeouts, no health checks. It exists to measure.
 //!
-//! Usage: sluice-forward epoll|uring BACKEND_ADDR   (prints the bound 127.0.0.1 address)
+//! Usage: sluice-forward epoll|uring BACKEND_ADDR [BUFFER_KIB]   (prints the bound 127.0.0.1
+//! address). The buffer per direction is 64 KiB unless given: the size sluice reads large
+//! results with (HAProxy's default is 16 KiB).
 
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
@@ -18,8 +20,14 @@ use std::os::fd::{AsRawFd, RawFd};
 mod epoll;
 mod uring;
 
-/// Bytes buffered per direction, HAProxy's default `tune.bufsize`.
-const BUF: usize = 16 * 1024;
+/// Bytes buffered per direction unless told otherwise.
+const DEFAULT_BUF_KIB: usize = 64;
+
+/// Where each client's bytes go, and the buffer size per direction.
+struct Target {
+    backend: String,
+    buf_size: usize,
+}
 
 /// A client connection and its backend connection: side 0 is the client, side 1 the backend.
 /// Direction `d` moves bytes from side `d` to side `1 - d` through `buf[d]`.
@@ -29,13 +37,13 @@ struct Pair {
 }
 
 impl Pair {
-    fn open(client: TcpStream, backend: &str, nonblocking: bool) -> std::io::Result<Pair> {
+    fn open(client: TcpStream, backend: &str, nonblocking: bool, size: usize) -> std::io::Result<Pair> {
         let server = TcpStream::connect(backend)?;
         for s in [&client, &server] {
             s.set_nodelay(true)?;
             s.set_nonblocking(nonblocking)?;
         }
-        Ok(Pair { socks: [client, server], buf: [vec![0; BUF].into(), vec![0; BUF].into()] })
+        Ok(Pair { socks: [client, server], buf: [vec![0; size].into(), vec![0; size].into()] })
     }
 
     fn fd(&self, side: usize) -> RawFd {
@@ -88,11 +96,17 @@ fn main() {
         eprintln!("usage: sluice-forward epoll|uring BACKEND_ADDR");
         std::process::exit(2);
     };
+    let kib = args.get(3).map_or(Some(DEFAULT_BUF_KIB), |a| a.parse().ok()).filter(|k| (1..=1024).contains(k));
+    let Some(kib) = kib else {
+        eprintln!("BUFFER_KIB: a number of KiB from 1 to 1024");
+        std::process::exit(2);
+    };
+    let target = Target { backend: backend.clone(), buf_size: kib * 1024 };
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
     println!("{}", listener.local_addr().expect("local address"));
     let result = match mode.as_str() {
-        "epoll" => epoll::run(listener, backend),
-        "uring" => uring::run(listener, backend),
+        "epoll" => epoll::run(listener, &target),
+        "uring" => uring::run(listener, &target),
         _ => {
             eprintln!("unknown mode {mode}: epoll or uring");
             std::process::exit(2);

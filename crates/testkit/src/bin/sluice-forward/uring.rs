@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 
 use io_uring::{IoUring, opcode, squeue, types};
 
-use super::{Pair, Slab};
+use super::{Pair, Slab, Target};
 
 /// User data of the accept; a pair's is `generation << 32 | slot << 2 | direction << 1 | op`.
 const ACCEPT: u64 = u64::MAX;
@@ -68,14 +68,14 @@ impl Loop {
         self.push(entry.build().user_data(ACCEPT))
     }
 
-    fn accepted(&mut self, res: i32, backend: &str) -> Result<()> {
+    fn accepted(&mut self, res: i32, target: &Target) -> Result<()> {
         if res < 0 {
             eprintln!("accept: {}", Error::from_raw_os_error(-res));
             return Ok(());
         }
         // SAFETY: a successful accept completion's result is a new descriptor that we own.
         let client = unsafe { TcpStream::from_raw_fd(res) };
-        let pair = match Pair::open(client, backend, true) {
+        let pair = match Pair::open(client, &target.backend, true, target.buf_size) {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("backend connect: {e}");
@@ -121,7 +121,7 @@ impl Loop {
     }
 }
 
-pub fn run(listener: TcpListener, backend: &str) -> Result<()> {
+pub fn run(listener: TcpListener, target: &Target) -> Result<()> {
     let mut lp = Loop { ring: IoUring::new(4096)?, conns: Slab::new() };
     lp.accept_op(&listener)?;
     let mut done: Vec<(u64, i32)> = Vec::with_capacity(4096);
@@ -135,7 +135,7 @@ pub fn run(listener: TcpListener, backend: &str) -> Result<()> {
         done.extend(lp.ring.completion().map(|cqe| (cqe.user_data(), cqe.result())));
         for &(data, res) in &done {
             if data == ACCEPT {
-                lp.accepted(res, backend)?;
+                lp.accepted(res, target)?;
                 lp.accept_op(&listener)?;
             } else {
                 lp.completed(data, res)?;
