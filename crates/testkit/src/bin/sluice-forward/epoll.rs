@@ -137,6 +137,7 @@ pub fn run(listener: TcpListener, target: &Target) -> Result<()> {
     let ep = check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
     let mut lp = Loop { ep, relays: Slab::new() };
     lp.ctl(libc::EPOLL_CTL_ADD, listener.as_raw_fd(), IN, LISTENER)?;
+    super::announce(&listener);
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
     loop {
         let n = unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as i32, -1) };

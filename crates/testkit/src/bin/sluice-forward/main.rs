@@ -90,6 +90,15 @@ impl<T> Slab<T> {
     }
 }
 
+/// Prints the address clients connect to, once the loop is set up: a mode the kernel refuses
+/// (io_uring can be disabled, or blocked by a seccomp profile) exits without printing it.
+fn announce(listener: &TcpListener) {
+    use std::io::Write;
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "{}", listener.local_addr().expect("local address"));
+    let _ = out.flush();
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (Some(mode), Some(backend)) = (args.get(1), args.get(2)) else {
@@ -103,7 +112,6 @@ fn main() {
     };
     let target = Target { backend: backend.clone(), buf_size: kib * 1024 };
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-    println!("{}", listener.local_addr().expect("local address"));
     let result = match mode.as_str() {
         "epoll" => epoll::run(listener, &target),
         "uring" => uring::run(listener, &target),

@@ -124,6 +124,7 @@ impl Loop {
 pub fn run(listener: TcpListener, target: &Target) -> Result<()> {
     let mut lp = Loop { ring: IoUring::new(4096)?, conns: Slab::new() };
     lp.accept_op(&listener)?;
+    super::announce(&listener);
     let mut done: Vec<(u64, i32)> = Vec::with_capacity(4096);
     loop {
         match lp.ring.submit_and_wait(1) {
