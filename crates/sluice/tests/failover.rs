@@ -117,7 +117,9 @@ async fn failover(mode: Mode) {
         sysbench::prepare(db, 2, 2000);
     }
     let s = start_sluice_config(&config(mode, &a, &b));
-    let mut load = sysbench::start("oltp_read_write", &s.listen, 2, 2000, 4, 40);
+    // Long enough to outlast both failures and restarts on a slow machine (a debug build next
+    // to four MariaDB servers): the test checks that the load ran throughout.
+    let mut load = sysbench::start("oltp_read_write", &s.listen, 2, 2000, 4, 75);
     wait_for("sysbench is connected", || json(&admin_get(&s, "/sessions", None).1).as_array().is_some_and(|l| l.len() >= 4));
     // First `a` dies; then `b`, which by then holds every sysbench session, is stopped.
     let killed = one_failure(&s, &mut a, &b, &mut load, false).await;
