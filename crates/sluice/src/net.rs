@@ -51,12 +51,7 @@ impl Stream {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 r => return Poll::Ready(r),
             }
-            let readiness = match self {
-                Stream::Tcp(s) => s.poll_read_ready(cx),
-                Stream::Unix(s) => s.poll_read_ready(cx),
-                Stream::Tls(_) => unreachable!("TLS streams returned above"),
-            };
-            std::task::ready!(readiness)?;
+            std::task::ready!(self.poll_read_ready(cx))?;
         }
     }
 
@@ -122,10 +117,15 @@ impl Stream {
     /// Waits until the socket has data or an end (plain sockets only; TLS never returns). The
     /// waker goes to the socket's reader slot, as a read's does: no waiter list, no lock.
     pub async fn readable(&self) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_read_ready(cx)).await
+    }
+
+    /// Socket readiness for reading (plain sockets; a TLS stream is never ready here).
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
-            Stream::Tcp(s) => std::future::poll_fn(|cx| s.poll_read_ready(cx)).await,
-            Stream::Unix(s) => std::future::poll_fn(|cx| s.poll_read_ready(cx)).await,
-            Stream::Tls(_) => std::future::pending().await,
+            Stream::Tcp(s) => s.poll_read_ready(cx),
+            Stream::Unix(s) => s.poll_read_ready(cx),
+            Stream::Tls(_) => Poll::Pending,
         }
     }
 }
