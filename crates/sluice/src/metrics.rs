@@ -141,6 +141,8 @@ pub struct BackendMetrics {
     pub pool_idle: Gauge,
     /// Logins served by a pooled connection.
     pub pool_reused: Counter,
+    /// Connections reset (COM_RESET_CONNECTION) on their way into the pool.
+    pub pool_resets: Counter,
 }
 
 /// Why a connection was refused.
@@ -238,6 +240,12 @@ impl Metrics {
         registry.register("backend_pool_idle", "Idle backend connections kept for reuse", pool_idle.clone());
         let pool_reused = Family::<Labels, Counter>::default();
         registry.register("backend_pool_reused", "Logins served by a pooled backend connection", pool_reused.clone());
+        let pool_resets = Family::<Labels, Counter>::default();
+        registry.register(
+            "backend_pool_resets",
+            "Backend connections reset on their way into the pool (sessions that ran nothing need none)",
+            pool_resets.clone(),
+        );
         let latency = Family::<Labels, AtomicHistogram>::default();
         registry.register(
             "backend_query_duration_seconds",
@@ -255,6 +263,7 @@ impl Metrics {
                     latency: latency.get_or_create(&l).clone(),
                     pool_idle: pool_idle.get_or_create(&l).clone(),
                     pool_reused: pool_reused.get_or_create(&l).clone(),
+                    pool_resets: pool_resets.get_or_create(&l).clone(),
                 }
             })
             .collect();

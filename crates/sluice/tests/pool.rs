@@ -149,3 +149,31 @@ async fn pooled_connections_idle_out_with_a_quit_and_a_client_with_other_capabil
     assert_ne!(first, second);
     assert_eq!(pooled(&off), 0);
 }
+
+/// A session that ran nothing but pings left nothing on its backend connection, which goes back
+/// to the pool without COM_RESET_CONNECTION; one that ran anything else is reset first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_session_that_ran_something_is_reset_on_its_way_into_the_pool() {
+    use sluice_proto::consts::com;
+    use sluice_testkit::raw::{Raw, err_code};
+    let db = shared_db();
+    for auth in [PASSTHROUGH, USERS] {
+        let s = start_sluice_config(&config(db, auth, ""));
+        let resets = || metric_sum(&s, "sluice_backend_pool_resets_total{");
+        let mut r = Raw::login(&s.listen, "app", "apppw", None);
+        assert_eq!(r.command(&[com::PING]).len(), 1);
+        r.write_packet(0, &[com::QUIT]).unwrap();
+        wait_for("pooled", || pooled(&s) == 1);
+        assert_eq!(resets(), 0, "{auth}: nothing to reset");
+
+        // The next login takes that connection and uses it; now it has something to reset.
+        let mut r = Raw::login(&s.listen, "app", "apppw", None);
+        assert_eq!((reused(&s), pooled(&s)), (1, 0), "{auth}");
+        let answer = r.query("SET @x = 1");
+        assert_eq!(answer.len(), 1, "{auth}: {answer:?}");
+        assert_eq!(err_code(&answer[0]), None, "{auth}");
+        r.write_packet(0, &[com::QUIT]).unwrap();
+        wait_for("pooled again", || pooled(&s) == 1);
+        assert_eq!(resets(), 1, "{auth}");
+    }
+}

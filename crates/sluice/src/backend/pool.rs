@@ -1,5 +1,5 @@
 //! Idle backend connections kept for reuse. A session that ends cleanly leaves its backend
-//! connection here instead of closing it; the next login to that backend from a client with
+//! connection here instead of closing it (reset first if the session ran anything); the next login to that backend from a client with
 //! the same capabilities takes it and changes its user with COM_CHANGE_USER, which resets every
 //! session state on the server (transactions, variables, temporary tables, locks, statements).
 //! That saves the TCP connection, the greeting and the server's connection set-up.

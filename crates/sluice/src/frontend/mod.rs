@@ -122,6 +122,13 @@ async fn reset(conn: &mut PacketConn) -> bool {
     matches!(conn.read_packet(1 << 16).await, Ok((_, p)) if p.first() == Some(&0) && conn.rbuf.is_empty())
 }
 
+/// COM_RESET_CONNECTION within a second on the way into `b`'s pool, counted; whether the
+/// backend said OK.
+async fn reset_for_pool(b: &crate::backend::BackendGuard, conn: &mut PacketConn) -> bool {
+    b.metrics.pool_resets.inc();
+    tokio::time::timeout(std::time::Duration::from_secs(1), reset(conn)).await.is_ok_and(|ok| ok)
+}
+
 /// Removes the session from the registry when it ends, however it ends.
 struct Registered<'a>(&'a Ctx, u32);
 
@@ -152,8 +159,10 @@ impl relay::Session<'_> {
     /// Leaves the backend connection in its backend's pool when the session ended `clean`ly
     /// and the connection is too (nothing in flight or unread, no KILL), after
     /// COM_RESET_CONNECTION has ended whatever the session left open on it: a transaction, locks,
-    /// temporary tables, however they were made. Otherwise tells the backend we are leaving, so
-    /// that it does not log an aborted connection.
+    /// temporary tables, however they were made. A session that ran nothing (log in, quit)
+    /// left nothing to end, so its connection goes back without that round trip; the next
+    /// login's COM_CHANGE_USER starts from the server's defaults in any case. Otherwise tells
+    /// the backend we are leaving, so that it does not log an aborted connection.
     async fn end_backend(self, clean: bool) {
         let h = self.handle;
         let reusable = clean
@@ -166,7 +175,7 @@ impl relay::Session<'_> {
         let backend_caps = self.backend_caps();
         let mut conn = self.backend;
         let second = std::time::Duration::from_secs(1);
-        if reusable && tokio::time::timeout(second, reset(&mut conn)).await.is_ok_and(|ok| ok) {
+        if reusable && (!self.touched || reset_for_pool(&self.guard, &mut conn).await) {
             crate::net::buffers::park(&mut conn.rbuf);
             let thread_id = h.backend_thread_id.load(Ordering::Relaxed);
             let idle = crate::backend::pool::Idle::new(conn, self.fit, backend_caps, thread_id, self.mariadb);

@@ -127,6 +127,7 @@ impl Session<'_> {
                 self.state.next_stmt_id = self.state.next_stmt_id.max(max.wrapping_add(1)).max(1);
             }
             self.backend = conn;
+            self.touched = true;
             self.guard = o.backend.bind();
             self.handle.bind_backend(o.backend.index, &o.backend.name, o.greeting.connection_id);
             self.handle.publish(&self.state);

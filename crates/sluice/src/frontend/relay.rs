@@ -48,6 +48,9 @@ pub struct Session<'a> {
     pub(super) fit: crate::backend::pool::Fit,
     /// The waker last stored in the handle's [`crate::session::Wake`].
     pub(super) waker: Option<std::task::Waker>,
+    /// The backend connection ran something for this session after its login (a command other
+    /// than COM_PING, a move's restore): it must be reset before another session may have it.
+    pub(super) touched: bool,
 }
 
 /// What to do after a command.
@@ -82,6 +85,7 @@ impl<'a> Session<'a> {
             lost: None,
             fit: l.fit,
             waker: None,
+            touched: false,
         }
     }
 
@@ -227,10 +231,12 @@ impl<'a> Session<'a> {
         self.ctx.metrics.command(cmd);
         self.handle.queries.fetch_add(1, Ordering::Relaxed);
         let body_end = HEADER + h.len.min(INSPECT_LIMIT);
-        if cmd != com::QUIT
-            && let Some(reason) = self.lost.take()
-        {
-            Box::pin(self.move_or_fail(&reason)).await?;
+        if cmd != com::QUIT {
+            // COM_PING changes nothing on the server.
+            self.touched |= cmd != com::PING;
+            if let Some(reason) = self.lost.take() {
+                Box::pin(self.move_or_fail(&reason)).await?;
+            }
         }
         let expect = match cmd {
             // The backend connection is pooled or closed when the session ends.
