@@ -2,12 +2,12 @@
 //! through sluice with lost connections ignored (and survived, see
 //! scripts/sysbench-reconnect-shim.c), and reading its totals.
 
-use std::io::Read;
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
-/// Totals from sysbench's final report.
+/// Totals of a run, summed from its interval reports.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Totals {
     pub queries: u64,
@@ -53,26 +53,34 @@ fn shim() -> &'static Path {
     })
 }
 
-/// A sysbench run in the background.
+/// A sysbench run in the background, which goes on until [`Run::stop`] (or its drop) ends it.
 pub struct Run {
     child: Child,
-    out: std::thread::JoinHandle<String>,
-    seconds: u32,
+    /// Everything it printed so far.
+    out: Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Starts `workload` against `addr` for `seconds`, ignoring (and reconnecting after) errors.
-pub fn start(workload: &str, addr: &str, tables: u32, table_size: u32, threads: u32, seconds: u32) -> Run {
+/// At most this long, should the test process die without stopping its load.
+const LIMIT_SECONDS: u32 = 900;
+
+/// Starts `workload` against `addr`, ignoring (and reconnecting after) errors.
+pub fn start(workload: &str, addr: &str, tables: u32, table_size: u32, threads: u32) -> Run {
     let mut c = base(workload, addr, tables, table_size);
-    c.args([&format!("--threads={threads}"), &format!("--time={seconds}"), "--mysql-ignore-errors=all", "--report-interval=1", "run"]);
+    c.args([&format!("--threads={threads}"), &format!("--time={LIMIT_SECONDS}"), "--mysql-ignore-errors=all", "--report-interval=1", "run"]);
     c.env("LD_PRELOAD", shim()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = c.spawn().expect("start sysbench");
-    let mut stdout = child.stdout.take().expect("stdout");
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
+    let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let out = Arc::new(Mutex::new(String::new()));
+    let sink = out.clone();
+    let reader = std::thread::spawn(move || {
+        for line in stdout.lines().map_while(|l| l.ok()) {
+            let mut s = sink.lock().unwrap_or_else(|e| e.into_inner());
+            s.push_str(&line);
+            s.push('\n');
+        }
     });
-    Run { child, out, seconds }
+    Run { child, out, reader: Some(reader) }
 }
 
 impl Run {
@@ -81,36 +89,66 @@ impl Run {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Waits for the end and reads the totals; `text` is the whole report. A run that does not
-    /// end within a minute of its time (a thread retrying a failing statement forever) is
-    /// killed and reported as unsuccessful.
-    pub fn finish(mut self) -> (Totals, String) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(self.seconds as u64 + 60);
-        let status = loop {
-            if let Some(st) = self.child.try_wait().expect("wait for sysbench") {
-                break Some(st);
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break None;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        };
-        let text = self.out.join().unwrap_or_default();
-        let num = |label: &str| -> u64 {
-            text.lines()
-                .find_map(|l| l.trim_start().strip_prefix(label))
-                .and_then(|r| r.split_whitespace().next()?.parse().ok())
-                .unwrap_or(0)
-        };
-        let totals = Totals {
-            queries: num("queries:"),
-            transactions: num("transactions:"),
-            ignored_errors: num("ignored errors:"),
-            reconnects: num("reconnects:"),
-            success: status.is_some_and(|s| s.success()),
-        };
+    /// The totals of its one-second reports so far.
+    pub fn progress(&self) -> Totals {
+        interval_totals(&self.out.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Ends the run and reads its totals; `text` is everything it printed. sysbench has no
+    /// clean way to stop early (it ignores SIGINT; killed, it prints no final report), so the
+    /// totals are summed from its one-second reports, and `success` says whether it was still
+    /// running when stopped: it survived everything until then.
+    pub fn stop(mut self) -> (Totals, String) {
+        let success = self.running();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let text = std::mem::take(&mut *self.out.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut totals = interval_totals(&text);
+        totals.success = success;
         (totals, text)
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sums sysbench's interval reports (`[ 3s ] thds: 4 tps: 310.00 qps: 6200.00 (...) lat (ms,95%):
+/// 5.00 err/s: 1.00 reconn/s: 0.00`), each rate times its interval.
+fn interval_totals(text: &str) -> Totals {
+    let (mut q, mut t, mut e, mut r, mut last) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for line in text.lines() {
+        let Some(at) = line.trim_start().strip_prefix('[').and_then(|l| l.split_once("s ]")).and_then(|(n, _)| n.trim().parse::<f64>().ok())
+        else {
+            continue;
+        };
+        let rate = |label: &str| -> f64 {
+            line.split_once(label).and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)
+        };
+        let span = at - last;
+        last = at;
+        q += rate(" qps: ") * span;
+        t += rate(" tps: ") * span;
+        e += rate(" err/s: ") * span;
+        r += rate(" reconn/s: ") * span;
+    }
+    Totals { queries: q.round() as u64, transactions: t.round() as u64, ignored_errors: e.round() as u64, reconnects: r.round() as u64, success: false }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn totals_are_summed_from_the_interval_reports() {
+        let text = "Threads started!\n\n\
+            [ 1s ] thds: 4 tps: 100.00 qps: 2000.50 (r/w/o: 1400.00/400.00/200.50) lat (ms,95%): 5.00 err/s: 1.00 reconn/s: 0.00\n\
+            [ 3s ] thds: 4 tps: 50.00 qps: 1000.00 (r/w/o: 700.00/200.00/100.00) lat (ms,95%): 9.00 err/s: 0.50 reconn/s: 2.00\n";
+        let t = super::interval_totals(text);
+        assert_eq!((t.queries, t.transactions, t.ignored_errors, t.reconnects), (4001, 200, 2, 4));
     }
 }
