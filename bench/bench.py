@@ -70,6 +70,14 @@ def proc_cpu_split(pid):
     return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
+def machine_cpu():
+    """(busy, steal, total) jiffies of all cores together, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = v
+    return user + nice + system + irq + softirq, steal, sum(v)
+
+
 def proc_cpu_seconds(pid):
     """utime + stime of a process (all its threads), in seconds."""
     return sum(proc_cpu_split(pid))
@@ -202,9 +210,11 @@ listen mysql
                f"--threads={threads}", f"--time={duration}", "--percentile=95", "--report-interval=0",
                "--mysql-ignore-errors=all", *extra, "run"]
         cpu0 = proc_cpu_split(t.pid) if t.pid else None
+        m0, ru0 = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.time()
         out = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.time() - t0
+        m1, ru1 = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu1 = proc_cpu_split(t.pid) if t.pid else None
         text = out.stdout
         m = re.search(r"queries:\s+(\d+)\s+\(([\d.]+) per sec", text)
@@ -217,6 +227,10 @@ listen mysql
             "p95_ms": float(re.search(r"95th percentile:\s+([\d.]+)", text).group(1)),
             "queries": queries,
             "errors": int(re.search(r"ignored errors:\s+(\d+)", text).group(1)),
+            # The whole machine, in % of one core (all cores busy: 100 x cores), and sysbench.
+            "machine_busy_pct": 100.0 * os.cpu_count() * (m1[0] - m0[0]) / max(m1[2] - m0[2], 1),
+            "machine_steal_pct": 100.0 * os.cpu_count() * (m1[1] - m0[1]) / max(m1[2] - m0[2], 1),
+            "client_cpu_pct": 100.0 * (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / wall,
         }
         if cpu0 is not None:
             user, kernel = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
