@@ -254,8 +254,11 @@ def short_why(med, args):
     cost = lambda x: sum(get(med, f"short/cost/{x}", k) or 0 for k in ("proxy_us_per_conn", "server_us_per_conn", "client_us_per_conn"))  # noqa: E731
     if not a or b is None:
         return ""
+    client = get(med, "short/cost/sluice", "client_us_per_conn")
+    share = "" if client is None else (f"; the churning client alone takes {client * args.churn_rate / 1e4 / os.cpu_count():.1f}% "
+                                       "of the machine's CPU")
     return (f"HAProxy loses {100 * (1 - b / a):.1f}%; a connection costs {cost('sluice'):.0f} µs of CPU through sluice "
-            f"and {cost('direct'):.0f} µs direct (proxy, server and client)")
+            f"and {cost('direct'):.0f} µs direct (proxy, server and client){share}")
 
 
 def scaling_why(med, t):

@@ -177,3 +177,25 @@ async fn only_a_session_that_ran_something_is_reset_on_its_way_into_the_pool() {
         assert_eq!(resets(), 1, "{auth}");
     }
 }
+
+/// A full pool makes room: the connection idle longest is closed for the newcomer, so clients
+/// that no pooled connection fits (other capabilities) still get theirs pooled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_pool_closes_the_connection_idle_longest_to_keep_a_new_one() {
+    use sluice_proto::consts::com;
+    use sluice_testkit::raw::Raw;
+    let db = shared_db();
+    let s = start_sluice_config(&config(db, PASSTHROUGH, "pool_idle_max = 1"));
+    let first = session_then_quit(&s, "app", "apppw", &[]).await;
+    wait_for("pooled", || pooled(&s) == 1);
+    // A client with other capabilities cannot take it, and its own connection takes its place.
+    let mut r = Raw::login(&s.listen, "app", "apppw", None);
+    assert_eq!(reused(&s), 0, "this client does not fit the pooled connection");
+    r.write_packet(0, &[com::QUIT]).unwrap();
+    wait_for("the connection idle longest is closed", || !alive(db, first));
+    assert_eq!(pooled(&s), 1);
+    // The next such client takes the newcomer.
+    let mut r = Raw::login(&s.listen, "app", "apppw", None);
+    assert_eq!((reused(&s), pooled(&s)), (1, 0));
+    r.write_packet(0, &[com::QUIT]).unwrap();
+}

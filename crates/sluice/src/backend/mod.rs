@@ -82,17 +82,21 @@ impl Backend {
         })
     }
 
-    /// Leaves an idle connection for reuse (None), or hands it back when the pool does not want
-    /// it (full, disabled, or the backend is down).
+    /// Leaves an idle connection for reuse. Returns the connection for the caller to close:
+    /// this one when the pool does not want it (disabled, or the backend is down), or the one
+    /// idle longest when it made room for this one.
     pub fn park(&self, c: pool::Idle) -> Option<pool::Idle> {
         if !self.is_up() {
             return Some(c);
         }
-        let back = self.pool.put(c);
-        if back.is_none() {
-            self.metrics.pool_idle.inc();
+        match self.pool.put(c) {
+            pool::Put::Kept => {
+                self.metrics.pool_idle.inc();
+                None
+            }
+            pool::Put::Evicted(old) => Some(old),
+            pool::Put::Refused(c) => Some(c),
         }
-        back
     }
 
     pub fn pool_enabled(&self) -> bool {

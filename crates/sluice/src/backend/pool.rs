@@ -2,7 +2,10 @@
 //! connection here instead of closing it (reset first if the session ran anything); the next login to that backend from a client with
 //! the same capabilities takes it and changes its user with COM_CHANGE_USER, which resets every
 //! session state on the server (transactions, variables, temporary tables, locks, statements).
-//! That saves the TCP connection, the greeting and the server's connection set-up.
+//! That saves the TCP connection, the greeting and the server's connection set-up. A full
+//! pool closes the connection idle longest to keep the newcomer, so that it follows the clients
+//! of the moment (a pool full of connections no current client fits would be useless until
+//! they idled out).
 //!
 //! A connection lives on the worker runtime that opened it, so each entry records its worker
 //! and only that worker takes it back. Entries older than the idle timeout, and every entry of a
@@ -56,6 +59,15 @@ impl Idle {
     }
 }
 
+/// What became of a connection offered to the pool.
+pub enum Put {
+    Kept,
+    /// Kept, and this one, idle longest, made room for it: the caller closes it.
+    Evicted(Idle),
+    /// Pooling is off: the caller closes it.
+    Refused(Idle),
+}
+
 /// The idle connections of one backend.
 pub struct Pool {
     idle: Mutex<Vec<Idle>>,
@@ -73,21 +85,29 @@ impl Pool {
         self.max > 0 && !self.timeout.is_zero()
     }
 
-    /// Keeps `c` (None), or hands it back when this worker already keeps as many as allowed.
-    pub fn put(&self, c: Idle) -> Option<Idle> {
+    /// Keeps `c`. When this worker already keeps as many as allowed, the one idle longest
+    /// makes room (clients whose capabilities no pooled connection fits would otherwise find
+    /// the pool full of connections they can never take until those idle out).
+    pub fn put(&self, c: Idle) -> Put {
+        if !self.enabled() {
+            return Put::Refused(c);
+        }
         let mut idle = self.idle.lock();
-        if !self.enabled() || idle.iter().filter(|i| i.worker == c.worker).count() >= self.max {
-            return Some(c);
+        let mut evicted = None;
+        if idle.iter().filter(|i| i.worker == c.worker).count() >= self.max {
+            let oldest = idle.iter().enumerate().filter(|(_, i)| i.worker == c.worker).min_by_key(|(_, i)| i.since);
+            evicted = oldest.map(|(at, _)| at).map(|at| idle.swap_remove(at));
         }
         idle.push(c);
-        None
+        evicted.map_or(Put::Kept, Put::Evicted)
     }
 
     /// The most recently parked connection of the calling worker that fits (the warmest).
     pub fn take(&self, fit: Fit) -> Option<Idle> {
         let w = worker();
         let mut idle = self.idle.lock();
-        let i = idle.iter().rposition(|c| c.worker == w && c.fit == fit && c.since.elapsed() < self.timeout)?;
+        let fresh = |c: &&Idle| c.worker == w && c.fit == fit && c.since.elapsed() < self.timeout;
+        let (i, _) = idle.iter().enumerate().filter(|(_, c)| fresh(c)).max_by_key(|(_, c)| c.since)?;
         Some(idle.swap_remove(i))
     }
 
@@ -115,14 +135,24 @@ mod tests {
         Idle::new(PacketConn::new(crate::net::Stream::Unix(s)), fit, 0, 1, true)
     }
 
+    fn kept(p: Put) -> bool {
+        matches!(p, Put::Kept)
+    }
+
     #[test]
     fn keeps_at_most_max_per_worker_and_takes_only_a_fitting_connection() {
         let a = Fit { client_caps: 1, mariadb_caps: 0 };
         let b = Fit { client_caps: 2, mariadb_caps: 0 };
+        let c = Fit { client_caps: 3, mariadb_caps: 0 };
         let p = Pool::new(2, Duration::from_secs(60));
-        assert!(p.put(idle(a)).is_none());
-        assert!(p.put(idle(b)).is_none());
-        assert!(p.put(idle(a)).is_some(), "a third connection exceeds max");
+        let mut oldest = idle(c);
+        oldest.since -= Duration::from_secs(1);
+        assert!(kept(p.put(oldest)));
+        assert!(kept(p.put(idle(a))));
+        // A third connection exceeds max: the one idle longest makes room.
+        assert!(matches!(p.put(idle(b)), Put::Evicted(e) if e.fit == c));
+        assert_eq!(p.count(), 2);
+        assert!(p.take(c).is_none());
         assert_eq!(p.take(a).map(|c| c.fit), Some(a));
         assert!(p.take(a).is_none(), "the other one has other capabilities");
         set_worker(7);
@@ -138,11 +168,11 @@ mod tests {
         let p = Pool::new(4, Duration::from_secs(60));
         let mut old = idle(a);
         old.since -= Duration::from_secs(61);
-        assert!(p.put(old).is_none());
+        assert!(kept(p.put(old)));
         assert!(p.take(a).is_none());
         assert_eq!(p.expired(false).len(), 1);
         assert_eq!(p.count(), 0);
         let off = Pool::new(0, Duration::from_secs(60));
-        assert!(off.put(idle(a)).is_some(), "max 0 disables pooling");
+        assert!(matches!(off.put(idle(a)), Put::Refused(_)), "max 0 disables pooling");
     }
 }
