@@ -319,6 +319,19 @@ def charts(med, args, out):
     return made
 
 
+def steal_warning(med):
+    """A warning when the host took CPU from this virtual machine during the run (steal time):
+    figures of such cells mean little, ratios between targets in them less than usual."""
+    steal = {k: c["machine_steal_pct"] for k, c in med.items() if c.get("machine_steal_pct") is not None}
+    hit = sorted(k for k, v in steal.items() if v > 5)
+    if not hit:
+        return []
+    worst = max(steal.values())
+    return [f"**Warning: the host stole CPU during this run.** {len(hit)} of {len(steal)} cells have a median steal time "
+            f"above 5% of the machine (up to {worst:.0f}%), so their figures are not comparable with a quiet run: "
+            f"{', '.join(hit[:8])}{' and others' if len(hit) > 8 else ''}.", ""]
+
+
 def write(med, args, out, command):
     lines = [f"# sluice benchmark: {args.name}", "",
              f"Command: `{command}`", "",
@@ -326,6 +339,7 @@ def write(med, args, out, command):
              f"the proxy share the machine. Every cell is the median of {args.rounds} round(s) of {args.duration} s, "
              "targets interleaved within each round, their order rotating from round to round. "
              "CPU is the proxy process's utime+stime over the run.", ""]
+    lines += steal_warning(med)
     sections = [("basic", "Basic workloads", basic), ("ranges", "Result-set size", ranges),
                 ("latency", "Added latency", latency), ("long", "Long (idle) connections", long_conns),
                 ("short", "Short connections", short_conns), ("scaling", "Worker scaling", scaling),
