@@ -89,14 +89,12 @@ impl Backend {
         if !self.is_up() {
             return Some(c);
         }
-        match self.pool.put(c) {
-            pool::Put::Kept => {
-                self.metrics.pool_idle.inc();
-                None
-            }
-            pool::Put::Evicted(old) => Some(old),
-            pool::Put::Refused(c) => Some(c),
+        let close = self.pool.put(c);
+        if close.is_none() {
+            // One in, none out; an eviction leaves the count as it was.
+            self.metrics.pool_idle.inc();
         }
+        close
     }
 
     pub fn pool_enabled(&self) -> bool {

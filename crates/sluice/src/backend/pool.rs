@@ -1,7 +1,8 @@
 //! Idle backend connections kept for reuse. A session that ends cleanly leaves its backend
-//! connection here instead of closing it (reset first if the session ran anything); the next login to that backend from a client with
-//! the same capabilities takes it and changes its user with COM_CHANGE_USER, which resets every
-//! session state on the server (transactions, variables, temporary tables, locks, statements).
+//! connection here instead of closing it (reset first if the session ran anything); the next
+//! login to that backend from a client with the same capabilities takes it and changes its user
+//! with COM_CHANGE_USER, which resets every session state on the server (transactions,
+//! variables, temporary tables, locks, statements).
 //! That saves the TCP connection, the greeting and the server's connection set-up. A full
 //! pool closes the connection idle longest to keep the newcomer, so that it follows the clients
 //! of the moment (a pool full of connections no current client fits would be useless until
@@ -59,15 +60,6 @@ impl Idle {
     }
 }
 
-/// What became of a connection offered to the pool.
-pub enum Put {
-    Kept,
-    /// Kept, and this one, idle longest, made room for it: the caller closes it.
-    Evicted(Idle),
-    /// Pooling is off: the caller closes it.
-    Refused(Idle),
-}
-
 /// The idle connections of one backend.
 pub struct Pool {
     idle: Mutex<Vec<Idle>>,
@@ -85,21 +77,22 @@ impl Pool {
         self.max > 0 && !self.timeout.is_zero()
     }
 
-    /// Keeps `c`. When this worker already keeps as many as allowed, the one idle longest
-    /// makes room (clients whose capabilities no pooled connection fits would otherwise find
-    /// the pool full of connections they can never take until those idle out).
-    pub fn put(&self, c: Idle) -> Put {
+    /// Keeps `c` and returns the connection for the caller to close, if any: `c` itself when
+    /// pooling is off, or, when this worker already keeps as many as allowed, its connection
+    /// idle longest, which makes room (clients whose capabilities no pooled connection fits
+    /// would otherwise find the pool full of connections they can never take until those idle
+    /// out). Either way it belongs to the caller's worker.
+    pub fn put(&self, c: Idle) -> Option<Idle> {
         if !self.enabled() {
-            return Put::Refused(c);
+            return Some(c);
         }
         let mut idle = self.idle.lock();
-        let mut evicted = None;
-        if idle.iter().filter(|i| i.worker == c.worker).count() >= self.max {
-            let oldest = idle.iter().enumerate().filter(|(_, i)| i.worker == c.worker).min_by_key(|(_, i)| i.since);
-            evicted = oldest.map(|(at, _)| at).map(|at| idle.swap_remove(at));
-        }
+        let mine = idle.iter().enumerate().filter(|(_, i)| i.worker == c.worker);
+        let full = mine.clone().count() >= self.max;
+        let oldest = if full { mine.min_by_key(|(_, i)| i.since).map(|(at, _)| at) } else { None };
+        let evicted = oldest.map(|at| idle.swap_remove(at));
         idle.push(c);
-        evicted.map_or(Put::Kept, Put::Evicted)
+        evicted
     }
 
     /// The most recently parked connection of the calling worker that fits (the warmest).
@@ -135,10 +128,6 @@ mod tests {
         Idle::new(PacketConn::new(crate::net::Stream::Unix(s)), fit, 0, 1, true)
     }
 
-    fn kept(p: Put) -> bool {
-        matches!(p, Put::Kept)
-    }
-
     #[test]
     fn keeps_at_most_max_per_worker_and_takes_only_a_fitting_connection() {
         let a = Fit { client_caps: 1, mariadb_caps: 0 };
@@ -147,10 +136,10 @@ mod tests {
         let p = Pool::new(2, Duration::from_secs(60));
         let mut oldest = idle(c);
         oldest.since -= Duration::from_secs(1);
-        assert!(kept(p.put(oldest)));
-        assert!(kept(p.put(idle(a))));
+        assert!(p.put(oldest).is_none());
+        assert!(p.put(idle(a)).is_none());
         // A third connection exceeds max: the one idle longest makes room.
-        assert!(matches!(p.put(idle(b)), Put::Evicted(e) if e.fit == c));
+        assert_eq!(p.put(idle(b)).map(|e| e.fit), Some(c));
         assert_eq!(p.count(), 2);
         assert!(p.take(c).is_none());
         assert_eq!(p.take(a).map(|c| c.fit), Some(a));
@@ -168,11 +157,11 @@ mod tests {
         let p = Pool::new(4, Duration::from_secs(60));
         let mut old = idle(a);
         old.since -= Duration::from_secs(61);
-        assert!(kept(p.put(old)));
+        assert!(p.put(old).is_none());
         assert!(p.take(a).is_none());
         assert_eq!(p.expired(false).len(), 1);
         assert_eq!(p.count(), 0);
         let off = Pool::new(0, Duration::from_secs(60));
-        assert!(matches!(off.put(idle(a)), Put::Refused(_)), "max 0 disables pooling");
+        assert_eq!(off.put(idle(a)).map(|c| c.fit), Some(a), "max 0 disables pooling");
     }
 }

@@ -114,19 +114,15 @@ async fn start<'a>(
     Some(relay::Session::new(ctx, handle, logged_in))
 }
 
-/// COM_RESET_CONNECTION; whether the backend said OK.
-async fn reset(conn: &mut PacketConn) -> bool {
-    if conn.write_packet(&[sluice_proto::consts::com::RESET_CONNECTION], 0).await.is_err() {
-        return false;
-    }
-    matches!(conn.read_packet(1 << 16).await, Ok((_, p)) if p.first() == Some(&0) && conn.rbuf.is_empty())
-}
-
-/// COM_RESET_CONNECTION within a second on the way into `b`'s pool, counted; whether the
-/// backend said OK.
-async fn reset_for_pool(b: &crate::backend::BackendGuard, conn: &mut PacketConn) -> bool {
+/// COM_RESET_CONNECTION on the way into `b`'s pool, counted; whether the backend said OK within
+/// `limit`.
+async fn reset_for_pool(b: &crate::backend::BackendGuard, conn: &mut PacketConn, limit: std::time::Duration) -> bool {
     b.metrics.pool_resets.inc();
-    tokio::time::timeout(std::time::Duration::from_secs(1), reset(conn)).await.is_ok_and(|ok| ok)
+    let reset = async {
+        conn.write_packet(&[sluice_proto::consts::com::RESET_CONNECTION], 0).await.is_ok()
+            && matches!(conn.read_packet(1 << 16).await, Ok((_, p)) if p.first() == Some(&0) && conn.rbuf.is_empty())
+    };
+    tokio::time::timeout(limit, reset).await.is_ok_and(|ok| ok)
 }
 
 /// Removes the session from the registry when it ends, however it ends.
@@ -175,7 +171,7 @@ impl relay::Session<'_> {
         let backend_caps = self.backend_caps();
         let mut conn = self.backend;
         let second = std::time::Duration::from_secs(1);
-        if reusable && (!self.touched || reset_for_pool(&self.guard, &mut conn).await) {
+        if reusable && (!self.touched || reset_for_pool(&self.guard, &mut conn, second).await) {
             crate::net::buffers::park(&mut conn.rbuf);
             let thread_id = h.backend_thread_id.load(Ordering::Relaxed);
             let idle = crate::backend::pool::Idle::new(conn, self.fit, backend_caps, thread_id, self.mariadb);
