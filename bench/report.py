@@ -319,17 +319,24 @@ def charts(med, args, out):
     return made
 
 
-def steal_warning(med):
-    """A warning when the host took CPU from this virtual machine during the run (steal time):
-    figures of such cells mean little, ratios between targets in them less than usual."""
+def steal_warning(med, args):
+    """Steal time: CPU the host took from this virtual machine. Measurements during which it took
+    more than --steal-limit were taken again (bench.measure_quiet); cells whose median is still
+    above it are named, since their figures, and ratios between targets in them, mean little."""
+    limit = getattr(args, "steal_limit", 5.0)
+    lines = []
+    again = sum(c.get("discarded", 0) for c in med.values())
+    if again:
+        lines += [f"The host stole more than {limit:g}% of the CPU during {again} measurements; they were taken "
+                  f"again (at most {args.steal_retries} times each; the one with the least steal is kept).", ""]
     steal = {k: c["machine_steal_pct"] for k, c in med.items() if c.get("machine_steal_pct") is not None}
-    hit = sorted(k for k, v in steal.items() if v > 5)
+    hit = sorted(k for k, v in steal.items() if v > limit)
     if not hit:
-        return []
+        return lines
     worst = max(steal.values())
-    return [f"**Warning: the host stole CPU during this run.** {len(hit)} of {len(steal)} cells have a median steal time "
-            f"above 5% of the machine (up to {worst:.0f}%), so their figures are not comparable with a quiet run: "
-            f"{', '.join(hit[:8])}{' and others' if len(hit) > 8 else ''}.", ""]
+    return lines + [f"**Warning: the host stole CPU during this run.** {len(hit)} of {len(steal)} cells have a median "
+                    f"steal time above {limit:g}% of the machine (up to {worst:.0f}%), so their figures are not "
+                    f"comparable with a quiet run: {', '.join(hit[:8])}{' and others' if len(hit) > 8 else ''}.", ""]
 
 
 def write(med, args, out, command):
@@ -339,7 +346,7 @@ def write(med, args, out, command):
              f"the proxy share the machine. Every cell is the median of {args.rounds} round(s) of {args.duration} s, "
              "targets interleaved within each round, their order rotating from round to round. "
              "CPU is the proxy process's utime+stime over the run.", ""]
-    lines += steal_warning(med)
+    lines += steal_warning(med, args)
     sections = [("basic", "Basic workloads", basic), ("ranges", "Result-set size", ranges),
                 ("latency", "Added latency", latency), ("long", "Long (idle) connections", long_conns),
                 ("short", "Short connections", short_conns), ("scaling", "Worker scaling", scaling),
