@@ -277,6 +277,7 @@ def median_cells(results):
                for f in cells[0] if isinstance(cells[0][f], (int, float))}
         med["rounds"] = len(cells)
         med["discarded"] = sum(len(c.get("discarded_steal_pct", [])) for c in cells)
+        med["qps_rounds"] = [c.get("qps") for c in cells]
         out[key] = med
     return out
 
@@ -301,6 +302,8 @@ def parse_args():
                    help="a measurement during which the host stole more than this %% of the CPU is taken again")
     p.add_argument("--steal-retries", type=int, default=2, help="how many times at most (0: never)")
     p.add_argument("--steal-pause", type=float, default=10.0, help="seconds to wait before measuring again")
+    p.add_argument("--report-only", action="store_true",
+                   help="write report.md and the charts again from bench/results/<name>/raw.json, measuring nothing")
     p.add_argument("--smoke", action="store_true", help="every suite at minimal size, to check the harness")
     a = p.parse_args()
     if a.smoke:
@@ -347,8 +350,23 @@ def measure_quiet(env, cell, target, args, label):
     return kept
 
 
+def rewrite_report(name):
+    """Renders a results directory again from its raw JSON (after a change to the report)."""
+    out = ROOT / "bench" / "results" / name
+    raw = json.loads((out / "raw.json").read_text())
+    args = argparse.Namespace(**raw["args"])
+    med = median_cells(raw["rounds"])
+    report.ensure_matplotlib()
+    report.write(med, args, out, raw.get("command", f"bench/bench.py --name {name} (command not recorded)"))
+    raw["median"] = med
+    (out / "raw.json").write_text(json.dumps(raw, indent=1))
+    log(f"report: {out / 'report.md'}")
+
+
 def main():
     args = parse_args()
+    if args.report_only:
+        return rewrite_report(args.name)
     subprocess.run([str(ROOT / "scripts/setup.sh"), "sysbench", "haproxy"], check=True)
     report.ensure_matplotlib()
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "sluice", "-p", "sluice-testkit"], cwd=ROOT, check=True)
@@ -388,8 +406,9 @@ def main():
         med = median_cells(results)
         out = ROOT / "bench" / "results" / args.name
         out.mkdir(parents=True, exist_ok=True)
-        (out / "raw.json").write_text(json.dumps({"args": vars(args), "rounds": results, "median": med}, indent=1))
-        report.write(med, args, out, " ".join(sys.argv))
+        command = " ".join(sys.argv)
+        (out / "raw.json").write_text(json.dumps({"args": vars(args), "command": command, "rounds": results, "median": med}, indent=1))
+        report.write(med, args, out, command)
         log(f"report: {out / 'report.md'}")
         missing = [c.key(t) for c in plan for t in c.targets if c.key(t) not in med]
         # Every planned cell must have produced numbers (a cell, not a threshold, passes).

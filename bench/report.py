@@ -217,16 +217,17 @@ def targets(med, args, lines):
     rows.append(("proxy memory per idle client connection (KB)", get(med, f"long/{args.idle_conns}/sluice", "rss_per_idle_conn_kb"), "<=", 3, ""))
     a, b = get(med, "short/0/sluice", "qps"), get(med, f"short/{args.churn_rate}/sluice", "qps")
     rows.append((f"QPS loss with {args.churn_rate} new connections/s (%)", None if not a or b is None else 100 * (1 - b / a), "<=", 2,
-                 short_why(med, args)))
+                 short_why(med, args), short_rounds(med, args)))
     for t in args.threads:
         one, two = get(med, f"scaling/responder/{t}/sluice-1w-resp", "qps"), get(med, f"scaling/responder/{t}/sluice-2w-resp", "qps")
         rows.append((f"1 -> 2 workers, proxy-bound, {t} threads", ratio(two, one), ">=", 1.9, scaling_why(med, t)))
     lines += ["A target not met has, next to it, what limits it as measured in this same run (details in the "
               "sections below and in docs/PERFORMANCE.md).", "",
               "| figure | measured | target | met | what limits it, in this run |", "|---|---|---|---|---|"]
-    for name, v, op, goal, why in rows:
+    for name, v, op, goal, why, *always in rows:
         met = "-" if v is None else ("yes" if (v <= goal if op == "<=" else v >= goal) else "no")
-        lines.append(f"| {name} | {f(v, 2)} | {op} {goal} | {met} | {why if met == 'no' else ''} |")
+        note = "; ".join(x for x in [why if met == "no" else ""] + always if x)
+        lines.append(f"| {name} | {f(v, 2)} | {op} {goal} | {met} | {note} |")
     lines.append("")
 
 
@@ -259,6 +260,20 @@ def short_why(med, args):
                                        "of the machine's CPU")
     return (f"HAProxy loses {100 * (1 - b / a):.1f}%; a connection costs {cost('sluice'):.0f} µs of CPU through sluice "
             f"and {cost('direct'):.0f} µs direct (proxy, server and client){share}")
+
+
+def short_rounds(med, args):
+    """The QPS change round by round (each pair measured minutes apart): how far the machine
+    drifts between two cells, against a target of a few percent."""
+    def changes(proxy):
+        without = get(med, f"short/0/{proxy}", "qps_rounds") or []
+        with_ = get(med, f"short/{args.churn_rate}/{proxy}", "qps_rounds") or []
+        return ", ".join(f"{100 * (b / a - 1):+.1f}%".replace("-", "−") for a, b in zip(without, with_) if a and b is not None)
+    s, h = changes("sluice"), changes("haproxy")
+    if s.count(",") < 1:
+        return ""
+    return (f"QPS change per round: sluice {s}, HAProxy {h}; rounds that differ this much cannot resolve a loss "
+            f"of a few percent")
 
 
 def scaling_why(med, t):
