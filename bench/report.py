@@ -263,7 +263,7 @@ def short_why(med, args):
 
 
 def short_rounds(med, args):
-    """The QPS change round by round (each pair measured minutes apart): how far the machine
+    """The QPS change round by round (the two cells of a pair measured one after the other): how far the machine
     drifts between two cells, against a target of a few percent."""
     def changes(proxy):
         without = get(med, f"short/0/{proxy}", "qps_rounds") or []
