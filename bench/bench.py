@@ -350,11 +350,13 @@ def measure_quiet(env, cell, target, args, label):
     return kept
 
 
-def rewrite_report(name):
-    """Renders a results directory again from its raw JSON (after a change to the report)."""
+def rewrite_report(cli):
+    """Renders a results directory again from its raw JSON (after a change to the report). The
+    run's own arguments win; options it predates take this command line's values."""
+    name = cli.name
     out = ROOT / "bench" / "results" / name
     raw = json.loads((out / "raw.json").read_text())
-    args = argparse.Namespace(**raw["args"])
+    args = argparse.Namespace(**{**vars(cli), **raw["args"]})
     med = median_cells(raw["rounds"])
     report.ensure_matplotlib()
     report.write(med, args, out, raw.get("command", f"bench/bench.py --name {name} (command not recorded)"))
@@ -366,7 +368,7 @@ def rewrite_report(name):
 def main():
     args = parse_args()
     if args.report_only:
-        return rewrite_report(args.name)
+        return rewrite_report(args)
     subprocess.run([str(ROOT / "scripts/setup.sh"), "sysbench", "haproxy"], check=True)
     report.ensure_matplotlib()
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "sluice", "-p", "sluice-testkit"], cwd=ROOT, check=True)

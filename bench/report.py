@@ -268,12 +268,15 @@ def short_rounds(med, args):
     def changes(proxy):
         without = get(med, f"short/0/{proxy}", "qps_rounds") or []
         with_ = get(med, f"short/{args.churn_rate}/{proxy}", "qps_rounds") or []
-        return ", ".join(f"{100 * (b / a - 1):+.1f}%".replace("-", "−") for a, b in zip(without, with_) if a and b is not None)
+        return [100 * (b / a - 1) for a, b in zip(without, with_) if a and b is not None]
+
+    def pct(xs):
+        return ", ".join(f"{x:+.1f}%".replace("-", "−") for x in xs)
     s, h = changes("sluice"), changes("haproxy")
-    if s.count(",") < 1:
+    if len(s) < 2:
         return ""
-    return (f"QPS change per round: sluice {s}, HAProxy {h}; rounds that differ this much cannot resolve a loss "
-            f"of a few percent")
+    return (f"QPS change per round: sluice {pct(s)}, HAProxy {pct(h)}; rounds that differ this much cannot resolve "
+            f"a loss of a few percent")
 
 
 def scaling_why(med, t):
@@ -338,7 +341,7 @@ def steal_warning(med, args):
     """Steal time: CPU the host took from this virtual machine. Measurements during which it took
     more than --steal-limit were taken again (bench.measure_quiet); cells whose median is still
     above it are named, since their figures, and ratios between targets in them, mean little."""
-    limit = getattr(args, "steal_limit", 5.0)
+    limit = args.steal_limit
     lines = []
     again = sum(c.get("discarded", 0) for c in med.values())
     if again:

@@ -194,11 +194,11 @@ async fn a_full_pool_closes_the_connection_idle_longest_to_keep_a_new_one() {
     // A client with other capabilities cannot take it, and its own connection takes its place.
     let mut r = Raw::login(&s.listen, "app", "apppw", None);
     assert_eq!(reused(&s), 0, "this client does not fit the pooled connection");
-    r.write_packet(0, &[com::QUIT]).unwrap();
+    r.write_packet(0, &[com::QUIT]).expect("send COM_QUIT");
     wait_for("the connection idle longest is closed", || !alive(db, first));
     assert_eq!(pooled(&s), 1);
     // The next such client takes the newcomer.
     let mut r = Raw::login(&s.listen, "app", "apppw", None);
     assert_eq!((reused(&s), pooled(&s)), (1, 0));
-    r.write_packet(0, &[com::QUIT]).unwrap();
+    r.write_packet(0, &[com::QUIT]).expect("send COM_QUIT");
 }
