@@ -216,13 +216,7 @@ mod tests {
         let ok = Ok::parse(&p, true).unwrap();
         assert_eq!((ok.affected_rows, ok.last_insert_id, ok.warnings), (3, 7, 1));
         let changes: Vec<_> = state_changes(ok.session_state).collect();
-        assert_eq!(
-            changes,
-            vec![
-                StateChange::Schema(b"test"),
-                StateChange::SystemVariable { name: b"autocommit", value: b"OFF" }
-            ]
-        );
+        assert_eq!(changes, vec![StateChange::Schema(b"test"), StateChange::SystemVariable { name: b"autocommit", value: b"OFF" }]);
         assert_eq!(terminator_status(&p, true), Some(status::AUTOCOMMIT | status::SESSION_STATE_CHANGED));
     }
 

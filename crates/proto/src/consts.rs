@@ -167,10 +167,32 @@ pub mod com {
 
     /// Every command name `name` can return, for pre-registering metrics.
     pub const NAMES: &[&str] = &[
-        "sleep", "quit", "init_db", "query", "field_list", "create_db", "drop_db", "refresh",
-        "shutdown", "statistics", "process_info", "process_kill", "debug", "ping", "change_user",
-        "binlog_dump", "stmt_prepare", "stmt_execute", "stmt_send_long_data", "stmt_close",
-        "stmt_reset", "set_option", "stmt_fetch", "reset_connection", "stmt_bulk_execute", "other",
+        "sleep",
+        "quit",
+        "init_db",
+        "query",
+        "field_list",
+        "create_db",
+        "drop_db",
+        "refresh",
+        "shutdown",
+        "statistics",
+        "process_info",
+        "process_kill",
+        "debug",
+        "ping",
+        "change_user",
+        "binlog_dump",
+        "stmt_prepare",
+        "stmt_execute",
+        "stmt_send_long_data",
+        "stmt_close",
+        "stmt_reset",
+        "set_option",
+        "stmt_fetch",
+        "reset_connection",
+        "stmt_bulk_execute",
+        "other",
     ];
 }
 

@@ -59,8 +59,8 @@ pub fn server_packet(data: &[u8]) {
 /// and the negotiated flags, the second the read size; the rest arrives in reads of that size.
 pub fn response_stream(data: &[u8]) {
     let (Some(&mode), Some(&chunk)) = (data.first(), data.get(1)) else { return };
-    let expect = [Expect::Results, Expect::Prepare, Expect::Rows, Expect::FieldList, Expect::Single, Expect::Nothing]
-        [(mode & 7) as usize % 6];
+    let expect =
+        [Expect::Results, Expect::Prepare, Expect::Rows, Expect::FieldList, Expect::Single, Expect::Nothing][(mode & 7) as usize % 6];
     let mut t = ResponseTracker::new(mode & 8 != 0, mode & 16 != 0).strip_session_track(mode & 32 != 0, mode & 64 != 0);
     t.start(expect, 0);
     let stream = &data[2..];

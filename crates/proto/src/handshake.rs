@@ -136,11 +136,8 @@ impl HandshakeResponse {
         let max_packet = r.u32("max packet")?;
         let collation = r.u8("collation")?;
         let filler = r.bytes(23, "filler")?;
-        let mariadb_capabilities = if capabilities & cap::LONG_PASSWORD == 0 {
-            u32::from_le_bytes([filler[19], filler[20], filler[21], filler[22]])
-        } else {
-            0
-        };
+        let mariadb_capabilities =
+            if capabilities & cap::LONG_PASSWORD == 0 { u32::from_le_bytes([filler[19], filler[20], filler[21], filler[22]]) } else { 0 };
         let user = r.nul_str("user")?.to_vec();
         let auth_response = if capabilities & cap::PLUGIN_AUTH_LENENC_DATA != 0 {
             r.lenenc_bytes("auth response")?
@@ -151,15 +148,8 @@ impl HandshakeResponse {
             r.nul_str("auth response")?
         }
         .to_vec();
-        let mut hr = HandshakeResponse {
-            capabilities,
-            mariadb_capabilities,
-            max_packet,
-            collation,
-            user,
-            auth_response,
-            ..Default::default()
-        };
+        let mut hr =
+            HandshakeResponse { capabilities, mariadb_capabilities, max_packet, collation, user, auth_response, ..Default::default() };
         if capabilities & cap::CONNECT_WITH_DB != 0 && !r.is_empty() {
             hr.database = Some(r.nul_str_or_rest().to_vec());
         }

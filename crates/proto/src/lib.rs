@@ -8,8 +8,8 @@
 pub mod auth;
 pub mod basic;
 pub mod compress;
-pub mod fuzzing;
 pub mod consts;
+pub mod fuzzing;
 pub mod handshake;
 pub mod packet;
 pub mod response;

@@ -324,11 +324,7 @@ impl ResponseTracker {
                     let columns = r.u16("column count")?;
                     let params = r.u16("parameter count")?;
                     sink.prepared(id, columns, params);
-                    self.phase = if params > 0 {
-                        Phase::Params { left: params, columns }
-                    } else {
-                        self.after_params(columns)
-                    };
+                    self.phase = if params > 0 { Phase::Params { left: params, columns } } else { self.after_params(columns) };
                 }
                 Some(0xff) => self.error(p, sink)?,
                 _ => return Err(Malformed("expected PREPARE_OK")),

@@ -27,12 +27,8 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
 
 async fn require_token(State(ctx): State<Arc<Ctx>>, req: Request, next: Next) -> Response {
     if let Some(token) = &ctx.config.admin.token {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
+        let given =
+            req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
         if !sluice_proto::auth::verify_clear(token.as_bytes(), given.as_bytes()) {
             return (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "missing or wrong bearer token\n").into_response();
         }

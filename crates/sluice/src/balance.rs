@@ -94,7 +94,9 @@ mod tests {
         let cfg = Config::parse(&text).expect("config");
         let names: Vec<String> = cfg.backends.iter().map(|b| b.address.get_ref().clone()).collect();
         let m = crate::metrics::Metrics::new(&names);
-        Backends::new(cfg.backends.iter().enumerate().map(|(i, b)| Backend::from_config(i, b, m.backends[i].clone(), &cfg.proxy).unwrap()).collect())
+        Backends::new(
+            cfg.backends.iter().enumerate().map(|(i, b)| Backend::from_config(i, b, m.backends[i].clone(), &cfg.proxy).unwrap()).collect(),
+        )
     }
 
     #[test]

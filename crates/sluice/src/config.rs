@@ -193,14 +193,7 @@ pub struct HealthConfig {
 
 impl Default for HealthConfig {
     fn default() -> Self {
-        HealthConfig {
-            interval: Duration::from_secs(2),
-            timeout: Duration::from_secs(1),
-            rise: 2,
-            fall: 3,
-            user: None,
-            password: None,
-        }
+        HealthConfig { interval: Duration::from_secs(2), timeout: Duration::from_secs(1), rise: 2, fall: 3, user: None, password: None }
     }
 }
 
@@ -331,11 +324,7 @@ impl Config {
     }
 
     fn validate(&self, text: &str) -> Result<(), ConfigError> {
-        let at = |span: std::ops::Range<usize>, message: String| ConfigError {
-            file: None,
-            line: Some(line_of(text, span.start)),
-            message,
-        };
+        let at = |span: std::ops::Range<usize>, message: String| ConfigError { file: None, line: Some(line_of(text, span.start)), message };
         for l in &self.listeners {
             parse_address(l.address.get_ref()).map_err(|m| at(l.address.span(), format!("listeners.address: {m}")))?;
         }
@@ -374,11 +363,7 @@ impl Config {
     }
 
     pub fn workers(&self) -> usize {
-        if self.proxy.workers > 0 {
-            self.proxy.workers
-        } else {
-            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-        }
+        if self.proxy.workers > 0 { self.proxy.workers } else { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) }
     }
 }
 

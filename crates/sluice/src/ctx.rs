@@ -43,11 +43,7 @@ pub fn mono_ns() -> u64 {
 
 impl Ctx {
     pub fn new(config: Config) -> Result<Arc<Ctx>, String> {
-        let names: Vec<String> = config
-            .backends
-            .iter()
-            .map(|b| b.name.clone().unwrap_or_else(|| b.address.get_ref().clone()))
-            .collect();
+        let names: Vec<String> = config.backends.iter().map(|b| b.name.clone().unwrap_or_else(|| b.address.get_ref().clone())).collect();
         let metrics = Metrics::new(&names);
         let list = config
             .backends

@@ -17,8 +17,7 @@ use prometheus_client::registry::Registry;
 use crate::error::Side;
 
 /// Latency buckets in seconds: 50 µs to 10 s.
-const BUCKETS: [f64; 16] =
-    [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+const BUCKETS: [f64; 16] = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
 
 /// Shards per sharded series; worker threads beyond this share shards.
 const SHARDS: usize = 16;
@@ -223,8 +222,8 @@ impl Metrics {
 
         let errors_family = Family::<Labels, Counter>::default();
         registry.register("errors", "Failed sessions and commands, by whose fault it was", errors_family.clone());
-        let errors = [Side::Client, Side::Backend, Side::Proxy]
-            .map(|s| errors_family.get_or_create(&vec![("side", s.as_str().into())]).clone());
+        let errors =
+            [Side::Client, Side::Backend, Side::Proxy].map(|s| errors_family.get_or_create(&vec![("side", s.as_str().into())]).clone());
 
         let moves = Family::<Labels, Counter>::default();
         registry.register("session_moves", "Sessions that lost their backend connection while idle, by outcome", moves.clone());

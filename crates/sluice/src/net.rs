@@ -340,9 +340,7 @@ impl<F: Future<Output = io::Result<T>>, T> Future for Within<F> {
             this.timer.set(Some(tokio::time::sleep(*this.limit)));
         }
         match this.timer.as_pin_mut().map(|t| t.poll(cx)) {
-            Some(Poll::Ready(())) => {
-                Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, format!("no progress for {:?}", this.limit))))
-            }
+            Some(Poll::Ready(())) => Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, format!("no progress for {:?}", this.limit)))),
             _ => Poll::Pending,
         }
     }
@@ -427,9 +425,7 @@ impl PacketConn {
 /// accepted sockets inherit both, which saves four system calls per client connection.
 pub fn tune_tcp(sock: socket2::SockRef<'_>) {
     let _ = sock.set_tcp_nodelay(true);
-    let ka = socket2::TcpKeepalive::new()
-        .with_time(std::time::Duration::from_secs(60))
-        .with_interval(std::time::Duration::from_secs(10));
+    let ka = socket2::TcpKeepalive::new().with_time(std::time::Duration::from_secs(60)).with_interval(std::time::Duration::from_secs(10));
     let _ = sock.set_tcp_keepalive(&ka);
 }
 

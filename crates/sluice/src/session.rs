@@ -144,8 +144,7 @@ impl SessionState {
             match change {
                 StateChange::Schema(s) => self.schema = Some(String::from_utf8_lossy(s).into_owned()),
                 StateChange::SystemVariable { name, value } => {
-                    self.variables
-                        .insert(String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned());
+                    self.variables.insert(String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned());
                 }
                 _ => {}
             }
@@ -216,7 +215,16 @@ impl Sink for StateSink<'_> {
         } else {
             id
         };
-        let p = Prepared { backend_id: id, sql, params, columns, long_data: false, cursor: false, param_types: Vec::new(), types_unsent: false };
+        let p = Prepared {
+            backend_id: id,
+            sql,
+            params,
+            columns,
+            long_data: false,
+            cursor: false,
+            param_types: Vec::new(),
+            types_unsent: false,
+        };
         self.state.prepared.insert(client_id, p);
         self.changed = true;
     }

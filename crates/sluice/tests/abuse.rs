@@ -19,11 +19,7 @@ const RSS_SLACK_KB: u64 = 8 * 1024;
 
 fn rss_kb(s: &SluiceProc) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid())).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0)
 }
 
 fn sessions(s: &SluiceProc) -> usize {
@@ -125,7 +121,9 @@ fn thousands_of_stalled_logins_do_not_stop_new_ones() {
             }
         }
     }
-    wait_for("every stalled login timed out", || metric(&s, "sluice_rejected_connections_total{reason=\"handshake_timeout\"} ") as usize == n);
+    wait_for("every stalled login timed out", || {
+        metric(&s, "sluice_rejected_connections_total{reason=\"handshake_timeout\"} ") as usize == n
+    });
     drop(stalled);
     assert_back_to(&s, &b, "stalled logins");
 }
@@ -162,7 +160,11 @@ fn connect_and_disconnect_loops_leak_nothing() {
     let db = shared_db();
     let s = start_sluice_config(&config(&db.addr(), ""));
     let b = baseline(&s);
-    let threads_before: u64 = db.sql("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'THREADS_CONNECTED'").trim().parse().unwrap();
+    let threads_before: u64 = db
+        .sql("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'THREADS_CONNECTED'")
+        .trim()
+        .parse()
+        .unwrap();
     let mut after_round = Vec::new();
     for _ in 0..2 {
         std::thread::scope(|scope| {

@@ -93,8 +93,7 @@ async fn users_mode_checks_passwords_itself() {
 async fn tls_from_clients_and_require_tls() {
     let db = shared_db();
     let (cert, key) = self_signed_cert();
-    let cfg = users_config(db, "require_tls = true\n")
-        + &format!("[tls]\ncert = \"{}\"\nkey = \"{}\"\n", cert.display(), key.display());
+    let cfg = users_config(db, "require_tls = true\n") + &format!("[tls]\ncert = \"{}\"\nkey = \"{}\"\n", cert.display(), key.display());
     let s = start_sluice_config(&cfg);
     let ssl = mysql_async::SslOpts::default().with_danger_accept_invalid_certs(true);
     let mut c = mysql_async::Conn::new(mysql_async::Opts::from(opts(&s.listen, "app", "apppw").ssl_opts(ssl.clone()))).await.unwrap();
@@ -135,21 +134,15 @@ async fn users_mode_change_user() {
     let db = shared_db();
     let s = start_sluice_config(&users_config(db, ""));
     let mut c = app(&s).await;
-    c.change_user(mysql_async::ChangeUserOpts::default().with_user(Some("other".into())).with_pass(Some("otherpw".into())))
-        .await
-        .unwrap();
+    c.change_user(mysql_async::ChangeUserOpts::default().with_user(Some("other".into())).with_pass(Some("otherpw".into()))).await.unwrap();
     let u: Option<String> = c.query_first("SELECT CURRENT_USER()").await.unwrap();
     assert_eq!(u.as_deref(), Some("other@%"));
     let (_, body) = admin_get(&s, "/sessions", None);
     assert!(body.contains("\"user\":\"other\""), "{body}");
-    let bad = c
-        .change_user(mysql_async::ChangeUserOpts::default().with_user(Some("app".into())).with_pass(Some("wrong".into())))
-        .await;
+    let bad = c.change_user(mysql_async::ChangeUserOpts::default().with_user(Some("app".into())).with_pass(Some("wrong".into()))).await;
     let e = bad.expect_err("wrong password refused");
     assert!(e.to_string().contains("1045"), "{e}");
-    let ghost = c
-        .change_user(mysql_async::ChangeUserOpts::default().with_user(Some("ghost".into())).with_pass(Some("x".into())))
-        .await;
+    let ghost = c.change_user(mysql_async::ChangeUserOpts::default().with_user(Some("ghost".into())).with_pass(Some("x".into()))).await;
     assert!(ghost.is_err());
 }
 
@@ -177,8 +170,8 @@ fn caching_sha2_fast_path_and_full_authentication() {
 
 #[test]
 fn tls_hello_in_the_same_segment_as_the_ssl_request() {
-    use std::io::{Read, Write};
     use sluice_proto::consts::cap;
+    use std::io::{Read, Write};
     let db = shared_db();
     let (cert, key) = self_signed_cert();
     let cfg = format!(

@@ -282,8 +282,7 @@ fn go_sql_driver_suite_directly_and_through_sluice() {
 
     // Sluice with client TLS (MariaDB has none in the harness): every test that passes
     // directly must pass with TLS between the driver and sluice.
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-        .expect("self-signed certificate");
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()]).expect("self-signed certificate");
     let (cert_path, key_path) = (suite.src.join("sluice-cert.pem"), suite.src.join("sluice-key.pem"));
     std::fs::write(&cert_path, cert.cert.pem()).expect("write cert");
     std::fs::write(&key_path, cert.signing_key.serialize_pem()).expect("write key");

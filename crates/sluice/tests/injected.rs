@@ -169,7 +169,9 @@ async fn faults_in_the_middle_of_load_data() {
         r.shim.arm(Fault::new(Trigger::Pattern(Dir::ToServer, b"LOAD DATA".to_vec()), Dir::ToServer, 200_000, action.clone()));
         let port = r.s.port();
         let load = load.clone();
-        let out = bounded("load data", tokio::task::spawn_blocking(move || cli(port, "app", "apppw", &["--local-infile=1"], &load))).await.unwrap();
+        let out = bounded("load data", tokio::task::spawn_blocking(move || cli(port, "app", "apppw", &["--local-infile=1"], &load)))
+            .await
+            .unwrap();
         assert!(out.is_err(), "{action:?}: LOAD DATA must fail, got {out:?}");
         r.assert_clean().await;
     }

@@ -69,18 +69,18 @@ async fn idle_users_mode_sessions_move_to_the_survivor_with_their_state() {
     // The mover changes its schema, charset, variables, and prepares statements.
     mover.query_drop("USE moves").await.unwrap();
     mover.query_drop("SET NAMES latin1").await.unwrap();
-    mover.query_drop("SET SESSION sql_mode = 'ANSI_QUOTES,NO_ENGINE_SUBSTITUTION', wait_timeout = 1234, time_zone = '+03:00'").await.unwrap();
+    mover
+        .query_drop("SET SESSION sql_mode = 'ANSI_QUOTES,NO_ENGINE_SUBSTITUTION', wait_timeout = 1234, time_zone = '+03:00'")
+        .await
+        .unwrap();
     let by_id = mover.prep("SELECT v FROM t WHERE id = ?").await.unwrap();
     let plus = mover.prep("SELECT ? + 1").await.unwrap();
     let closed = mover.prep("SELECT 42").await.unwrap();
     mover.close(closed).await.unwrap();
     let v: Option<String> = mover.exec_first(&by_id, (1,)).await.unwrap();
     assert_eq!(v.as_deref(), Some("one"));
-    let before: (String, String, String, u64, String) = mover
-        .query_first("SELECT DATABASE(), @@character_set_client, @@sql_mode, @@wait_timeout, @@time_zone")
-        .await
-        .unwrap()
-        .unwrap();
+    let before: (String, String, String, u64, String) =
+        mover.query_first("SELECT DATABASE(), @@character_set_client, @@sql_mode, @@wait_timeout, @@time_zone").await.unwrap().unwrap();
 
     // Another session is inside a transaction; it cannot move.
     in_trx.query_drop("BEGIN").await.unwrap();
@@ -91,11 +91,8 @@ async fn idle_users_mode_sessions_move_to_the_survivor_with_their_state() {
 
     // The mover carries on, on the survivor, with everything it had.
     assert_eq!(port_of(&mut mover).await, b.port);
-    let after: (String, String, String, u64, String) = mover
-        .query_first("SELECT DATABASE(), @@character_set_client, @@sql_mode, @@wait_timeout, @@time_zone")
-        .await
-        .unwrap()
-        .unwrap();
+    let after: (String, String, String, u64, String) =
+        mover.query_first("SELECT DATABASE(), @@character_set_client, @@sql_mode, @@wait_timeout, @@time_zone").await.unwrap().unwrap();
     assert_eq!(after, before);
     assert_eq!(after.0, "moves");
     assert_eq!(after.1, "latin1");
@@ -186,7 +183,8 @@ async fn a_killed_session_stays_dead_and_a_restarted_backend_takes_its_sessions_
 /// The port a raw session is on (the text row of `SELECT @@port`).
 fn raw_port(r: &mut Raw) -> u16 {
     let packets = r.query("SELECT @@port");
-    let row = packets.iter().find(|p| p.len() > 1 && p[0] as usize == p.len() - 1 && p[1..].iter().all(u8::is_ascii_digit)).expect("port row");
+    let row =
+        packets.iter().find(|p| p.len() > 1 && p[0] as usize == p.len() - 1 && p[1..].iter().all(u8::is_ascii_digit)).expect("port row");
     std::str::from_utf8(&row[1..]).unwrap().parse().unwrap()
 }
 
@@ -243,7 +241,10 @@ async fn state_set_after_a_reset_or_a_change_of_user_moves_too() {
     reset.query_drop("SET SESSION sql_mode = 'ANSI_QUOTES'").await.unwrap();
     // COM_CHANGE_USER too, and the session is now another user's.
     let mut changed = sessions.pop().unwrap();
-    changed.change_user(mysql_async::ChangeUserOpts::default().with_user(Some("other".into())).with_pass(Some("otherpw".into()))).await.unwrap();
+    changed
+        .change_user(mysql_async::ChangeUserOpts::default().with_user(Some("other".into())).with_pass(Some("otherpw".into())))
+        .await
+        .unwrap();
     changed.query_drop("SET SESSION sql_mode = 'ANSI_QUOTES'").await.unwrap();
     a.kill();
     wait_for("sluice sees both lost connections", || s.log_text().matches("the session moves at its next command").count() == 2);

@@ -86,7 +86,13 @@ async fn what_a_session_leaves_open_ends_when_it_ends_not_when_its_connection_is
     let s = start_sluice_config(&config(db, PASSTHROUGH, ""));
     // A transaction with a row lock, a named lock, a temporary table made where no lexer looks.
     db.sql("CREATE PROCEDURE IF NOT EXISTS pool.hide() CREATE TEMPORARY TABLE pool.tmp (x INT)");
-    let id = session_then_quit(&s, "app", "apppw", &["BEGIN", "INSERT INTO pool.t VALUES (1)", "DO GET_LOCK('pool_lock', 0)", "CALL pool.hide()"]).await;
+    let id = session_then_quit(
+        &s,
+        "app",
+        "apppw",
+        &["BEGIN", "INSERT INTO pool.t VALUES (1)", "DO GET_LOCK('pool_lock', 0)", "CALL pool.hide()"],
+    )
+    .await;
     wait_for("the connection is pooled", || pooled(&s) == 1);
     assert!(alive(db, id));
     // Nothing is held while it waits in the pool: the row is not there and not locked, the

@@ -55,8 +55,7 @@ async fn prepared_statements_in_binary_protocol() {
         c.exec_drop(&ins, (i, i as f64 / 2.0, format!("s{i}"), vec![i as u8; i as usize], "2024-01-02 03:04:05")).await.unwrap();
     }
     c.close(ins).await.unwrap();
-    let rows: Vec<(i32, f64, String, Vec<u8>)> =
-        c.exec("SELECT id, d, s, b FROM t WHERE id >= ? ORDER BY id", (10,)).await.unwrap();
+    let rows: Vec<(i32, f64, String, Vec<u8>)> = c.exec("SELECT id, d, s, b FROM t WHERE id >= ? ORDER BY id", (10,)).await.unwrap();
     assert_eq!(rows.len(), 10);
     assert_eq!(rows[3], (13, 6.5, "s13".to_string(), vec![13u8; 13]));
     c.disconnect().await.unwrap();
@@ -81,7 +80,6 @@ async fn values_of_64_mib_both_ways() {
     assert_eq!(n, Some(20 * 1024 * 1024));
     c.disconnect().await.unwrap();
 }
-
 
 /// A result set of many rows of varied sizes: several megabytes that sluice reads in growing
 /// buffers, rows straddling every read, in both protocols, and the session goes on after it.
@@ -116,14 +114,10 @@ async fn ping_init_db_reset_and_change_user() {
     let v: Option<Option<i32>> = c.query_first("SELECT @v").await.unwrap();
     assert_eq!(v, Some(None), "COM_RESET_CONNECTION clears user variables");
 
-    c.change_user(mysql_async::ChangeUserOpts::default().with_user(Some("other".into())).with_pass(Some("otherpw".into())))
-        .await
-        .unwrap();
+    c.change_user(mysql_async::ChangeUserOpts::default().with_user(Some("other".into())).with_pass(Some("otherpw".into()))).await.unwrap();
     let u: Option<String> = c.query_first("SELECT CURRENT_USER()").await.unwrap();
     assert_eq!(u.as_deref(), Some("other@%"));
-    let bad = c
-        .change_user(mysql_async::ChangeUserOpts::default().with_user(Some("other".into())).with_pass(Some("wrong".into())))
-        .await;
+    let bad = c.change_user(mysql_async::ChangeUserOpts::default().with_user(Some("other".into())).with_pass(Some("wrong".into()))).await;
     assert!(bad.is_err(), "a wrong password in COM_CHANGE_USER is refused");
 }
 
@@ -310,10 +304,8 @@ async fn kill_query_from_a_second_connection() {
     assert!(sessions.as_array().unwrap().iter().any(|x| x["id"] == victim_id));
     // Give the query a moment to reach the server, then kill it by the id the client was given.
     loop {
-        let n: Option<i64> = killer
-            .query_first("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO = 'SELECT SLEEP(60)'")
-            .await
-            .unwrap();
+        let n: Option<i64> =
+            killer.query_first("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO = 'SELECT SLEEP(60)'").await.unwrap();
         if n == Some(1) {
             break;
         }

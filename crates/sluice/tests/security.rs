@@ -4,9 +4,9 @@
 
 mod common;
 
+use clap::Parser;
 use common::*;
 use sluice_proto::auth;
-use clap::Parser;
 use sluice_proto::handshake::{Greeting, HandshakeResponse};
 use sluice_testkit::raw::{CLIENT_CAPS, Raw};
 
@@ -99,7 +99,12 @@ fn no_login_without_the_password_through_any_plugin_path() {
             ("a reply for another scramble (replay)", auth::NATIVE, Box::new(bytes(stolen)), vec![]),
             ("19 bytes of the right reply", auth::NATIVE, Box::new(move |s: &[u8]| native(pw)(s)[..19].to_vec()), vec![]),
             ("21 bytes", auth::NATIVE, Box::new(move |s: &[u8]| [native(pw)(s), vec![0]].concat()), vec![]),
-            ("empty reply, then empty again after the switch", b"no_such_plugin", Box::new(bytes(b"")), vec![Box::new(bytes(b"")), Box::new(bytes(b""))]),
+            (
+                "empty reply, then empty again after the switch",
+                b"no_such_plugin",
+                Box::new(bytes(b"")),
+                vec![Box::new(bytes(b"")), Box::new(bytes(b""))],
+            ),
             ("the clear password over plain TCP", b"mysql_clear_password", Box::new(bytes(clear)), vec![Box::new(bytes(clear))]),
             ("sluice's own passthrough plugin name", b"sluice_passthrough", Box::new(bytes(b"")), vec![Box::new(bytes(b""))]),
             ("ed25519 noise", b"client_ed25519", Box::new(bytes(&[9; 64])), vec![Box::new(bytes(&[9; 64]))]),

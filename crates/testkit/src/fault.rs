@@ -64,12 +64,7 @@ pub struct Fault {
 
 impl Fault {
     pub fn new(trigger: Trigger, dir: Dir, after: u64, action: Action) -> Fault {
-        Fault {
-            trigger,
-            dir,
-            after,
-            action,
-        }
+        Fault { trigger, dir, after, action }
     }
 }
 
@@ -143,28 +138,16 @@ fn poll_until(timeout: Duration, f: impl Fn() -> bool) -> bool {
 
 /// Makes the close of `s` send RST instead of FIN (SO_LINGER on, zero timeout).
 fn set_linger0(s: &TcpStream) {
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
+    let l = libc::linger { l_onoff: 1, l_linger: 0 };
     // SAFETY: the fd is a live socket owned by `s`; `l` is a valid `linger` of the given size.
     unsafe {
         let len = size_of::<libc::linger>() as libc::socklen_t;
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&raw const l).cast(),
-            len,
-        );
+        libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_LINGER, (&raw const l).cast(), len);
     }
 }
 
 /// Removes and returns the armed faults for which `hit` gives an offset.
-fn take_armed(
-    armed: &mut Vec<Fault>,
-    hit: impl Fn(&Trigger) -> Option<usize>,
-) -> Vec<(Fault, usize)> {
+fn take_armed(armed: &mut Vec<Fault>, hit: impl Fn(&Trigger) -> Option<usize>) -> Vec<(Fault, usize)> {
     let mut hits = Vec::new();
     let mut i = 0;
     while i < armed.len() {
@@ -179,10 +162,7 @@ fn take_armed(
 /// End offset in `window` of the first match of `p` that ends after `window[..old]`.
 fn find_end(window: &[u8], old: usize, p: &[u8]) -> Option<usize> {
     let start = (old + 1).saturating_sub(p.len());
-    window[start..]
-        .windows(p.len())
-        .position(|w| w == p)
-        .map(|i| start + i + p.len())
+    window[start..].windows(p.len()).position(|w| w == p).map(|i| start + i + p.len())
 }
 
 impl FaultProxy {
@@ -190,20 +170,11 @@ impl FaultProxy {
     pub fn start(server: &str) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind fault proxy");
         let addr = listener.local_addr().expect("fault proxy address");
-        let shared = Arc::new(Shared {
-            server: server.to_string(),
-            ..Shared::default()
-        });
+        let shared = Arc::new(Shared { server: server.to_string(), ..Shared::default() });
         let s = Arc::clone(&shared);
-        let accept = thread::Builder::new()
-            .name("fault-accept".into())
-            .spawn(move || accept_loop(&s, &listener))
-            .expect("spawn fault proxy");
-        FaultProxy {
-            shared,
-            addr,
-            accept: Some(accept),
-        }
+        let accept =
+            thread::Builder::new().name("fault-accept".into()).spawn(move || accept_loop(&s, &listener)).expect("spawn fault proxy");
+        FaultProxy { shared, addr, accept: Some(accept) }
     }
 
     /// The listening address, `127.0.0.1:port`.
@@ -246,10 +217,7 @@ impl FaultProxy {
 
     /// Resets (RST) every open connection now, as if the server host died.
     pub fn reset_all(&self) {
-        let conns: Vec<_> = lock(&self.shared.conns)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
+        let conns: Vec<_> = lock(&self.shared.conns).iter().filter_map(Weak::upgrade).collect();
         conns.iter().for_each(|c| c.fail());
     }
 
@@ -278,11 +246,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
         }
         let Ok(client) = client else { continue };
         shared.accepted.fetch_add(1, SeqCst);
-        let server = if shared.refuse.load(SeqCst) {
-            None
-        } else {
-            TcpStream::connect(&shared.server).ok()
-        };
+        let server = if shared.refuse.load(SeqCst) { None } else { TcpStream::connect(&shared.server).ok() };
         match server {
             Some(server) => start_conn(shared, client, server),
             None => set_linger0(&client), // dropping it now sends RST
@@ -297,13 +261,7 @@ fn start_conn(shared: &Arc<Shared>, client: TcpStream, server: TcpStream) {
     }
     shared.open.fetch_add(1, SeqCst);
     let guard = OpenGuard(Arc::clone(shared));
-    let conn = Arc::new(Conn {
-        client,
-        server,
-        state: Mutex::default(),
-        cv: Condvar::new(),
-        guard,
-    });
+    let conn = Arc::new(Conn { client, server, state: Mutex::default(), cv: Condvar::new(), guard });
     let mut conns = lock(&shared.conns);
     conns.retain(|c| c.strong_count() > 0);
     conns.push(Arc::downgrade(&conn));
@@ -316,9 +274,7 @@ fn start_conn(shared: &Arc<Shared>, client: TcpStream, server: TcpStream) {
     drop((st, armed));
     for dir in [Dir::ToServer, Dir::ToClient] {
         let c = Arc::clone(&conn);
-        let spawned = thread::Builder::new()
-            .name(format!("fault-{dir:?}"))
-            .spawn(move || pump(&c, dir));
+        let spawned = thread::Builder::new().name(format!("fault-{dir:?}")).spawn(move || pump(&c, dir));
         if spawned.is_err() {
             conn.fail();
         }
@@ -536,10 +492,7 @@ impl Conn {
                     let Some(left) = t.checked_duration_since(Instant::now()) else {
                         return true;
                     };
-                    self.cv
-                        .wait_timeout(st, left)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
+                    self.cv.wait_timeout(st, left).unwrap_or_else(PoisonError::into_inner).0
                 }
             };
         }
@@ -629,10 +582,7 @@ mod tests {
         let (p, rx) = setup(vec![start(Dir::ToServer, 3, Action::Corrupt(2))]);
         let (mut c, s) = pair(&p, &rx);
         c.write_all(b"abcdefgh").unwrap();
-        assert_eq!(
-            read_n(&s, 8),
-            [b'a', b'b', b'c', !b'd', !b'e', b'f', b'g', b'h']
-        );
+        assert_eq!(read_n(&s, 8), [b'a', b'b', b'c', !b'd', !b'e', b'f', b'g', b'h']);
         c.write_all(b"ij").unwrap();
         assert_eq!(read_n(&s, 2), b"ij");
     }

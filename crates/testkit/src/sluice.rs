@@ -25,11 +25,7 @@ fn field(line: &str, key: &str) -> Option<String> {
 impl SluiceProc {
     /// Starts `bin` with `args` and waits for its ready line (listeners bound, workers up).
     pub fn start(bin: &Path, args: &[String]) -> SluiceProc {
-        let log = crate::mariadb::work_root().join(format!(
-            "sluice-{}-{}.log",
-            std::process::id(),
-            crate::unique_id()
-        ));
+        let log = crate::mariadb::work_root().join(format!("sluice-{}-{}.log", std::process::id(), crate::unique_id()));
         let mut cmd = Command::new(bin);
         cmd.args(args)
             .env("RUST_LOG", std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "info".into()))

@@ -37,7 +37,8 @@ fn base(workload: &str, addr: &str, tables: u32, table_size: u32) -> Command {
 /// Creates the `sbtest` database and its tables on a server (directly, as user app).
 pub fn prepare(db: &crate::MariaDb, tables: u32, table_size: u32) {
     db.sql("CREATE DATABASE IF NOT EXISTS sbtest");
-    let out = base("oltp_common", &db.addr(), tables, table_size).arg("prepare").output().expect("run sysbench (installed by scripts/setup.sh)");
+    let out =
+        base("oltp_common", &db.addr(), tables, table_size).arg("prepare").output().expect("run sysbench (installed by scripts/setup.sh)");
     assert!(out.status.success(), "sysbench prepare: {}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -67,7 +68,13 @@ const LIMIT_SECONDS: u32 = 900;
 /// Starts `workload` against `addr`, ignoring (and reconnecting after) errors.
 pub fn start(workload: &str, addr: &str, tables: u32, table_size: u32, threads: u32) -> Run {
     let mut c = base(workload, addr, tables, table_size);
-    c.args([&format!("--threads={threads}"), &format!("--time={LIMIT_SECONDS}"), "--mysql-ignore-errors=all", "--report-interval=1", "run"]);
+    c.args([
+        &format!("--threads={threads}"),
+        &format!("--time={LIMIT_SECONDS}"),
+        "--mysql-ignore-errors=all",
+        "--report-interval=1",
+        "run",
+    ]);
     c.env("LD_PRELOAD", shim()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = c.spawn().expect("start sysbench");
     let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
@@ -124,7 +131,8 @@ impl Drop for Run {
 fn interval_totals(text: &str) -> Totals {
     let (mut q, mut t, mut e, mut r, mut last) = (0.0, 0.0, 0.0, 0.0, 0.0);
     for line in text.lines() {
-        let Some(at) = line.trim_start().strip_prefix('[').and_then(|l| l.split_once("s ]")).and_then(|(n, _)| n.trim().parse::<f64>().ok())
+        let Some(at) =
+            line.trim_start().strip_prefix('[').and_then(|l| l.split_once("s ]")).and_then(|(n, _)| n.trim().parse::<f64>().ok())
         else {
             continue;
         };
@@ -138,7 +146,13 @@ fn interval_totals(text: &str) -> Totals {
         e += rate(" err/s: ") * span;
         r += rate(" reconn/s: ") * span;
     }
-    Totals { queries: q.round() as u64, transactions: t.round() as u64, ignored_errors: e.round() as u64, reconnects: r.round() as u64, success: false }
+    Totals {
+        queries: q.round() as u64,
+        transactions: t.round() as u64,
+        ignored_errors: e.round() as u64,
+        reconnects: r.round() as u64,
+        success: false,
+    }
 }
 
 #[cfg(test)]

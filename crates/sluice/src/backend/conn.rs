@@ -28,10 +28,7 @@ pub async fn open(b: &Backend, timeout: Duration) -> Result<(PacketConn, Greetin
             Address::Unix(p) => Stream::Unix(UnixStream::connect(p).await.map_err(|e| Error::connect(format!("connect: {e}")))?),
         };
         let mut conn = PacketConn::new(stream);
-        let (_, payload) = conn
-            .read_packet(LOGIN_PACKET_LIMIT)
-            .await
-            .map_err(|e| Error::connect(format!("reading greeting: {e}")))?;
+        let (_, payload) = conn.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| Error::connect(format!("reading greeting: {e}")))?;
         if payload.first() == Some(&0xff) {
             // The backend refused the connection (e.g. 1040 Too many connections): keep its code
             // and message so that a client that cannot be served elsewhere gets them unchanged.
@@ -73,10 +70,7 @@ pub async fn maybe_tls(b: &Backend, conn: PacketConn, g: &Greeting, hr: &Handsha
     write_ssl_request(&mut req, hr.capabilities | cap::SSL, hr.mariadb_capabilities, hr.max_packet, hr.collation);
     conn.write_packet(&req, 1).await.map_err(|e| Error::connect(format!("SSL request: {e}")))?;
     let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
-    let s = connector
-        .connect(tls.server_name.clone(), conn.stream)
-        .await
-        .map_err(|e| Error::connect(format!("TLS handshake: {e}")))?;
+    let s = connector.connect(tls.server_name.clone(), conn.stream).await.map_err(|e| Error::connect(format!("TLS handshake: {e}")))?;
     Ok((PacketConn::new(Stream::Tls(Box::new(tokio_rustls::TlsStream::Client(s)))), 2))
 }
 

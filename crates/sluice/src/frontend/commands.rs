@@ -53,8 +53,13 @@ impl Session<'_> {
         let ok = if tb == self.guard.index {
             let mut pkt = Vec::with_capacity(q.len() + HEADER);
             sluice_proto::packet::frame(&mut pkt, &q, 0);
-            self.backend.stream.write_within(std::time::Duration::ZERO, &pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
-            let mut sink = StateSink { state: &mut self.state, preparing: None, executing: None, error: None, changed: false, patch_stmt_id: None };
+            self.backend
+                .stream
+                .write_within(std::time::Duration::ZERO, &pkt)
+                .await
+                .map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
+            let mut sink =
+                StateSink { state: &mut self.state, preparing: None, executing: None, error: None, changed: false, patch_stmt_id: None };
             let watch = crate::deadline::Watch { ctx: self.ctx, handle: self.handle, waker: &mut self.waker };
             relay_response(&mut self.tracker, Expect::Results, 0, &mut self.backend, &mut self.client, &mut sink, watch).await?;
             sink.error.is_none()
@@ -76,10 +81,7 @@ impl Session<'_> {
             return Ok(false);
         };
         let Some(cred) = self.credential.clone() else {
-            let msg = format!(
-                "sluice: that session is on backend {}; in passthrough mode sluice holds no credentials to reach it",
-                b.name
-            );
+            let msg = format!("sluice: that session is on backend {}; in passthrough mode sluice holds no credentials to reach it", b.name);
             self.client_error(1, 1095, b"HY000", &msg).await;
             return Ok(false);
         };
@@ -164,9 +166,10 @@ impl Session<'_> {
     async fn change_user_users(&mut self, cu: ChangeUser) -> Result<Flow> {
         let name = String::from_utf8_lossy(&cu.user).into_owned();
         let plugin = cu.auth_plugin.clone().unwrap_or_else(|| sluice_proto::auth::NATIVE.to_vec());
-        let (verdict, seq) = verify(&mut self.client, 1, &self.ctx.users, self.ctx.rsa.as_ref(), &name, &plugin, &cu.auth_response, &self.scramble)
-            .await
-            .map_err(|e| Error::io(Side::Client, "change user", e))?;
+        let (verdict, seq) =
+            verify(&mut self.client, 1, &self.ctx.users, self.ctx.rsa.as_ref(), &name, &plugin, &cu.auth_response, &self.scramble)
+                .await
+                .map_err(|e| Error::io(Side::Client, "change user", e))?;
         let user = match verdict {
             Verdict::Accepted(u) => u,
             Verdict::Denied { used_password } => {

@@ -234,7 +234,8 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
 
     // With TLS configured this may be an SSL request, after which the TLS handshake must see
     // every byte: read exactly one packet. Without, one buffered read takes it all.
-    let first = if ctx.tls.is_some() { client.read_packet_exact(LOGIN_PACKET_LIMIT).await } else { client.read_packet(LOGIN_PACKET_LIMIT).await };
+    let first =
+        if ctx.tls.is_some() { client.read_packet_exact(LOGIN_PACKET_LIMIT).await } else { client.read_packet(LOGIN_PACKET_LIMIT).await };
     let (mut seq, mut payload) = first.map_err(|e| Error::io(Side::Client, "reading handshake response", e))?;
     if is_ssl_request(&payload) {
         let Some(tls) = ctx.tls.clone() else {
@@ -384,7 +385,8 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8)
                 let tls = o.backend.tls.is_some();
                 let mut bhr = backend_response(hr, &o.greeting, client_caps, tls);
                 bhr.auth_plugin = Some(PASSTHROUGH_PLUGIN.to_vec());
-                let (mut backend, bseq) = bconn::maybe_tls(&o.backend, o.conn, &o.greeting, &bhr).await.map_err(|e| (e.into(), Some(cseq)))?;
+                let (mut backend, bseq) =
+                    bconn::maybe_tls(&o.backend, o.conn, &o.greeting, &bhr).await.map_err(|e| (e.into(), Some(cseq)))?;
                 let mut out = Vec::new();
                 bhr.write(&mut out);
                 backend.write_packet(&out, bseq).await.map_err(io_b)?;
@@ -408,7 +410,15 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8)
         cseq = cseq.wrapping_add(1);
         match p.first() {
             Some(0x00) => {
-                return Ok(Backed { backend, guard, backend_thread_id: thread_id, backend_caps, mariadb, credential: None, counted_user: None });
+                return Ok(Backed {
+                    backend,
+                    guard,
+                    backend_thread_id: thread_id,
+                    backend_caps,
+                    mariadb,
+                    credential: None,
+                    counted_user: None,
+                });
             }
             Some(0xff) => {
                 let e = sluice_proto::basic::Err::parse(&p).map_err(|e| (Error::malformed(Side::Backend, e).into(), None))?;
@@ -419,9 +429,13 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8)
             }
             Some(0x01) if p.get(1) == Some(&3) => {}
             Some(0xfe) | Some(0x01) => {
-                let (_, reply) = client.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| (Error::io(Side::Client, "login", e).into(), None))?;
+                let (_, reply) =
+                    client.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| (Error::io(Side::Client, "login", e).into(), None))?;
                 cseq = cseq.wrapping_add(1);
-                backend.write_packet(&reply, bseq.wrapping_add(1)).await.map_err(|e| (Error::io(Side::Backend, "login", e).into(), Some(cseq)))?;
+                backend
+                    .write_packet(&reply, bseq.wrapping_add(1))
+                    .await
+                    .map_err(|e| (Error::io(Side::Backend, "login", e).into(), Some(cseq)))?;
             }
             _ => return Err((Error::backend("unexpected packet during login").into(), Some(cseq))),
         }
@@ -435,18 +449,13 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
     let (pre, tried) = (a.pre.take(), &mut a.tried);
     let name = String::from_utf8_lossy(&hr.user).into_owned();
     let denied = |seq: u8, used_password: bool| {
-        let msg = format!(
-            "Access denied for user '{}' (using password: {})",
-            name,
-            if used_password { "YES" } else { "NO" }
-        );
+        let msg = format!("Access denied for user '{}' (using password: {})", name, if used_password { "YES" } else { "NO" });
         (refuse(Reject::AccessDenied, Error::new(Side::Client, code::ACCESS_DENIED, msg).state(b"28000")), Some(seq))
     };
     let plugin = hr.auth_plugin.clone().unwrap_or_else(|| auth::NATIVE.to_vec());
     let io_c = |e| (Refusal::from(Error::io(Side::Client, "login", e)), None);
-    let (verdict, next) = verify(client, cseq, &ctx.users, ctx.rsa.as_ref(), &name, &plugin, &hr.auth_response, &g.scramble)
-        .await
-        .map_err(io_c)?;
+    let (verdict, next) =
+        verify(client, cseq, &ctx.users, ctx.rsa.as_ref(), &name, &plugin, &hr.auth_response, &g.scramble).await.map_err(io_c)?;
     cseq = next;
     let user = match verdict {
         Verdict::Accepted(u) => u,
@@ -495,7 +504,9 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
                 let bhr = backend_response(hr, &o.greeting, client_caps, tls);
                 let backend_caps = bhr.capabilities;
                 match bconn::login(&o.backend, o.conn, &o.greeting, bhr, &credential).await {
-                    Ok(conn) => (conn, o.backend, o.greeting.connection_id, backend_caps, o.greeting.capabilities & cap::LONG_PASSWORD == 0),
+                    Ok(conn) => {
+                        (conn, o.backend, o.greeting.connection_id, backend_caps, o.greeting.capabilities & cap::LONG_PASSWORD == 0)
+                    }
                     Err(e) if e.retry == crate::error::Retry::Safe => {
                         tried.push((o.backend.index, e));
                         continue;

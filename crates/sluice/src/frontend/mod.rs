@@ -78,13 +78,7 @@ pub async fn serve(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Li
 
 /// Logs the client in (within handshake_timeout) and makes its session; None when the login
 /// failed, which is logged and counted here.
-async fn start<'a>(
-    ctx: &'a Ctx,
-    stream: Stream,
-    handle: &'a SessionHandle,
-    listener: &Listener,
-    peer: &str,
-) -> Option<relay::Session<'a>> {
+async fn start<'a>(ctx: &'a Ctx, stream: Stream, handle: &'a SessionHandle, listener: &Listener, peer: &str) -> Option<relay::Session<'a>> {
     let id = handle.id;
     let tls = stream.is_tls();
     // Boxed: the login's state is freed once it is done.

@@ -159,7 +159,10 @@ impl Session<'_> {
             payload.extend_from_slice(sql.as_bytes());
             frame(&mut out, &payload, 0);
         }
-        conn.stream.write_within(std::time::Duration::ZERO, &out).await.map_err(|e| Error::io(Side::Backend, "restoring the session", e))?;
+        conn.stream
+            .write_within(std::time::Duration::ZERO, &out)
+            .await
+            .map_err(|e| Error::io(Side::Backend, "restoring the session", e))?;
 
         let caps = self.backend_caps();
         let deprecate_eof = caps & cap::DEPRECATE_EOF != 0;

@@ -241,8 +241,16 @@ impl<'a> Session<'a> {
         let expect = match cmd {
             // The backend connection is pooled or closed when the session ends.
             com::QUIT => return Ok(Flow::Close),
-            com::BINLOG_DUMP | com::BINLOG_DUMP_GTID | com::REGISTER_SLAVE | com::TABLE_DUMP | com::CONNECT_OUT | com::DAEMON
-            | com::CONNECT | com::DELAYED_INSERT | com::TIME | com::SLEEP => {
+            com::BINLOG_DUMP
+            | com::BINLOG_DUMP_GTID
+            | com::REGISTER_SLAVE
+            | com::TABLE_DUMP
+            | com::CONNECT_OUT
+            | com::DAEMON
+            | com::CONNECT
+            | com::DELAYED_INSERT
+            | com::TIME
+            | com::SLEEP => {
                 self.skip_request().await?;
                 let name = com::name(cmd);
                 let msg = format!("sluice does not relay this command ({name} / 0x{cmd:02x})");
@@ -445,10 +453,7 @@ pub(super) async fn relay_response(
             backend.rbuf[HEADER + 1..HEADER + 5].copy_from_slice(&id.to_le_bytes());
         }
         if scan.consumed > 0 {
-            client
-                .write(&backend.rbuf[..scan.consumed])
-                .await
-                .map_err(|e| Error::io(Side::Client, "writing response", e))?;
+            client.write(&backend.rbuf[..scan.consumed]).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
             ctx.metrics.bytes_to_clients.inc_by(scan.consumed as u64);
             backend.rbuf.advance(scan.consumed);
         }
@@ -534,11 +539,7 @@ fn lost_reason(buf: &[u8]) -> (String, Option<u16>) {
 
 /// The backend connection has data or an end: readiness alone when parked, else what was read.
 async fn backend_event(backend: &mut PacketConn, parked: bool) -> std::io::Result<usize> {
-    if parked {
-        backend.stream.readable().await.map(|_| 1)
-    } else {
-        backend.stream.read_buf(&mut backend.rbuf).await
-    }
+    if parked { backend.stream.readable().await.map(|_| 1) } else { backend.stream.read_buf(&mut backend.rbuf).await }
 }
 
 /// The client sent something: readiness alone when parked, else the bytes read.

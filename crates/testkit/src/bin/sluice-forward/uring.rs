@@ -56,9 +56,7 @@ impl Loop {
         let c = self.conns.get(slot, generation).expect("live conn");
         let (done, len) = c.sent[d];
         let bytes = &c.pair.buf[d][done..len];
-        let entry = opcode::Send::new(types::Fd(c.pair.fd(1 - d)), bytes.as_ptr(), bytes.len() as u32)
-            .flags(libc::MSG_NOSIGNAL)
-            .build();
+        let entry = opcode::Send::new(types::Fd(c.pair.fd(1 - d)), bytes.as_ptr(), bytes.len() as u32).flags(libc::MSG_NOSIGNAL).build();
         c.inflight += 1;
         self.push(entry.user_data(key(slot, generation, d, SEND)))
     }
