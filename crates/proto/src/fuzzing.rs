@@ -58,9 +58,12 @@ pub fn server_packet(data: &[u8]) {
 /// A response stream as the relay sees it: the first byte picks the command's response shape
 /// and the negotiated flags, the second the read size; the rest arrives in reads of that size.
 pub fn response_stream(data: &[u8]) {
-    let (Some(&mode), Some(&chunk)) = (data.first(), data.get(1)) else { return };
+    let (Some(&mode), Some(&chunk)) = (data.first(), data.get(1)) else {
+        return;
+    };
     let expect =
-        [Expect::Results, Expect::Prepare, Expect::Rows, Expect::FieldList, Expect::Single, Expect::Nothing][(mode & 7) as usize % 6];
+        [Expect::Results, Expect::Cursor, Expect::Reply, Expect::Prepare, Expect::Rows, Expect::FieldList, Expect::Single, Expect::Nothing]
+            [(mode & 7) as usize];
     let mut t = ResponseTracker::new(mode & 8 != 0, mode & 16 != 0).strip_session_track(mode & 32 != 0, mode & 64 != 0);
     t.start(expect, 0);
     let stream = &data[2..];
@@ -68,7 +71,9 @@ pub fn response_stream(data: &[u8]) {
     let mut buf: Vec<u8> = Vec::new();
     let mut fed = 0;
     loop {
-        let Ok(scan) = t.scan(&buf, &mut NoSink) else { return };
+        let Ok(scan) = t.scan(&buf, &mut NoSink) else {
+            return;
+        };
         assert!(scan.consumed <= buf.len());
         buf.drain(..scan.consumed);
         match scan.state {
@@ -124,9 +129,21 @@ pub fn compressed(data: &[u8]) {
 
 /// SQL text as the relay looks at it.
 pub fn sql(data: &[u8]) {
-    let _ = crate::sql::parse_kill(data);
-    let _ = crate::sql::starts_with_keyword(data, "SELECT");
-    let _ = crate::sql::word(data);
+    if let Some(kills) = crate::sql::find_kills(data) {
+        assert!(kills.statements >= 1 && !kills.found.is_empty());
+        for f in &kills.found {
+            // An id's place is its digits in the text it was found in (the query's, for one not quoted).
+            if let (crate::sql::KillTarget::Id { kill, at }, false) = (&f.target, f.quoted) {
+                assert_eq!(data[at.clone()].iter().filter(|c| c.is_ascii_digit()).count(), at.len());
+                assert_eq!(std::str::from_utf8(&data[at.clone()]).ok().and_then(|t| t.parse().ok()), Some(kill.id));
+            }
+        }
+    }
+    for st in crate::lexer::statements(data) {
+        for t in st {
+            assert!(t.at.start < t.at.end && t.at.end <= data.len());
+        }
+    }
     let _ = crate::sql::hazards(data);
 }
 

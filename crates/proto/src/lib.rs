@@ -11,6 +11,7 @@ pub mod compress;
 pub mod consts;
 pub mod fuzzing;
 pub mod handshake;
+pub mod lexer;
 pub mod packet;
 pub mod response;
 pub mod sql;

@@ -13,9 +13,17 @@ use crate::packet::{HEADER, Header, Malformed, Reader};
 /// The shape of the response a command gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expect {
-    /// OK, ERR, LOCAL INFILE request or one or more result sets (COM_QUERY, COM_STMT_EXECUTE,
-    /// COM_PROCESS_INFO, and every command answered by a single OK/ERR/EOF).
+    /// OK, ERR, LOCAL INFILE request or one or more result sets (COM_QUERY, COM_STMT_EXECUTE
+    /// without a cursor, COM_PROCESS_INFO, COM_STMT_BULK_EXECUTE). The cursor-exists flag is
+    /// not a cursor here: MariaDB sets it on result sets inside a CALL whose rows still follow.
     Results,
+    /// The answer to a COM_STMT_EXECUTE that asked for a cursor: as [`Expect::Results`], but a
+    /// result set whose column definitions end with the cursor-exists flag ends the response
+    /// (its rows come through COM_STMT_FETCH).
+    Cursor,
+    /// A single OK, ERR or EOF (COM_PING, COM_INIT_DB, COM_SET_OPTION, COM_STMT_RESET, ...): a
+    /// more-results flag on it is not trusted.
+    Reply,
     /// PREPARE_OK with parameter and column definitions, or ERR.
     Prepare,
     /// Rows until a terminator (COM_STMT_FETCH).
@@ -100,6 +108,11 @@ pub struct ResponseTracker {
     skip: usize,
     /// The packet being skipped is 0xffffff long: the next one continues it.
     continued: bool,
+    /// The command may be answered by several results (the more-results flag is followed).
+    multi: bool,
+    /// The command asked for a cursor (the cursor-exists flag after column definitions ends
+    /// the response).
+    cursor: bool,
     /// Status flags of the last OK/EOF seen.
     pub last_status: Option<u16>,
     /// Sequence id of the last packet header seen.
@@ -117,6 +130,8 @@ impl ResponseTracker {
             rewrite: false,
             skip: 0,
             continued: false,
+            multi: false,
+            cursor: false,
             last_status: None,
             last_seq: 0,
         }
@@ -134,8 +149,10 @@ impl ResponseTracker {
     /// `request_seq` (the response continues from there).
     pub fn start(&mut self, expect: Expect, request_seq: u8) {
         self.last_seq = request_seq;
+        self.multi = matches!(expect, Expect::Results | Expect::Cursor);
+        self.cursor = expect == Expect::Cursor;
         self.phase = match expect {
-            Expect::Results => Phase::First,
+            Expect::Results | Expect::Cursor | Expect::Reply => Phase::First,
             Expect::Prepare => Phase::PrepareOk,
             Expect::Rows => Phase::Rows,
             Expect::FieldList => Phase::FieldList,
@@ -287,7 +304,7 @@ impl ResponseTracker {
             Phase::First => match first {
                 Some(0x00) | Some(0xfe) => self.terminator(p, sink)?,
                 Some(0xff) => self.error(p, sink)?,
-                Some(0xfb) => {
+                Some(0xfb) if self.multi => {
                     self.phase = Phase::Done;
                     return Ok(true);
                 }
@@ -306,8 +323,9 @@ impl ResponseTracker {
                     let st = basic::terminator_status(p, self.deprecate_eof).ok_or(Malformed("eof"))?;
                     sink.eof(st);
                     self.last_status = Some(st);
-                    // A cursor was opened: rows come later through COM_STMT_FETCH.
-                    self.phase = if st & status::CURSOR_EXISTS != 0 { Phase::Done } else { Phase::Rows };
+                    // A cursor was opened: rows come later through COM_STMT_FETCH. Only an
+                    // execute that asked for one gets one; elsewhere the flag is noise.
+                    self.phase = if self.cursor && st & status::CURSOR_EXISTS != 0 { Phase::Done } else { Phase::Rows };
                 }
                 Some(0xff) => self.error(p, sink)?,
                 _ => return Err(Malformed("expected EOF after column definitions")),
@@ -365,7 +383,10 @@ impl ResponseTracker {
             ok.status
         };
         self.last_status = Some(st);
-        self.phase = if st & status::MORE_RESULTS_EXISTS != 0 { Phase::First } else { Phase::Done };
+        // Only a command that may have several results has another one coming: rows fetched
+        // from a cursor, a field list or a single reply end at their terminator.
+        let more = self.multi && self.phase != Phase::FieldList && st & status::MORE_RESULTS_EXISTS != 0;
+        self.phase = if more { Phase::First } else { Phase::Done };
         Ok(())
     }
 

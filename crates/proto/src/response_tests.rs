@@ -215,10 +215,49 @@ fn prepare_with_params_and_columns() {
 fn cursor_open_ends_after_metadata() {
     let mut s = Stream::new();
     s.count(1).coldef().eof(status::CURSOR_EXISTS);
-    check(Expect::Results, false, &s.out);
+    check(Expect::Cursor, false, &s.out);
     let mut s = Stream::new();
     s.row(b"1").eof(status::CURSOR_EXISTS | status::LAST_ROW_SENT);
     check(Expect::Rows, false, &s.out);
+}
+
+/// MariaDB sets the cursor-exists flag on the column definitions' EOF of a result set that a
+/// procedure with a cursor returns inside a CALL: the rows and the CALL's final OK follow.
+#[test]
+fn cursor_flag_without_a_cursor_request_is_not_a_cursor() {
+    let mut s = Stream::new();
+    s.count(1).coldef().eof(status::CURSOR_EXISTS | status::MORE_RESULTS_EXISTS);
+    s.row(b"1").row(b"2").eof(status::CURSOR_EXISTS | status::MORE_RESULTS_EXISTS);
+    s.ok(0);
+    let c = check(Expect::Results, false, &s.out);
+    assert_eq!((c.rows, c.sets, c.oks), (2, 1, 1));
+}
+
+/// The more-results flag continues only a response that can have several results: rows
+/// fetched from a cursor, a field list and single replies end at their terminator.
+#[test]
+fn more_results_flag_only_where_results_may_follow() {
+    let mut s = Stream::new();
+    s.row(b"1").eof(status::MORE_RESULTS_EXISTS | status::CURSOR_EXISTS);
+    check(Expect::Rows, false, &s.out);
+    let mut s = Stream::new();
+    s.coldef().eof(status::MORE_RESULTS_EXISTS);
+    check(Expect::FieldList, false, &s.out);
+    check(Expect::Reply, true, &Stream::new().ok(status::MORE_RESULTS_EXISTS).out);
+    check(Expect::Reply, false, &Stream::new().eof(status::MORE_RESULTS_EXISTS).out);
+    // Where it is followed, the response goes on after it.
+    let mut t = ResponseTracker::new(true, true);
+    t.start(Expect::Results, 0);
+    let first = Stream::new().ok(status::MORE_RESULTS_EXISTS).out.clone();
+    assert_eq!(t.scan(&first, &mut NoSink).unwrap().state, State::Pending);
+}
+
+#[test]
+fn local_infile_only_in_answer_to_statements() {
+    let s = Stream::new().packet(b"\xfb/etc/passwd").out.clone();
+    let mut t = ResponseTracker::new(true, true);
+    t.start(Expect::Reply, 0);
+    assert!(t.scan(&s, &mut NoSink).is_err());
 }
 
 #[test]

@@ -1,25 +1,9 @@
 //! A byte-level look at SQL text: enough to recognise the few statements sluice must act on
 //! (KILL), without parsing SQL. It skips whitespace and comments, and reads keywords and numbers.
 
-/// Skips whitespace and comments (`-- `, `#`, `/* */`; `/*! */` and `/*M! */` bodies are code
-/// and are not skipped).
-pub fn skip_space(mut s: &[u8]) -> &[u8] {
-    loop {
-        match s {
-            [c, rest @ ..] if c.is_ascii_whitespace() => s = rest,
-            [b'#', ..] => s = skip_line(s),
-            [b'-', b'-', c, ..] if c.is_ascii_whitespace() => s = skip_line(s),
-            [b'/', b'*', b'!', ..] | [b'/', b'*', b'M', b'!', ..] => return s,
-            [b'/', b'*', rest @ ..] => {
-                s = match rest.windows(2).position(|w| w == b"*/") {
-                    Some(p) => &rest[p + 2..],
-                    None => &[],
-                }
-            }
-            _ => return s,
-        }
-    }
-}
+use std::ops::Range;
+
+use crate::lexer::{self, Kind, Token};
 
 fn skip_line(s: &[u8]) -> &[u8] {
     match s.iter().position(|&c| c == b'\n') {
@@ -28,19 +12,7 @@ fn skip_line(s: &[u8]) -> &[u8] {
     }
 }
 
-/// The next word (letters, digits, `_`) and what follows it.
-pub fn word(s: &[u8]) -> (&[u8], &[u8]) {
-    let s = skip_space(s);
-    let n = s.iter().position(|c| !(c.is_ascii_alphanumeric() || *c == b'_')).unwrap_or(s.len());
-    (&s[..n], &s[n..])
-}
-
-/// True when the statement's first keyword is `kw` (case-insensitive).
-pub fn starts_with_keyword(sql: &[u8], kw: &str) -> bool {
-    word(sql).0.eq_ignore_ascii_case(kw.as_bytes())
-}
-
-/// `KILL [HARD | SOFT] [CONNECTION | QUERY] [ID] <n>`.
+/// `KILL [HARD | SOFT] [CONNECTION | QUERY] <n>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kill {
     pub query_only: bool,
@@ -49,37 +21,112 @@ pub struct Kill {
     pub hard: Option<bool>,
 }
 
-/// Recognises a KILL of a connection or query by id. `KILL USER ...` and `KILL QUERY ID n` (a
-/// query id, not a connection id) return None: they are not about connection ids.
-pub fn parse_kill(sql: &[u8]) -> Option<Kill> {
-    let (w, mut rest) = word(sql);
-    if !w.eq_ignore_ascii_case(b"KILL") {
+/// What a KILL statement names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KillTarget {
+    /// A literal connection id (a sluice id, to be translated); `at` is where its digits are.
+    Id { kill: Kill, at: Range<usize> },
+    /// `CONNECTION_ID()`: the backend's own id for the connection it runs on.
+    Own,
+    /// `KILL QUERY ID n`: a query id of the server it runs on, not a connection id.
+    QueryId,
+    /// `KILL USER name`.
+    User,
+    /// `?`: a parameter of a prepared statement.
+    Placeholder,
+    /// Any other expression (MariaDB evaluates one), or an id too large for a connection id.
+    Expression,
+}
+
+/// A KILL found in a query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub target: KillTarget,
+    /// The KILL is the text of `PREPARE s FROM '...'` or `EXECUTE IMMEDIATE '...'` (its `at`
+    /// is then within that text, not the query).
+    pub quoted: bool,
+}
+
+/// The KILL statements of a COM_QUERY or COM_STMT_PREPARE.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Kills {
+    /// How many statements the text has (more than one: a multi-statement).
+    pub statements: usize,
+    pub found: Vec<Found>,
+}
+
+/// Finds every KILL in SQL text: each statement of a multi-statement, inside executable
+/// comments, and in the literal text that `PREPARE ... FROM` and `EXECUTE IMMEDIATE` run. None
+/// (at the cost of one vectorised byte search) when the text cannot hold one.
+pub fn find_kills(sql: &[u8]) -> Option<Kills> {
+    if !may_contain_kill(sql) {
         return None;
     }
-    let mut k = Kill { query_only: false, id: 0, hard: None };
-    let (mut w, mut r) = word(rest);
-    if w.eq_ignore_ascii_case(b"HARD") || w.eq_ignore_ascii_case(b"SOFT") {
-        k.hard = Some(w.eq_ignore_ascii_case(b"HARD"));
-        (w, r) = word(r);
-    }
-    if w.eq_ignore_ascii_case(b"CONNECTION") {
-        (w, r) = word(r);
-    } else if w.eq_ignore_ascii_case(b"QUERY") {
-        k.query_only = true;
-        (w, r) = word(r);
-        if w.eq_ignore_ascii_case(b"ID") {
-            return None;
+    let mut kills = Kills::default();
+    for st in lexer::statements(sql) {
+        kills.statements += 1;
+        if let Some(target) = kill_statement(sql, &st) {
+            kills.found.push(Found { target, quoted: false });
+        } else if let Some(text) = prepared_text(sql, &st) {
+            for inner in lexer::statements(&text) {
+                if let Some(target) = kill_statement(&text, &inner) {
+                    kills.found.push(Found { target, quoted: true });
+                }
+            }
         }
     }
-    rest = r;
-    if w.is_empty() || !w.iter().all(u8::is_ascii_digit) {
+    (!kills.found.is_empty()).then_some(kills)
+}
+
+/// Whether `kill` appears in the text in any case.
+fn may_contain_kill(sql: &[u8]) -> bool {
+    memchr::memchr2_iter(b'k', b'K', sql).any(|i| sql.get(i + 1..i + 4).is_some_and(|w| w.eq_ignore_ascii_case(b"ill")))
+}
+
+/// The KILL statement `st` names, if it is one.
+fn kill_statement(sql: &[u8], st: &[Token]) -> Option<KillTarget> {
+    let (first, mut rest) = st.split_first()?;
+    if !first.is_word(sql, "KILL") {
         return None;
     }
-    k.id = std::str::from_utf8(w).ok()?.parse().ok()?;
-    // Only a trailing semicolon and whitespace may follow.
-    let tail = skip_space(rest);
-    let tail = tail.strip_prefix(b";").map(skip_space).unwrap_or(tail);
-    tail.is_empty().then_some(k)
+    let mut kill = Kill { query_only: false, id: 0, hard: None };
+    let is = |r: &[Token], kw: &str| r.first().is_some_and(|t| t.is_word(sql, kw));
+    if is(rest, "HARD") || is(rest, "SOFT") {
+        kill.hard = Some(is(rest, "HARD"));
+        rest = &rest[1..];
+    }
+    if is(rest, "CONNECTION") {
+        rest = &rest[1..];
+    } else if is(rest, "QUERY") {
+        kill.query_only = true;
+        rest = &rest[1..];
+        if is(rest, "ID") {
+            return Some(KillTarget::QueryId);
+        }
+    }
+    Some(match rest {
+        [] => return None,
+        [u, ..] if u.is_word(sql, "USER") => KillTarget::User,
+        [n] if n.kind == Kind::Number && n.text(sql).iter().all(u8::is_ascii_digit) => {
+            match std::str::from_utf8(n.text(sql)).ok().and_then(|t| t.parse::<u64>().ok()) {
+                Some(id) => KillTarget::Id { kill: Kill { id, ..kill }, at: n.at.clone() },
+                None => KillTarget::Expression,
+            }
+        }
+        [f, o, c] if f.is_word(sql, "CONNECTION_ID") && o.is_punct(sql, b'(') && c.is_punct(sql, b')') => KillTarget::Own,
+        [p] if p.is_punct(sql, b'?') => KillTarget::Placeholder,
+        _ => KillTarget::Expression,
+    })
+}
+
+/// The literal text of `PREPARE name FROM '...'` or `EXECUTE IMMEDIATE '...'`.
+fn prepared_text(sql: &[u8], st: &[Token]) -> Option<Vec<u8>> {
+    let literal = match st {
+        [p, _, f, lit] if p.is_word(sql, "PREPARE") && f.is_word(sql, "FROM") => lit,
+        [e, i, lit, ..] if e.is_word(sql, "EXECUTE") && i.is_word(sql, "IMMEDIATE") => lit,
+        _ => return None,
+    };
+    lexer::unquote(literal.text(sql))
 }
 
 /// Writes a KILL statement for `id` with the same modifiers.
@@ -117,7 +164,7 @@ pub fn hazards(sql: &[u8]) -> u8 {
     while i < sql.len() {
         let c = sql[i];
         match c {
-            b'\'' | b'"' | b'`' => i = skip_quoted(sql, i + 1, c),
+            b'\'' | b'"' | b'`' => i = lexer::skip_quoted(sql, i + 1, c),
             b'#' => i = sql.len() - skip_line(&sql[i..]).len(),
             b'-' if sql.get(i + 1) == Some(&b'-') && sql.get(i + 2).is_some_and(u8::is_ascii_whitespace) => {
                 i = sql.len() - skip_line(&sql[i..]).len()
@@ -138,13 +185,13 @@ pub fn hazards(sql: &[u8]) -> u8 {
                     _ => i += 1,
                 }
                 // The name of a system variable or user variable is not a keyword.
-                while i < sql.len() && is_word_byte(sql[i]) {
+                while i < sql.len() && lexer::is_word_byte(sql[i]) {
                     i += 1;
                 }
             }
-            c if is_word_byte(c) => {
+            c if lexer::is_word_byte(c) => {
                 let start = i;
-                while i < sql.len() && is_word_byte(sql[i]) {
+                while i < sql.len() && lexer::is_word_byte(sql[i]) {
                     i += 1;
                 }
                 let w = &sql[start..i];
@@ -168,48 +215,61 @@ pub fn hazards(sql: &[u8]) -> u8 {
     found
 }
 
-fn is_word_byte(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80
-}
-
-/// The index after a quoted string or identifier that started before `from` with `q`; a
-/// doubled quote or a backslash escape does not end it.
-fn skip_quoted(s: &[u8], mut from: usize, q: u8) -> usize {
-    while from < s.len() {
-        match s[from] {
-            b'\\' if q != b'`' => from += 2,
-            c if c == q && s.get(from + 1) == Some(&q) => from += 2,
-            c if c == q => return from + 1,
-            _ => from += 1,
-        }
-    }
-    s.len()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn kill_forms() {
-        assert_eq!(parse_kill(b"KILL 5"), Some(Kill { query_only: false, id: 5, hard: None }));
-        assert_eq!(parse_kill(b"  kill query 12 ;"), Some(Kill { query_only: true, id: 12, hard: None }));
-        assert_eq!(parse_kill(b"/* x */ KILL HARD CONNECTION 7"), Some(Kill { query_only: false, id: 7, hard: Some(true) }));
-        assert_eq!(parse_kill(b"KILL QUERY ID 7"), None);
-        assert_eq!(parse_kill(b"KILL USER bob"), None);
-        assert_eq!(parse_kill(b"KILL 5; SELECT 1"), None);
-        assert_eq!(parse_kill(b"SELECT 1"), None);
-        assert_eq!(parse_kill(b"KILL"), None);
-        let mut out = Vec::new();
-        write_kill(&Kill { query_only: true, id: 1, hard: Some(false) }, 99, &mut out);
-        assert_eq!(out, b"KILL SOFT QUERY 99");
+    fn kills(sql: &str) -> Vec<KillTarget> {
+        find_kills(sql.as_bytes()).map(|k| k.found.into_iter().map(|f| f.target).collect()).unwrap_or_default()
+    }
+
+    fn id(query_only: bool, id: u64, hard: Option<bool>, at: Range<usize>) -> KillTarget {
+        KillTarget::Id { kill: Kill { query_only, id, hard }, at }
     }
 
     #[test]
-    fn comments_and_keywords() {
-        assert!(starts_with_keyword(b"-- c\n# d\n /* e */ select 1", "SELECT"));
-        assert!(!starts_with_keyword(b"/*!40101 SET x=1 */", "SET"));
-        assert_eq!(skip_space(b"/* unterminated"), b"");
+    fn kill_forms() {
+        use KillTarget::*;
+        assert_eq!(kills("KILL 5"), vec![id(false, 5, None, 5..6)]);
+        assert_eq!(kills("  kill query 12 ;"), vec![id(true, 12, None, 13..15)]);
+        assert_eq!(kills("/* x */ KILL HARD CONNECTION 7"), vec![id(false, 7, Some(true), 29..30)]);
+        assert_eq!(kills("KILL SOFT QUERY 7"), vec![id(true, 7, Some(false), 16..17)]);
+        assert_eq!(kills("KILL QUERY ID 7"), vec![QueryId]);
+        assert_eq!(kills("KILL USER bob"), vec![User]);
+        assert_eq!(kills("KILL HARD USER 'bob'@'%'"), vec![User]);
+        assert_eq!(kills("KILL CONNECTION_ID()"), vec![Own]);
+        assert_eq!(kills("KILL ?"), vec![Placeholder]);
+        assert_eq!(kills("KILL @id"), vec![Expression]);
+        assert_eq!(kills("KILL 2+3"), vec![Expression]);
+        assert_eq!(kills("KILL '5'"), vec![Expression]);
+        assert_eq!(kills("KILL 99999999999"), vec![id(false, 99999999999, None, 5..16)]);
+        assert_eq!(kills("KILL 99999999999999999999999"), vec![Expression]);
+        assert_eq!(kills("KILL"), vec![]);
+        assert_eq!(kills("SELECT 1"), vec![]);
+        assert_eq!(kills("SELECT 'KILL 5', `kill`, skill FROM killed -- KILL 6"), vec![]);
+    }
+
+    #[test]
+    fn kills_anywhere_in_a_query() {
+        use KillTarget::*;
+        let k = find_kills(b"KILL 2; SELECT 1").unwrap();
+        assert_eq!((k.statements, k.found.len()), (2, 1));
+        assert_eq!(kills("SELECT 1; kill query 3 ; KILL CONNECTION 4"), vec![id(true, 3, None, 21..22), id(false, 4, None, 41..42)]);
+        assert_eq!(kills("/*!50000 KILL 5 */"), vec![id(false, 5, None, 14..15)]);
+        assert_eq!(kills("/*M!100000 KILL */ 5"), vec![id(false, 5, None, 19..20)]);
+        let k = find_kills(b"PREPARE s FROM 'KILL 5'").unwrap();
+        assert_eq!(k.found, vec![Found { target: id(false, 5, None, 5..6), quoted: true }]);
+        assert_eq!(kills("EXECUTE IMMEDIATE \"KILL QUERY ?\" USING @x"), vec![Placeholder]);
+        assert_eq!(kills("PREPARE s FROM 'KILL QUERY ID 7'"), vec![QueryId]);
+        // A stored program's body runs later, on the server: its statements are not the query's.
+        assert_eq!(kills("CREATE PROCEDURE p() BEGIN KILL 5; END"), vec![]);
+    }
+
+    #[test]
+    fn kill_rewrite() {
+        let mut out = Vec::new();
+        write_kill(&Kill { query_only: true, id: 1, hard: Some(false) }, 99, &mut out);
+        assert_eq!(out, b"KILL SOFT QUERY 99");
     }
 
     #[test]

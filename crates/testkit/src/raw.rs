@@ -67,7 +67,9 @@ impl Raw {
             match self.s.read(&mut b) {
                 Ok(0) => return true,
                 Ok(_) => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => return false,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => {
+                    return false;
+                }
                 Err(_) => return true,
             }
         }
@@ -128,6 +130,8 @@ impl Raw {
             com::FIELD_LIST => Expect::FieldList,
             com::STATISTICS => Expect::Single,
             com::STMT_CLOSE | com::STMT_SEND_LONG_DATA | com::QUIT => Expect::Nothing,
+            // The flags byte after the statement id asks for a cursor.
+            com::STMT_EXECUTE if payload.get(5).is_some_and(|f| f & 7 != 0) => Expect::Cursor,
             _ => Expect::Results,
         };
         self.write_packet(0, payload).expect("send command");

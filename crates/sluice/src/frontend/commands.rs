@@ -1,6 +1,7 @@
 //! Commands sluice must rewrite rather than relay as they are: KILL (client-visible ids are
 //! sluice's, not the backend's) and COM_CHANGE_USER (the login is re-run against the backend).
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Buf;
@@ -8,28 +9,143 @@ use sluice_proto::consts::{cap, com, err as code};
 use sluice_proto::handshake::{ChangeUser, HandshakeResponse};
 use sluice_proto::packet::{HEADER, Header};
 use sluice_proto::response::Expect;
-use sluice_proto::sql::{self, Kill};
+use sluice_proto::sql::{self, Kill, KillTarget};
 
 use super::relay::{Flow, Session, relay_response};
 use super::verify::{Verdict, verify};
 use crate::backend::conn as bconn;
 use crate::error::{Error, Result, Side};
-use crate::session::StateSink;
+use crate::session::{SessionHandle, StateSink};
 
 /// The plugin name that makes a backend answer with an auth switch and a fresh scramble.
 const SWITCH_PLUGIN: &[u8] = b"sluice_passthrough";
 
+/// What sluice does with a command that holds a KILL.
+pub(super) enum KillPlan {
+    /// A query that is one KILL of a literal connection id, or COM_PROCESS_KILL: sluice runs
+    /// it on the target's backend, whichever that is.
+    Single(Kill),
+    /// KILLs among other statements, every target on this session's backend: the query is
+    /// forwarded with each id replaced by its target's thread id.
+    Rewrite { query: Vec<u8>, targets: Vec<(Arc<SessionHandle>, bool)> },
+    /// A KILL sluice cannot translate exactly: refused before anything reaches the backend.
+    Refuse { code: u16, msg: String },
+}
+
 impl Session<'_> {
-    /// Recognises KILL [QUERY] <sluice id> and COM_PROCESS_KILL (None: not a KILL of a
-    /// connection id). A plain check, so that the common case awaits nothing.
-    pub(super) fn kill_in(&self, cmd: u8, body_end: usize) -> Option<Kill> {
+    /// Recognises a KILL anywhere in a COM_QUERY or COM_STMT_PREPARE, and COM_PROCESS_KILL
+    /// (None: nothing to translate). The backend never receives a sluice connection id: a KILL
+    /// is translated, or refused. A plain check, so that the common case awaits nothing.
+    pub(super) fn kill_in(&self, cmd: u8, body_end: usize) -> Option<KillPlan> {
         let payload = &self.client.rbuf[HEADER + 1..body_end];
         if cmd == com::PROCESS_KILL {
             let b = payload.get(..4)?;
-            Some(Kill { query_only: false, id: u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64, hard: None })
-        } else {
-            sql::starts_with_keyword(payload, "KILL").then(|| sql::parse_kill(payload)).flatten()
+            return Some(KillPlan::Single(Kill { query_only: false, id: u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64, hard: None }));
         }
+        let kills = sql::find_kills(payload)?;
+        let mut ids = Vec::new();
+        for f in &kills.found {
+            let refuse = |msg: &str| Some(KillPlan::Refuse { code: code::NOT_SUPPORTED_YET, msg: format!("sluice: {msg}") });
+            match &f.target {
+                // Neither names a connection by sluice's id.
+                KillTarget::QueryId | KillTarget::Own => {}
+                KillTarget::User => {
+                    return refuse(
+                        "KILL USER is not relayed (a user's sessions are spread over backends and pooled connections); kill each session by its id",
+                    );
+                }
+                KillTarget::Placeholder | KillTarget::Expression => {
+                    return refuse("KILL takes a literal connection id through sluice (the backend's ids differ from sluice's)");
+                }
+                KillTarget::Id { .. } if f.quoted || cmd == com::STMT_PREPARE => {
+                    return refuse("a KILL cannot be prepared through sluice (the backend's ids differ from sluice's); send it as a query");
+                }
+                KillTarget::Id { kill, at } => ids.push((*kill, at.clone())),
+            }
+        }
+        match ids.as_slice() {
+            [] => None,
+            [(kill, _)] if kills.statements == 1 => Some(KillPlan::Single(*kill)),
+            _ => Some(self.rewrite_kills(payload, &ids)),
+        }
+    }
+
+    /// Rewrites the ids of the KILLs of a multi-statement (at their places in `payload`), or
+    /// refuses it when a target is unknown or on another backend.
+    fn rewrite_kills(&self, payload: &[u8], ids: &[(Kill, std::ops::Range<usize>)]) -> KillPlan {
+        let mut query = vec![com::QUERY];
+        let mut targets = Vec::with_capacity(ids.len());
+        let mut copied = 0;
+        for (kill, at) in ids {
+            let target = u32::try_from(kill.id).ok().and_then(|id| self.ctx.sessions.get(id));
+            let tid = target.as_ref().map_or(0, |t| t.backend_thread_id.load(Ordering::Relaxed));
+            let Some(target) = target.filter(|_| tid != 0) else {
+                return KillPlan::Refuse { code: code::NO_SUCH_THREAD, msg: format!("Unknown thread id: {}", kill.id) };
+            };
+            if target.backend_index.load(Ordering::Relaxed) as usize != self.guard.index {
+                let msg = format!(
+                    "sluice: connection {} is on another backend; a KILL among other statements reaches only this session's backend: send it alone",
+                    kill.id
+                );
+                return KillPlan::Refuse { code: code::NOT_SUPPORTED_YET, msg };
+            }
+            query.extend_from_slice(&payload[copied..at.start]);
+            query.extend_from_slice(tid.to_string().as_bytes());
+            copied = at.end;
+            targets.push((target, !kill.query_only));
+        }
+        query.extend_from_slice(&payload[copied..]);
+        KillPlan::Rewrite { query, targets }
+    }
+
+    /// Runs a KILL plan.
+    pub(super) async fn run_kill(&mut self, plan: KillPlan) -> Result<Flow> {
+        match plan {
+            KillPlan::Single(kill) => self.kill(kill).await,
+            KillPlan::Rewrite { query, targets } => self.kill_rewritten(&query, &targets).await,
+            KillPlan::Refuse { code, msg } => {
+                self.skip_request().await?;
+                let state = if code == code::NO_SUCH_THREAD { b"HY000" } else { b"42000" };
+                self.client_error(1, code, state, &msg).await;
+                Ok(Flow::Continue)
+            }
+        }
+    }
+
+    /// Forwards a multi-statement whose KILL ids were rewritten; a connection KILL that went
+    /// through (the whole query succeeded) ends its target's session.
+    async fn kill_rewritten(&mut self, query: &[u8], targets: &[(Arc<SessionHandle>, bool)]) -> Result<Flow> {
+        self.skip_request().await?;
+        for (t, _) in targets.iter().filter(|(_, connection)| *connection) {
+            t.kill_pending.store(true, Ordering::Relaxed);
+        }
+        let ok = self.query_on_backend(query).await;
+        for (t, connection) in targets {
+            if *connection && matches!(ok, Ok(true)) {
+                t.kill();
+            }
+            t.kill_pending.store(false, Ordering::Relaxed);
+        }
+        ok.map(|_| Flow::Continue)
+    }
+
+    /// Sends a COM_QUERY of sluice's making on the session's backend connection and relays the
+    /// response; true when it held no error.
+    async fn query_on_backend(&mut self, query: &[u8]) -> Result<bool> {
+        let mut pkt = Vec::with_capacity(query.len() + HEADER);
+        sluice_proto::packet::frame(&mut pkt, query, 0);
+        let limit = self.ctx.config.proxy.response_timeout;
+        self.backend.stream.write_within(limit, &pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
+        let mut sink =
+            StateSink { state: &mut self.state, preparing: None, executing: None, error: None, changed: false, patch_stmt_id: None };
+        let watch = crate::deadline::Watch { ctx: self.ctx, handle: self.handle, waker: &mut self.waker };
+        relay_response(&mut self.tracker, Expect::Results, 0, &mut self.backend, &mut self.client, &mut sink, watch).await?;
+        let changed = sink.changed;
+        let ok = sink.error.is_none();
+        if changed {
+            self.handle.publish(&self.state);
+        }
+        Ok(ok)
     }
 
     /// Runs a KILL: translated to the target's backend thread.
@@ -50,22 +166,7 @@ impl Session<'_> {
         if connection_kill {
             target.kill_pending.store(true, Ordering::Relaxed);
         }
-        let ok = if tb == self.guard.index {
-            let mut pkt = Vec::with_capacity(q.len() + HEADER);
-            sluice_proto::packet::frame(&mut pkt, &q, 0);
-            self.backend
-                .stream
-                .write_within(std::time::Duration::ZERO, &pkt)
-                .await
-                .map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
-            let mut sink =
-                StateSink { state: &mut self.state, preparing: None, executing: None, error: None, changed: false, patch_stmt_id: None };
-            let watch = crate::deadline::Watch { ctx: self.ctx, handle: self.handle, waker: &mut self.waker };
-            relay_response(&mut self.tracker, Expect::Results, 0, &mut self.backend, &mut self.client, &mut sink, watch).await?;
-            sink.error.is_none()
-        } else {
-            self.kill_elsewhere(tb, &q).await?
-        };
+        let ok = if tb == self.guard.index { self.query_on_backend(&q).await? } else { self.kill_elsewhere(tb, &q).await? };
         if ok && connection_kill {
             target.kill();
         }

@@ -257,11 +257,7 @@ impl<'a> Session<'a> {
                 self.client_error(1, code::UNKNOWN_COM, b"08S01", &msg).await;
                 return Ok(Flow::Continue);
             }
-            com::PROCESS_KILL | com::QUERY => {
-                if let Some(kill) = self.kill_in(cmd, body_end) {
-                    // Rare paths are boxed: their state stays out of every idle session's task.
-                    return Box::pin(self.kill(kill)).await;
-                }
+            com::PROCESS_KILL | com::QUERY | com::STMT_PREPARE => {
                 if self.credential.is_some() && cmd == com::QUERY {
                     let found = sluice_proto::sql::hazards(&self.client.rbuf[HEADER + 1..body_end]);
                     if found & !self.state.hazards != 0 {
@@ -269,14 +265,29 @@ impl<'a> Session<'a> {
                         self.handle.publish(&self.state);
                     }
                 }
-                Expect::Results
+                if let Some(plan) = self.kill_in(cmd, body_end) {
+                    // Rare paths are boxed: their state stays out of every idle session's task.
+                    return Box::pin(self.run_kill(plan)).await;
+                }
+                if cmd == com::STMT_PREPARE { Expect::Prepare } else { Expect::Results }
             }
             com::CHANGE_USER => return Box::pin(self.change_user(h)).await,
-            com::STMT_PREPARE => Expect::Prepare,
             com::STMT_FETCH => Expect::Rows,
             com::FIELD_LIST => Expect::FieldList,
             com::STATISTICS => Expect::Single,
             com::STMT_CLOSE | com::STMT_SEND_LONG_DATA => Expect::Nothing,
+            // The flags byte after the statement id: a cursor type other than none.
+            com::STMT_EXECUTE if self.client.rbuf.get(HEADER + 5).is_some_and(|f| f & 7 != 0) => Expect::Cursor,
+            com::PING
+            | com::INIT_DB
+            | com::REFRESH
+            | com::SHUTDOWN
+            | com::DEBUG
+            | com::SET_OPTION
+            | com::STMT_RESET
+            | com::RESET_CONNECTION
+            | com::CREATE_DB
+            | com::DROP_DB => Expect::Reply,
             _ => Expect::Results,
         };
         // (With MySQL's query attributes the execute layout differs; those sessions are not helped.)
@@ -306,7 +317,8 @@ impl<'a> Session<'a> {
         let mut sink = StateSink {
             state: &mut self.state,
             preparing: preparing.as_deref(),
-            executing: matches!(cmd, com::STMT_EXECUTE | com::STMT_FETCH).then_some(stmt_id).flatten(),
+            // Only an execute that asked for a cursor, or a fetch from one, moves its state.
+            executing: matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten(),
             error: None,
             changed: false,
             patch_stmt_id: None,
@@ -521,7 +533,9 @@ async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &C
             return Ok(());
         }
         match client.fill().await {
-            Ok(0) => return Err(Error::client("client closed the connection during LOAD DATA LOCAL")),
+            Ok(0) => {
+                return Err(Error::client("client closed the connection during LOAD DATA LOCAL"));
+            }
             Ok(_) => {}
             Err(e) => return Err(Error::io(Side::Client, "reading file data", e)),
         }

@@ -1,0 +1,332 @@
+//! A byte-level SQL lexer: tokens with their positions, no grammar. Comments and whitespace are
+//! skipped; the bodies of executable comments (`/*! ... */`, `/*!50001 ... */`, `/*M! ... */`)
+//! are code to the server and so are lexed as code. It never fails: any byte sequence yields
+//! tokens, an unterminated literal or comment running to the end.
+
+use std::ops::Range;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A keyword or unquoted identifier (letters, digits, `_`, `$`, non-ASCII; not starting
+    /// with a digit).
+    Word,
+    /// Starts with a digit: an integer, a decimal, `0x..`, `1e5` (and identifiers such as
+    /// `1abc`, which the lexer does not tell apart).
+    Number,
+    /// A quoted string or identifier; the quote character is its first byte.
+    Quoted,
+    /// `@name`, `@'name'`, `@@name`, `@@session.name`.
+    Variable,
+    /// Any other byte (`;`, `(`, `?`, `=`, ...).
+    Punct,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    pub kind: Kind,
+    /// Where the token is in the text (quotes included).
+    pub at: Range<usize>,
+}
+
+impl Token {
+    pub fn text<'a>(&self, sql: &'a [u8]) -> &'a [u8] {
+        &sql[self.at.clone()]
+    }
+
+    pub fn is_word(&self, sql: &[u8], kw: &str) -> bool {
+        self.kind == Kind::Word && self.text(sql).eq_ignore_ascii_case(kw.as_bytes())
+    }
+
+    pub fn is_punct(&self, sql: &[u8], c: u8) -> bool {
+        self.kind == Kind::Punct && sql[self.at.start] == c
+    }
+}
+
+/// Iterates over the tokens of SQL text.
+#[derive(Debug, Clone)]
+pub struct Lexer<'a> {
+    sql: &'a [u8],
+    pos: usize,
+    /// Inside an executable comment: its `*/` is skipped.
+    executable: bool,
+}
+
+impl<'a> Lexer<'a> {
+    pub fn new(sql: &'a [u8]) -> Self {
+        Lexer { sql, pos: 0, executable: false }
+    }
+
+    /// Skips whitespace, comments, and the markers of executable comments.
+    fn skip_space(&mut self) {
+        let s = self.sql;
+        while self.pos < s.len() {
+            let rest = &s[self.pos..];
+            match rest {
+                [c, ..] if c.is_ascii_whitespace() => self.pos += 1,
+                [b'#', ..] | [b'-', b'-', b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c, ..] => {
+                    self.pos = rest.iter().position(|&c| c == b'\n').map_or(s.len(), |p| self.pos + p + 1)
+                }
+                [b'-', b'-'] => self.pos = s.len(),
+                [b'/', b'*', b'!', ..] | [b'/', b'*', b'M', b'!', ..] => {
+                    self.pos += if rest[2] == b'M' { 4 } else { 3 };
+                    // The version the body needs (5 or 6 digits) is not code.
+                    while s.get(self.pos).is_some_and(u8::is_ascii_digit) {
+                        self.pos += 1;
+                    }
+                    self.executable = true;
+                }
+                [b'/', b'*', ..] => {
+                    self.pos = match rest[2..].windows(2).position(|w| w == b"*/") {
+                        Some(p) => self.pos + 2 + p + 2,
+                        None => s.len(),
+                    }
+                }
+                [b'*', b'/', ..] if self.executable => {
+                    self.executable = false;
+                    self.pos += 2;
+                }
+                _ => return,
+            }
+        }
+    }
+}
+
+impl Iterator for Lexer<'_> {
+    type Item = Token;
+
+    fn next(&mut self) -> Option<Token> {
+        self.skip_space();
+        let s = self.sql;
+        let start = self.pos;
+        let c = *s.get(start)?;
+        let kind = match c {
+            b'\'' | b'"' | b'`' => {
+                self.pos = skip_quoted(s, start + 1, c);
+                Kind::Quoted
+            }
+            b'@' => {
+                self.pos += 1;
+                if s.get(self.pos) == Some(&b'@') {
+                    self.pos += 1;
+                }
+                match s.get(self.pos) {
+                    Some(&q @ (b'\'' | b'"' | b'`')) => self.pos = skip_quoted(s, self.pos + 1, q),
+                    _ => self.pos = word_end(s, self.pos, |c| is_word_byte(c) || c == b'.'),
+                }
+                Kind::Variable
+            }
+            c if c.is_ascii_digit() => {
+                self.pos = word_end(s, start, |c| is_word_byte(c) || c == b'.');
+                Kind::Number
+            }
+            c if is_word_byte(c) => {
+                self.pos = word_end(s, start, is_word_byte);
+                Kind::Word
+            }
+            _ => {
+                self.pos += 1;
+                Kind::Punct
+            }
+        };
+        Some(Token { kind, at: start..self.pos })
+    }
+}
+
+fn word_end(s: &[u8], from: usize, keep: impl Fn(u8) -> bool) -> usize {
+    s[from..].iter().position(|&c| !keep(c)).map_or(s.len(), |p| from + p)
+}
+
+pub fn is_word_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80
+}
+
+/// The index after a quoted string or identifier whose body starts at `from` and whose quote
+/// is `q`; a doubled quote or (outside backquotes) a backslash escape does not end it.
+pub fn skip_quoted(s: &[u8], mut from: usize, q: u8) -> usize {
+    while from < s.len() {
+        match s[from] {
+            b'\\' if q != b'`' => from += 2,
+            c if c == q && s.get(from + 1) == Some(&q) => from += 2,
+            c if c == q => return from + 1,
+            _ => from += 1,
+        }
+    }
+    s.len()
+}
+
+/// The value of a quoted string token (quotes removed, escapes resolved); None when the token
+/// is not a string in single or double quotes.
+pub fn unquote(raw: &[u8]) -> Option<Vec<u8>> {
+    let (&q, body) = raw.split_first()?;
+    if !matches!(q, b'\'' | b'"') {
+        return None;
+    }
+    let body = body.strip_suffix(&[q]).unwrap_or(body);
+    let mut out = Vec::with_capacity(body.len());
+    let mut i = 0;
+    while i < body.len() {
+        match body[i] {
+            b'\\' if i + 1 < body.len() => {
+                out.push(match body[i + 1] {
+                    b'n' => b'\n',
+                    b't' => b'\t',
+                    b'r' => b'\r',
+                    b'0' => 0,
+                    b'Z' => 0x1a,
+                    c => c,
+                });
+                i += 2;
+            }
+            c if c == q && body.get(i + 1) == Some(&q) => {
+                out.push(q);
+                i += 2;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Splits a COM_QUERY into its statements (the ranges between top-level `;`), as the server
+/// does with CLIENT_MULTI_STATEMENTS. A compound statement (a stored program's definition,
+/// `BEGIN NOT ATOMIC`, IF/CASE/LOOP/WHILE/REPEAT/FOR, a labelled block) contains `;` of its
+/// own whose extent only a grammar knows: it is taken to run to the end of the text, so the
+/// statements of a body are never taken for statements of the query.
+pub fn statements(sql: &[u8]) -> Statements<'_> {
+    Statements { sql, lexer: Lexer::new(sql) }
+}
+
+pub struct Statements<'a> {
+    sql: &'a [u8],
+    lexer: Lexer<'a>,
+}
+
+/// One statement of a query: its tokens (without the terminating `;`).
+pub type Statement = Vec<Token>;
+
+impl Iterator for Statements<'_> {
+    type Item = Statement;
+
+    fn next(&mut self) -> Option<Statement> {
+        let mut tokens = Vec::new();
+        while let Some(t) = self.lexer.next() {
+            if !t.is_punct(self.sql, b';') {
+                tokens.push(t);
+            } else if is_compound(self.sql, &tokens) {
+                tokens.push(t);
+                tokens.extend(self.lexer.by_ref());
+            } else if !tokens.is_empty() {
+                return Some(tokens);
+            }
+        }
+        (!tokens.is_empty()).then_some(tokens)
+    }
+}
+
+/// Whether a statement's tokens up to its first `;` begin a compound statement.
+fn is_compound(sql: &[u8], t: &[Token]) -> bool {
+    let word = |i: usize, kws: &[&str]| t.get(i).is_some_and(|t| kws.iter().any(|k| t.is_word(sql, k)));
+    let punct = |i: usize, c: u8| t.get(i).is_some_and(|t| t.is_punct(sql, c));
+    if word(0, &["IF", "CASE", "LOOP", "WHILE", "REPEAT", "FOR"]) || (word(0, &["BEGIN"]) && word(1, &["NOT"])) || punct(1, b':') {
+        return true;
+    }
+    if !word(0, &["CREATE", "ALTER"]) {
+        return false;
+    }
+    // CREATE [OR REPLACE] [DEFINER = user] [AGGREGATE] {PROCEDURE | FUNCTION | ...}
+    let mut i = 1;
+    if word(i, &["OR"]) && word(i + 1, &["REPLACE"]) {
+        i += 2;
+    }
+    if word(i, &["DEFINER"]) {
+        i += 1 + usize::from(punct(i + 1, b'='));
+        if word(i, &["CURRENT_USER"]) {
+            i += 1;
+            if punct(i, b'(') && punct(i + 1, b')') {
+                i += 2;
+            }
+        } else {
+            i += 1;
+            if t.get(i).is_some_and(|t| t.kind == Kind::Variable) {
+                i += 1;
+            }
+        }
+    }
+    if word(i, &["AGGREGATE"]) {
+        i += 1;
+    }
+    word(i, &["PROCEDURE", "FUNCTION", "TRIGGER", "EVENT", "PACKAGE"])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(sql: &[u8]) -> Vec<(Kind, &[u8])> {
+        Lexer::new(sql).map(|t| (t.kind, t.text(sql))).collect()
+    }
+
+    #[test]
+    fn tokens() {
+        use Kind::*;
+        let sql = b"SELECT a1,'x''y\\'', `b``c`, @v, @@session.x, 12.5e3 -- c\n# d\n/* e */ FROM t;";
+        assert_eq!(
+            texts(sql),
+            vec![
+                (Word, &b"SELECT"[..]),
+                (Word, b"a1"),
+                (Punct, b","),
+                (Quoted, b"'x''y\\''"),
+                (Punct, b","),
+                (Quoted, b"`b``c`"),
+                (Punct, b","),
+                (Variable, b"@v"),
+                (Punct, b","),
+                (Variable, b"@@session.x"),
+                (Punct, b","),
+                (Number, b"12.5e3"),
+                (Word, b"FROM"),
+                (Word, b"t"),
+                (Punct, b";"),
+            ]
+        );
+        // Executable comments are code; plain ones are not.
+        assert_eq!(texts(b"/*!50000 KILL 5 */ /* KILL 6 */ /*M!100100 x*/"), vec![(Word, &b"KILL"[..]), (Number, b"5"), (Word, b"x")]);
+        assert_eq!(texts(b"'unterminated"), vec![(Quoted, &b"'unterminated"[..])]);
+        assert_eq!(texts(b"--"), vec![]);
+        assert_eq!(texts(b"a--b"), vec![(Word, &b"a"[..]), (Punct, b"-"), (Punct, b"-"), (Word, b"b")]);
+    }
+
+    #[test]
+    fn unquoting() {
+        assert_eq!(unquote(b"'a''b\\'c\\n'").as_deref(), Some(&b"a'b'c\n"[..]));
+        assert_eq!(unquote(b"\"KILL 5\"").as_deref(), Some(&b"KILL 5"[..]));
+        assert_eq!(unquote(b"`x`"), None);
+    }
+
+    fn split(sql: &[u8]) -> Vec<Vec<u8>> {
+        statements(sql).map(|st| sql[st[0].at.start..st[st.len() - 1].at.end].to_vec()).collect()
+    }
+
+    #[test]
+    fn splitting() {
+        assert_eq!(split(b"KILL 2; SELECT 1"), vec![b"KILL 2".to_vec(), b"SELECT 1".to_vec()]);
+        assert_eq!(split(b";; SELECT ';' ; /* ; */ SELECT 2;"), vec![b"SELECT ';'".to_vec(), b"SELECT 2".to_vec()]);
+        let body = b"CREATE DEFINER=`a`@`%` PROCEDURE p() BEGIN KILL 5; SELECT 1; END; KILL 6";
+        assert_eq!(split(body).len(), 1);
+        assert_eq!(split(b"BEGIN NOT ATOMIC SELECT 1; END").len(), 1);
+        assert_eq!(split(b"lbl: LOOP LEAVE lbl; END LOOP").len(), 1);
+        assert_eq!(split(b"SELECT IF(1,2,3); KILL 5").len(), 2);
+        assert_eq!(split(b"BEGIN; KILL 5").len(), 2);
+        assert_eq!(split(b"CREATE TABLE t (a int); KILL 5").len(), 2);
+        assert_eq!(split(b"CREATE TABLE event (a int); KILL 5").len(), 2);
+        assert_eq!(
+            split(b"create or replace definer=current_user() trigger t before insert on x for each row begin set @a=1; end").len(),
+            1
+        );
+        assert_eq!(split(b"IF (1 > 0) THEN SELECT 1; END IF").len(), 1);
+    }
+}
