@@ -2,6 +2,7 @@
 //! in to backends as the same user. Secrets are never logged (`Debug` is redacted).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
@@ -20,7 +21,7 @@ pub struct User {
     recovered_stage1: Mutex<Option<[u8; 20]>>,
     pub max_connections: usize,
     pub require_tls: bool,
-    pub connections: AtomicUsize,
+    pub connections: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for User {
@@ -43,7 +44,8 @@ pub enum Check {
 }
 
 impl User {
-    fn from_config(c: &UserConfig) -> User {
+    /// `per_user`: the limit of a user with none of its own (`proxy.max_connections_per_user`).
+    fn from_config(c: &UserConfig, per_user: usize) -> User {
         let (password, native_stage2) = match (&c.password, &c.password_hash) {
             (Some(p), _) => (Some(p.as_bytes().to_vec()), auth::native_stage2(p.as_bytes())),
             (None, Some(h)) => (None, auth::parse_native_hash(h.get_ref()).unwrap_or([0; 20])),
@@ -54,9 +56,9 @@ impl User {
             password,
             native_stage2,
             recovered_stage1: Mutex::new(None),
-            max_connections: c.max_connections,
+            max_connections: if c.max_connections > 0 { c.max_connections } else { per_user },
             require_tls: c.require_tls,
-            connections: AtomicUsize::new(0),
+            connections: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -125,18 +127,23 @@ impl User {
         }
     }
 
-    /// Counts a connection against the user's limit; false when the limit is reached.
-    pub fn acquire(&self) -> bool {
+    /// Counts a connection against the user's limit; None when the limit is reached.
+    pub fn acquire(&self) -> Option<UserSlot> {
         let n = self.connections.fetch_add(1, Ordering::Relaxed);
-        if self.max_connections > 0 && n >= self.max_connections {
-            self.connections.fetch_sub(1, Ordering::Relaxed);
-            return false;
-        }
-        true
+        let slot = UserSlot(self.connections.clone());
+        (self.max_connections == 0 || n < self.max_connections).then_some(slot)
     }
+}
 
-    pub fn release(&self) {
-        self.connections.fetch_sub(1, Ordering::Relaxed);
+/// A client connection counted against its user's limit: the count is given back when the
+/// slot is dropped, however the login or session that holds it ends (an error, a timeout
+/// that drops the login's future, a COM_CHANGE_USER to another user).
+#[derive(Debug)]
+pub struct UserSlot(Arc<AtomicUsize>);
+
+impl Drop for UserSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -146,8 +153,8 @@ pub struct Users {
 }
 
 impl Users {
-    pub fn from_config(users: &[UserConfig]) -> Users {
-        Users { map: users.iter().map(|u| (u.name.clone(), User::from_config(u))).collect() }
+    pub fn from_config(users: &[UserConfig], per_user: usize) -> Users {
+        Users { map: users.iter().map(|u| (u.name.clone(), User::from_config(u, per_user))).collect() }
     }
 
     pub fn get(&self, name: &str) -> Option<&User> {
@@ -175,7 +182,7 @@ mod tests {
             _ => "[[users]]\nname='u'\n".into(),
         };
         let cfg = crate::config::Config::parse(&text).unwrap();
-        User::from_config(&cfg.users[0])
+        User::from_config(&cfg.users[0], 0)
     }
 
     #[test]

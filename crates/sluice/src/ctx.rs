@@ -58,7 +58,7 @@ impl Ctx {
         let rsa = if config.users.is_empty() { None } else { Some(crate::frontend::RsaKey::generate()?) };
         Ok(Arc::new(Ctx {
             rsa,
-            users: Users::from_config(&config.users),
+            users: Users::from_config(&config.users, config.proxy.max_connections_per_user),
             balancer: Balancer::new(config.proxy.balance),
             backends: Backends::new(list),
             metrics,

@@ -283,13 +283,13 @@ impl Session<'_> {
             self.client_error(seq, code::SECURE_TRANSPORT_REQUIRED, b"HY000", &format!("user '{name}' must connect with TLS")).await;
             return Ok(Flow::Continue);
         }
-        if !user.acquire() {
+        // Held by this function until the change succeeds: every early return gives it back.
+        let Some(slot) = user.acquire() else {
             let msg = format!("User '{name}' has exceeded the 'max_user_connections' resource");
             self.client_error(seq, code::TOO_MANY_USER_CONNECTIONS, b"42000", &msg).await;
             return Ok(Flow::Continue);
-        }
+        };
         let Some(cred) = user.credential() else {
-            user.release();
             self.client_error(seq, code::UNKNOWN_ERROR, b"HY000", "sluice holds no credential for this user yet").await;
             return Ok(Flow::Continue);
         };
@@ -303,10 +303,7 @@ impl Session<'_> {
         };
         let mut payload = Vec::new();
         backend_cu.write(&mut payload);
-        if let Err(e) = self.backend.write_packet(&payload, 0).await {
-            user.release();
-            return Err(Error::io(Side::Backend, "change user", e));
-        }
+        self.backend.write_packet(&payload, 0).await.map_err(|e| Error::io(Side::Backend, "change user", e))?;
         match bconn::answer_auth(&self.guard, &mut self.backend, &cred).await {
             Ok(ok) => {
                 let ok = if self.client_caps() & cap::SESSION_TRACK == 0 {
@@ -315,9 +312,8 @@ impl Session<'_> {
                     ok
                 };
                 self.client.write_packet(&ok, seq).await.map_err(|e| Error::io(Side::Client, "change user", e))?;
-                if let Some(old) = self.counted_user.replace(name.clone()).and_then(|u| self.ctx.users.get(&u)) {
-                    old.release();
-                }
+                // The previous user's slot is given back.
+                self.user_slot = Some(slot);
                 self.credential = Some(cred);
                 self.state.reset();
                 self.state.user = name;
@@ -331,14 +327,10 @@ impl Session<'_> {
                 Ok(Flow::Continue)
             }
             Err(e) if e.code != code::SERVER_LOST => {
-                user.release();
                 self.client_error(seq, e.code, &e.sql_state, &e.message).await;
                 Ok(Flow::Continue)
             }
-            Err(e) => {
-                user.release();
-                Err(e)
-            }
+            Err(e) => Err(e),
         }
     }
 }

@@ -9,6 +9,7 @@ use sluice_proto::handshake::{Greeting, HandshakeResponse, is_ssl_request};
 
 use super::Listener;
 use super::verify::{AuthIo, Verdict, verify};
+use crate::auth::UserSlot;
 use crate::backend::conn::{self as bconn, Credential};
 use crate::backend::pool::{Fit, Idle};
 use crate::backend::{Backend, BackendGuard, ServerInfo};
@@ -35,7 +36,7 @@ struct Backed {
     /// The backend is MariaDB, whose OK packets carry length-encoded info in any case.
     mariadb: bool,
     credential: Option<Credential>,
-    counted_user: Option<String>,
+    user_slot: Option<UserSlot>,
 }
 
 /// A logged-in session, ready for the command relay.
@@ -51,8 +52,8 @@ pub struct LoggedIn {
     pub compression: Option<sluice_proto::compress::Algorithm>,
     pub state: SessionState,
     pub credential: Option<Credential>,
-    /// The user counted against `max_connections`, released when the session ends.
-    pub counted_user: Option<String>,
+    /// The connection counted against its user's `max_connections` (users mode).
+    pub user_slot: Option<UserSlot>,
     pub scramble: [u8; 20],
     /// What a new backend login on the session's behalf repeats (users mode only).
     pub profile: Option<Box<HandshakeResponse>>,
@@ -291,7 +292,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
             compression,
             state,
             credential: b.credential,
-            counted_user: b.counted_user,
+            user_slot: b.user_slot,
             scramble,
             profile,
             fit,
@@ -417,7 +418,7 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8)
                     backend_caps,
                     mariadb,
                     credential: None,
-                    counted_user: None,
+                    user_slot: None,
                 });
             }
             Some(0xff) => {
@@ -465,7 +466,8 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
         let e = Error::new(Side::Client, code::SECURE_TRANSPORT_REQUIRED, format!("user '{name}' must connect with TLS"));
         return Err((refuse(Reject::TlsRequired, e.state(b"HY000")), Some(cseq)));
     }
-    if !user.acquire() {
+    // Given back when dropped: on an error below, or when handshake_timeout drops this future.
+    let Some(slot) = user.acquire() else {
         let e = Error::new(
             Side::Client,
             code::TOO_MANY_USER_CONNECTIONS,
@@ -473,19 +475,15 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
         )
         .state(b"42000");
         return Err((refuse(Reject::MaxUserConnections, e), Some(cseq)));
-    }
-    let release = |r: Fail| {
-        user.release();
-        r
     };
     let Some(credential) = user.credential() else {
-        return Err(release((Error::proxy(code::UNKNOWN_ERROR, "no credential for backend login").into(), Some(cseq))));
+        return Err((Error::proxy(code::UNKNOWN_ERROR, "no credential for backend login").into(), Some(cseq)));
     };
     let mut pre = pre;
     let b = loop {
         let link = match pre.take() {
             Some(o) => Link::Fresh(o),
-            None => link_any(ctx, tried, a.fit).await.map_err(|r| release((r, Some(cseq))))?,
+            None => link_any(ctx, tried, a.fit).await.map_err(|r| (r, Some(cseq)))?,
         };
         let (mut conn, backend, backend_thread_id, backend_caps, mariadb) = match link {
             Link::Reused(b, mut idle) => match reuse_as(&b, &mut idle, hr, &credential).await {
@@ -511,7 +509,7 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
                         tried.push((o.backend.index, e));
                         continue;
                     }
-                    Err(e) => return Err(release((e.into(), Some(cseq)))),
+                    Err(e) => return Err((e.into(), Some(cseq))),
                 }
             }
         };
@@ -526,14 +524,12 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
             backend_caps,
             mariadb,
             credential: Some(credential.clone()),
-            counted_user: Some(name.clone()),
+            user_slot: None,
         };
     };
     handle.bind_backend(b.guard.index, &b.guard.name, b.backend_thread_id);
     let mut ok = Vec::new();
     sluice_proto::basic::ok_payload(&mut ok, 0, 0, 0, status::AUTOCOMMIT, 0);
-    if let Err(e) = client.write_packet(&ok, cseq).await {
-        return Err(release(io_c(e)));
-    }
-    Ok(b)
+    client.write_packet(&ok, cseq).await.map_err(io_c)?;
+    Ok(Backed { user_slot: Some(slot), ..b })
 }

@@ -70,9 +70,7 @@ pub async fn serve(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Li
         log_error(ctx, id, &peer, e, "session ended with an error");
     }
     session.close_client().await;
-    if let Some(u) = session.counted_user.take().and_then(|u| ctx.users.get(&u)) {
-        u.release();
-    }
+    session.user_slot = None;
     Box::pin(session.end_backend(result.is_ok())).await;
 }
 

@@ -37,8 +37,8 @@ pub struct Session<'a> {
     pub(super) credential: Option<Credential>,
     /// The scramble of sluice's greeting (COM_CHANGE_USER replies are computed over it).
     pub(super) scramble: [u8; 20],
-    /// The user counted against its connection limit.
-    pub(super) counted_user: Option<String>,
+    /// The connection counted against its user's limit (given back when the session ends).
+    pub(super) user_slot: Option<crate::auth::UserSlot>,
     /// What a new backend login on the session's behalf repeats (users mode).
     pub(super) profile: Option<Box<sluice_proto::handshake::HandshakeResponse>>,
     /// Why the backend connection was lost while the session was idle; the session moves to a
@@ -80,7 +80,7 @@ impl<'a> Session<'a> {
             mariadb: l.mariadb,
             credential: l.credential,
             scramble: l.scramble,
-            counted_user: l.counted_user,
+            user_slot: l.user_slot,
             profile: l.profile,
             lost: None,
             fit: l.fit,
