@@ -115,24 +115,45 @@ impl Credential {
     }
 }
 
-/// Logs in to a backend with credentials sluice holds (health checks, users mode).
-/// `hr` carries the user, schema, collation, attributes and capabilities.
+/// Logs in to a backend with credentials sluice holds (health checks, users mode), within the
+/// backend's exchange timeout. `hr` carries the user, schema, collation, attributes and
+/// capabilities.
 pub async fn login(b: &Backend, conn: PacketConn, g: &Greeting, mut hr: HandshakeResponse, cred: &Credential) -> Result<PacketConn> {
-    let plugin = if g.auth_plugin.is_empty() { auth::NATIVE.to_vec() } else { g.auth_plugin.clone() };
-    let (mut conn, seq) = maybe_tls(b, conn, g, &hr).await?;
-    let tls = conn.stream.is_tls();
-    hr.auth_response = cred.reply(&plugin, &g.scramble, tls)?;
-    hr.auth_plugin = Some(plugin);
-    let mut out = Vec::new();
-    hr.write(&mut out);
-    conn.write_packet(&out, seq).await.map_err(|e| Error::io(Side::Backend, "login", e))?;
-    answer_auth(b, &mut conn, cred).await?;
-    Ok(conn)
+    bounded(b.exchange_timeout, "login", async {
+        let plugin = if g.auth_plugin.is_empty() { auth::NATIVE.to_vec() } else { g.auth_plugin.clone() };
+        let (mut conn, seq) = maybe_tls(b, conn, g, &hr).await?;
+        let tls = conn.stream.is_tls();
+        hr.auth_response = cred.reply(&plugin, &g.scramble, tls)?;
+        hr.auth_plugin = Some(plugin);
+        let mut out = Vec::new();
+        hr.write(&mut out);
+        conn.write_packet(&out, seq).await.map_err(|e| Error::io(Side::Backend, "login", e))?;
+        auth_exchange(b, &mut conn, cred).await?;
+        Ok(conn)
+    })
+    .await
+}
+
+/// Runs one exchange with a backend within `limit` (zero: no limit). A backend that accepted
+/// the connection and then went silent fails it instead of hanging the session.
+pub async fn bounded<T>(limit: Duration, what: &str, f: impl Future<Output = Result<T>>) -> Result<T> {
+    if limit.is_zero() {
+        return f.await;
+    }
+    match tokio::time::timeout(limit, f).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::backend(format!("{what}: no answer within {limit:?}"))),
+    }
 }
 
 /// Answers the backend's side of an authentication exchange (auth switches, caching_sha2
-/// requests) with `cred` until it says OK (returned) or ERR (an error with its code).
+/// requests) with `cred` until it says OK (returned) or ERR (an error with its code), within
+/// the backend's exchange timeout.
 pub async fn answer_auth(b: &Backend, conn: &mut PacketConn, cred: &Credential) -> Result<Vec<u8>> {
+    bounded(b.exchange_timeout, "login", auth_exchange(b, conn, cred)).await
+}
+
+async fn auth_exchange(b: &Backend, conn: &mut PacketConn, cred: &Credential) -> Result<Vec<u8>> {
     let tls = conn.stream.is_tls();
     let io = |e| Error::io(Side::Backend, "login", e);
     loop {

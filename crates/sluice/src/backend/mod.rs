@@ -42,6 +42,9 @@ pub struct Backend {
     pub address: Address,
     pub weight: u32,
     pub tls: Option<BackendTls>,
+    /// Bound on each login exchange with the backend after connecting (`proxy.connect_timeout`):
+    /// authentication, COM_CHANGE_USER, session set-up and restore.
+    pub exchange_timeout: std::time::Duration,
     up: AtomicBool,
     /// Client sessions currently bound to this backend.
     pub sessions: AtomicUsize,
@@ -65,6 +68,7 @@ impl Backend {
             address,
             weight: c.weight.max(1),
             tls,
+            exchange_timeout: p.connect_timeout,
             up: AtomicBool::new(true),
             sessions: AtomicUsize::new(0),
             metrics,

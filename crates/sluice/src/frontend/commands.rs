@@ -195,8 +195,12 @@ impl Session<'_> {
             ..Default::default()
         };
         let mut conn = bconn::login(&b, conn, &g, hr, &cred).await?;
-        conn.write_packet(query, 0).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
-        let (_, reply) = conn.read_packet(1 << 16).await.map_err(|e| Error::io(Side::Backend, "reading KILL result", e))?;
+        let reply = bconn::bounded(b.exchange_timeout, "KILL", async {
+            conn.write_packet(query, 0).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
+            conn.read_packet(1 << 16).await.map_err(|e| Error::io(Side::Backend, "reading KILL result", e))
+        })
+        .await?
+        .1;
         bconn::quit(conn).await;
         self.client.write_packet(&reply, 1).await.map_err(|e| Error::io(Side::Client, "writing", e))?;
         Ok(reply.first() == Some(&0))
@@ -229,8 +233,15 @@ impl Session<'_> {
         cu.collation.get_or_insert(self.state.collation as u16);
         let mut payload = Vec::new();
         cu.write(&mut payload);
+        let limit = self.ctx.config.proxy.handshake_timeout;
+        bconn::bounded(limit, "COM_CHANGE_USER", self.relay_change_user(&cu, &payload)).await
+    }
+
+    /// Relays a passthrough COM_CHANGE_USER exchange between backend and client until OK or ERR.
+    async fn relay_change_user(&mut self, cu: &ChangeUser, payload: &[u8]) -> Result<Flow> {
+        let caps = self.client_caps();
         let io_b = |e| Error::io(Side::Backend, "change user", e);
-        self.backend.write_packet(&payload, 0).await.map_err(io_b)?;
+        self.backend.write_packet(payload, 0).await.map_err(io_b)?;
         loop {
             let (seq, mut p) = self.backend.read_packet(1 << 20).await.map_err(io_b)?;
             if p.first() == Some(&0) && caps & cap::SESSION_TRACK == 0 {

@@ -514,7 +514,7 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
             }
         };
         // Without this, a session could not be recreated elsewhere with all its variables.
-        if let Err(e) = super::reconnect::set_up_query(&mut conn, super::reconnect::TRACK_ALL).await {
+        if let Err(e) = super::reconnect::set_up_query(&mut conn, super::reconnect::TRACK_ALL, backend.exchange_timeout).await {
             tracing::warn!(backend = %backend.name, error = %e.message, "cannot track session variables; sessions will not move");
         }
         break Backed {

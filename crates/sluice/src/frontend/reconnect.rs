@@ -26,18 +26,21 @@ use crate::net::{BUF_SIZE, PacketConn};
 /// that a session can be recreated with them. Sent once after a users-mode login.
 pub(super) const TRACK_ALL: &[u8] = b"SET SESSION session_track_system_variables='*'";
 
-/// Runs one statement that answers with OK or ERR during session set-up.
-pub(super) async fn set_up_query(conn: &mut PacketConn, sql: &[u8]) -> Result<()> {
-    let mut p = Vec::with_capacity(sql.len() + 1);
-    p.push(com::QUERY);
-    p.extend_from_slice(sql);
-    conn.write_packet(&p, 0).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
-    let (_, r) = conn.read_packet(1 << 20).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
-    match r.first() {
-        Some(0x00) => Ok(()),
-        Some(0xff) => Err(Error::from_backend_err(&r)),
-        _ => Err(Error::backend("unexpected answer to a set-up statement")),
-    }
+/// Runs one statement that answers with OK or ERR during session set-up, within `limit`.
+pub(super) async fn set_up_query(conn: &mut PacketConn, sql: &[u8], limit: std::time::Duration) -> Result<()> {
+    bconn::bounded(limit, "session set-up", async {
+        let mut p = Vec::with_capacity(sql.len() + 1);
+        p.push(com::QUERY);
+        p.extend_from_slice(sql);
+        conn.write_packet(&p, 0).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
+        let (_, r) = conn.read_packet(1 << 20).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
+        match r.first() {
+            Some(0x00) => Ok(()),
+            Some(0xff) => Err(Error::from_backend_err(&r)),
+            _ => Err(Error::backend("unexpected answer to a set-up statement")),
+        }
+    })
+    .await
 }
 
 impl Session<'_> {
@@ -53,7 +56,7 @@ impl Session<'_> {
         if self.credential.is_none() {
             return;
         }
-        if let Err(e) = set_up_query(&mut self.backend, TRACK_ALL).await {
+        if let Err(e) = set_up_query(&mut self.backend, TRACK_ALL, self.guard.exchange_timeout).await {
             tracing::warn!(session = self.handle.id, backend = %self.guard.name, error = %e.message, "cannot track session variables; the session will not move");
         }
     }
@@ -115,7 +118,7 @@ impl Session<'_> {
                 }
                 Err(e) => return Err(e),
             };
-            let ids = self.restore(&mut conn).await?;
+            let ids = bconn::bounded(o.backend.exchange_timeout, "session restore", self.restore(&mut conn)).await?;
             for (client_id, backend_id) in ids {
                 if let Some(p) = self.state.prepared.get_mut(&client_id) {
                     p.backend_id = backend_id;

@@ -1,0 +1,111 @@
+//! Backends that accept a connection and then go silent in a login exchange after the
+//! client's login (COM_CHANGE_USER, the set-up after COM_RESET_CONNECTION), and the per-user
+//! connection count across a login that handshake_timeout cuts short.
+
+mod common;
+
+use std::io::ErrorKind;
+
+use common::*;
+use mysql_async::prelude::*;
+use sluice_proto::auth;
+use sluice_proto::consts::com;
+use sluice_proto::handshake::ChangeUser;
+use sluice_testkit::fault::{Action, Dir, Fault, FaultProxy, Trigger};
+
+/// The plugin name sluice puts in every COM_CHANGE_USER it sends a backend.
+const SWITCH_PLUGIN: &[u8] = b"sluice_passthrough";
+
+fn config(backend: &str, users: bool, proxy: &str) -> String {
+    let users = if users {
+        "[[users]]\nname = \"app\"\npassword = \"apppw\"\nmax_connections = 1\n\
+         [[users]]\nname = \"other\"\npassword = \"otherpw\"\n"
+    } else {
+        ""
+    };
+    format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [[backends]]\naddress = \"{backend}\"\n[proxy]\npool_idle_max = 0\n{proxy}\n{users}"
+    )
+}
+
+/// Stalls what the backend sends once sluice has sent `pattern` to it.
+fn stall_after(shim: &FaultProxy, pattern: &[u8]) {
+    shim.arm(Fault::new(Trigger::Pattern(Dir::ToServer, pattern.to_vec()), Dir::ToClient, 0, Action::Stall));
+}
+
+/// The client's next read ends (an ERR, or the connection closed) rather than waiting on: the
+/// raw client's own 30 s read timeout is what a hang would show as.
+fn answered(r: &mut Raw, what: &str) {
+    match r.read_packet() {
+        Ok((_, p)) => assert_eq!(p.get(0), Some(&0xff), "{what}: {}", String::from_utf8_lossy(&p)),
+        Err(e) => assert!(!matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut), "{what}: sluice hung ({e})"),
+    }
+}
+
+fn change_user(r: &mut Raw, user: &str, password: &str) {
+    let scramble = r.greeting.as_ref().expect("greeting").scramble.clone();
+    let cu = ChangeUser {
+        user: user.as_bytes().to_vec(),
+        auth_response: auth::native_reply_from_stage1(&scramble, &auth::native_stage1(password.as_bytes())).to_vec(),
+        database: Vec::new(),
+        collation: Some(45),
+        auth_plugin: Some(auth::NATIVE.to_vec()),
+        attributes: None,
+    };
+    let mut p = Vec::new();
+    cu.write(&mut p);
+    r.write_packet(0, &p).expect("send COM_CHANGE_USER");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_cut_short_by_handshake_timeout_gives_its_user_slot_back() {
+    let shim = FaultProxy::start(&shared_db().addr());
+    let s = start_sluice_config(&config(&shim.addr(), true, "handshake_timeout = \"1s\"\nconnect_timeout = \"30s\""));
+    // The backend goes silent after sluice's handshake response for user app.
+    stall_after(&shim, b"app\0");
+    let e = mysql_async::Conn::new(mysql_async::Opts::from(opts(&s.listen, "app", "apppw"))).await.expect_err("login cut short");
+    assert!(shim.fired() == 1, "the stall was hit: {e}");
+    // app may hold one connection: the slot of the login that timed out was given back.
+    let mut c = app(&s).await;
+    let one: Option<i32> = c.query_first("SELECT 1").await.unwrap();
+    assert_eq!(one, Some(1));
+    let e = mysql_async::Conn::new(mysql_async::Opts::from(opts(&s.listen, "app", "apppw"))).await.expect_err("the limit still holds");
+    assert!(e.to_string().contains("1203"), "{e}");
+}
+
+#[test]
+fn a_silent_backend_during_com_change_user_ends_the_session_passthrough() {
+    let shim = FaultProxy::start(&shared_db().addr());
+    let s = start_sluice_config(&config(&shim.addr(), false, "handshake_timeout = \"1s\""));
+    let mut r = Raw::login(&s.listen, "app", "apppw", None);
+    stall_after(&shim, SWITCH_PLUGIN);
+    change_user(&mut r, "app", "apppw");
+    answered(&mut r, "passthrough COM_CHANGE_USER");
+    assert_eq!(shim.fired(), 1);
+}
+
+#[test]
+fn a_silent_backend_during_com_change_user_ends_the_session_users_mode() {
+    let shim = FaultProxy::start(&shared_db().addr());
+    let s = start_sluice_config(&config(&shim.addr(), true, "connect_timeout = \"1s\""));
+    let mut r = Raw::login(&s.listen, "other", "otherpw", None);
+    stall_after(&shim, SWITCH_PLUGIN);
+    change_user(&mut r, "other", "otherpw");
+    answered(&mut r, "users-mode COM_CHANGE_USER");
+    assert_eq!(shim.fired(), 1);
+}
+
+#[test]
+fn a_silent_backend_after_com_reset_connection_does_not_hang_the_session() {
+    let shim = FaultProxy::start(&shared_db().addr());
+    let s = start_sluice_config(&config(&shim.addr(), true, "connect_timeout = \"1s\"\nresponse_timeout = \"2s\""));
+    let mut r = Raw::login(&s.listen, "other", "otherpw", None);
+    // After the reset sluice asks the backend to track variables again; it never answers.
+    stall_after(&shim, b"session_track_system_variables");
+    let reset = r.command(&[com::RESET_CONNECTION]);
+    assert_eq!(reset[0].get(0), Some(&0), "the reset itself succeeded");
+    r.write_packet(0, b"\x03SELECT 1").expect("send query");
+    answered(&mut r, "query after the stalled set-up");
+    assert_eq!(shim.fired(), 1);
+}
