@@ -213,20 +213,34 @@ pub struct TlsConfig {
     pub key: PathBuf,
 }
 
-/// Parses "250ms", "10s", "5m", "2h", or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().ok()?;
+/// The longest duration a setting takes: a year. Longer ones would overflow the clock
+/// arithmetic they feed (`Instant + Duration`), so they are refused when the file is read.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Parses "250ms", "10s", "5m", "2h", or a bare number of seconds, up to [`MAX_DURATION`].
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let invalid = || format!("invalid duration {s:?} (use e.g. \"500ms\", \"10s\", \"5m\")");
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-'))).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| invalid())?;
     let secs = match unit.trim() {
         "" | "s" => n,
         "ms" => n / 1000.0,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return None,
+        _ => return Err(invalid()),
     };
-    (secs >= 0.0 && secs.is_finite()).then(|| Duration::from_secs_f64(secs))
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if d <= MAX_DURATION => Ok(d),
+        Ok(_) => Err(too_long(s)),
+        Err(_) if secs.is_finite() && secs > 0.0 => Err(too_long(s)),
+        Err(_) => Err(invalid()),
+    }
+}
+
+fn too_long(s: &str) -> String {
+    format!("duration {s:?} is too long (at most {} days)", MAX_DURATION.as_secs() / 86400)
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -236,11 +250,11 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         Secs(u64),
         Text(String),
     }
-    match Raw::deserialize(d)? {
-        Raw::Secs(n) => Ok(Duration::from_secs(n)),
-        Raw::Text(s) => parse_duration(&s)
-            .ok_or_else(|| serde::de::Error::custom(format!("invalid duration {s:?} (use e.g. \"500ms\", \"10s\", \"5m\")"))),
-    }
+    let text = match Raw::deserialize(d)? {
+        Raw::Secs(n) => n.to_string(),
+        Raw::Text(s) => s,
+    };
+    parse_duration(&text).map_err(serde::de::Error::custom)
 }
 
 /// A configuration error, with the line it refers to when known.
@@ -299,6 +313,20 @@ fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
 }
 
+/// The dotted key whose value is at `offset` (`proxy.idle_timeout`), read from the text: the
+/// key before `=` on that line and the table header above it.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let before = &text[..offset.min(text.len())];
+    let line = &before[before.rfind('\n').map_or(0, |i| i + 1)..];
+    let key = line.split_once('=')?.0.trim();
+    let table = before.lines().rev().skip(1).map(str::trim).find(|l| l.starts_with('['));
+    let table = table.map(|t| t.trim_matches(|c| c == '[' || c == ']').trim());
+    Some(match table {
+        Some(t) if !t.is_empty() => format!("{t}.{key}"),
+        _ => key.to_string(),
+    })
+}
+
 impl Config {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -314,10 +342,16 @@ impl Config {
     }
 
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError {
-            file: None,
-            line: e.span().map(|s| line_of(text, s.start)),
-            message: e.message().to_string(),
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            let key = e.span().and_then(|s| key_at(text, s.start)).filter(|k| !e.message().contains(k.as_str()));
+            ConfigError {
+                file: None,
+                line: e.span().map(|s| line_of(text, s.start)),
+                message: match key {
+                    Some(k) => format!("{k}: {}", e.message()),
+                    None => e.message().to_string(),
+                },
+            }
         })?;
         cfg.validate(text)?;
         Ok(cfg)
@@ -390,13 +424,27 @@ mod tests {
         assert_eq!(e.line, Some(2));
         let e = Config::parse("[[users]]\nname = \"a\"\npassword_hash = \"abc\"\n").unwrap_err();
         assert_eq!(e.line, Some(3));
+        // Durations that would overflow the clock arithmetic they feed are refused, with key and line.
+        for (key, value) in
+            [("idle_timeout", "\"1e20s\""), ("shutdown_timeout", "18446744073709551615"), ("response_timeout", "\"9999999999h\"")]
+        {
+            let e = Config::parse(&format!("[proxy]\nworkers = 1\n{key} = {value}\n")).unwrap_err();
+            assert_eq!(e.line, Some(3), "{key}");
+            assert!(e.message.contains("too long"), "{key}: {}", e.message);
+            assert!(e.message.starts_with(&format!("proxy.{key}: ")), "{key}: {e}");
+        }
     }
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_duration("3"), Some(Duration::from_secs(3)));
-        assert_eq!(parse_duration("x"), None);
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("x").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert_eq!(parse_duration("8760h"), Ok(MAX_DURATION));
+        for huge in ["8761h", "1e20", "99999999999999999999999s", "18446744073709551615"] {
+            assert!(parse_duration(huge).unwrap_err().contains("too long"), "{huge}");
+        }
     }
 }

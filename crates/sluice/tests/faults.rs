@@ -245,3 +245,18 @@ async fn a_backend_closing_an_idle_session_closes_the_client() {
     let mut d = app(&s).await;
     d.ping().await.unwrap();
 }
+
+#[test]
+fn check_config_refuses_durations_that_would_overflow() {
+    let path = sluice_testkit::mariadb::work_root().join(format!("overflow-{}.toml", std::process::id()));
+    for (key, value) in
+        [("idle_timeout", "\"1e20s\""), ("shutdown_timeout", "18446744073709551615"), ("handshake_timeout", "\"9999999999h\"")]
+    {
+        std::fs::write(&path, format!("[[backends]]\naddress = \"127.0.0.1:3306\"\n[proxy]\n{key} = {value}\n")).expect("write config");
+        let out = std::process::Command::new(bin()).arg("check-config").arg(&path).output().expect("run check-config");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{key}: accepted");
+        assert!(err.contains(&format!(":4: proxy.{key}: duration")) && err.contains("too long"), "{key}: {err}");
+        assert!(!err.contains("panicked"), "{key}: {err}");
+    }
+}
