@@ -129,7 +129,8 @@ pub fn compressed(data: &[u8]) {
 
 /// SQL text as the relay looks at it.
 pub fn sql(data: &[u8]) {
-    if let Some(kills) = crate::sql::find_kills(data) {
+    let _ = crate::sql::find_kills(data, false);
+    if let Some(kills) = crate::sql::find_kills(data, true) {
         assert!(kills.statements >= 1 && !kills.found.is_empty());
         for f in &kills.found {
             // An id's place is its digits in the text it was found in (the query's, for one not quoted).

@@ -56,19 +56,22 @@ pub struct Kills {
 }
 
 /// Finds every KILL in SQL text: each statement of a multi-statement, inside executable
-/// comments, and in the literal text that `PREPARE ... FROM` and `EXECUTE IMMEDIATE` run. None
-/// (at the cost of one vectorised byte search) when the text cannot hold one.
-pub fn find_kills(sql: &[u8]) -> Option<Kills> {
-    if !may_contain_kill(sql) {
+/// comments, and in the literal text that `PREPARE ... FROM` and `EXECUTE IMMEDIATE` run.
+/// `multi`: the connection runs multi-statements (CLIENT_MULTI_STATEMENTS, or COM_SET_OPTION);
+/// without it the server refuses a second statement before running the first, so only the
+/// first is looked at. Cheap when there is nothing to find: a look at the first word, and with
+/// `multi` a vectorised search for `;`.
+pub fn find_kills(sql: &[u8], multi: bool) -> Option<Kills> {
+    if !may_lead(sql) && !(multi && memchr::memchr(b';', sql).is_some() && may_contain_kill(sql)) {
         return None;
     }
     let mut kills = Kills::default();
-    for st in lexer::statements(sql) {
+    for st in lexer::statements(sql).take(if multi { usize::MAX } else { 1 }) {
         kills.statements += 1;
         if let Some(target) = kill_statement(sql, &st) {
             kills.found.push(Found { target, quoted: false });
         } else if let Some(text) = prepared_text(sql, &st) {
-            for inner in lexer::statements(&text) {
+            for inner in lexer::statements(&text).take(1) {
                 if let Some(target) = kill_statement(&text, &inner) {
                     kills.found.push(Found { target, quoted: true });
                 }
@@ -76,6 +79,22 @@ pub fn find_kills(sql: &[u8]) -> Option<Kills> {
         }
     }
     (!kills.found.is_empty()).then_some(kills)
+}
+
+/// Whether the first statement may be a KILL, or run one (PREPARE, EXECUTE IMMEDIATE): its
+/// first word, or a comment before it (whose end only the lexer finds).
+fn may_lead(sql: &[u8]) -> bool {
+    let Some(start) = sql.iter().position(|c| !c.is_ascii_whitespace()) else { return false };
+    let rest = &sql[start..];
+    match rest[0] | 0x20 {
+        // A comment (`/*`, `-- `, `#`: the case bit leaves these bytes as they are).
+        b'/' | b'-' | b'#' => return true,
+        b'k' | b'p' | b'e' => {}
+        _ => return false,
+    }
+    let n = rest.iter().take(8).position(|c| !c.is_ascii_alphabetic()).unwrap_or(rest.len().min(8));
+    let w = &rest[..n];
+    w.eq_ignore_ascii_case(b"KILL") || w.eq_ignore_ascii_case(b"PREPARE") || w.eq_ignore_ascii_case(b"EXECUTE")
 }
 
 /// Whether `kill` appears in the text in any case.
@@ -220,7 +239,7 @@ mod tests {
     use super::*;
 
     fn kills(sql: &str) -> Vec<KillTarget> {
-        find_kills(sql.as_bytes()).map(|k| k.found.into_iter().map(|f| f.target).collect()).unwrap_or_default()
+        find_kills(sql.as_bytes(), true).map(|k| k.found.into_iter().map(|f| f.target).collect()).unwrap_or_default()
     }
 
     fn id(query_only: bool, id: u64, hard: Option<bool>, at: Range<usize>) -> KillTarget {
@@ -252,15 +271,25 @@ mod tests {
     #[test]
     fn kills_anywhere_in_a_query() {
         use KillTarget::*;
-        let k = find_kills(b"KILL 2; SELECT 1").unwrap();
+        let k = find_kills(b"KILL 2; SELECT 1", true).unwrap();
         assert_eq!((k.statements, k.found.len()), (2, 1));
         assert_eq!(kills("SELECT 1; kill query 3 ; KILL CONNECTION 4"), vec![id(true, 3, None, 21..22), id(false, 4, None, 41..42)]);
         assert_eq!(kills("/*!50000 KILL 5 */"), vec![id(false, 5, None, 14..15)]);
         assert_eq!(kills("/*M!100000 KILL */ 5"), vec![id(false, 5, None, 19..20)]);
-        let k = find_kills(b"PREPARE s FROM 'KILL 5'").unwrap();
+        let k = find_kills(b"PREPARE s FROM 'KILL 5'", true).unwrap();
         assert_eq!(k.found, vec![Found { target: id(false, 5, None, 5..6), quoted: true }]);
         assert_eq!(kills("EXECUTE IMMEDIATE \"KILL QUERY ?\" USING @x"), vec![Placeholder]);
         assert_eq!(kills("PREPARE s FROM 'KILL QUERY ID 7'"), vec![QueryId]);
+        // Without multi-statements only the first statement can run.
+        assert_eq!(find_kills(b"SELECT 1; KILL 5", false), None);
+        assert!(find_kills(b"/* c */ KILL 5; SELECT 1", false).is_some());
+        assert!(find_kills(b"  kill 5", false).is_some());
+        assert!(find_kills(b"-- c\nKILL 5", false).is_some());
+        assert!(find_kills(b"# c\nKILL 5", false).is_some());
+        for n in 0..20 {
+            let q = format!("SELECT {}; KILL 5", "x".repeat(n));
+            assert!(find_kills(q.as_bytes(), true).is_some(), "{q}");
+        }
         // A stored program's body runs later, on the server: its statements are not the query's.
         assert_eq!(kills("CREATE PROCEDURE p() BEGIN KILL 5; END"), vec![]);
     }

@@ -213,3 +213,21 @@ async fn kill_of_a_session_on_another_backend_in_a_multi_statement_is_refused() 
     let one: Option<i32> = b.query_first("SELECT 1").await.unwrap();
     assert_eq!(one, Some(1));
 }
+
+#[test]
+fn multi_statements_follow_com_set_option() {
+    use sluice_proto::consts::{cap, com};
+    let s = shared_sluice();
+    let caps = sluice_testkit::raw::CLIENT_CAPS & !cap::MULTI_STATEMENTS;
+    let mut r = Raw::login_caps(&s.listen, "app", "apppw", None, caps);
+    // Without multi-statements the server refuses the second statement before running any.
+    let e = r.query("SELECT 1; KILL USER app");
+    assert_eq!(err_code(&e[0]), Some(1064), "{:?}", String::from_utf8_lossy(&e[0]));
+    // Turned on, every statement is looked at.
+    assert_eq!(r.command(&[com::SET_OPTION, 0, 0])[0][0], 0xfe);
+    let e = r.query("SELECT 1; KILL USER app");
+    assert_eq!(err_code(&e[0]), Some(1235), "{:?}", String::from_utf8_lossy(&e[0]));
+    assert_eq!(r.command(&[com::SET_OPTION, 1, 0])[0][0], 0xfe);
+    let e = r.query("SELECT 1; KILL USER app");
+    assert_eq!(err_code(&e[0]), Some(1064), "{:?}", String::from_utf8_lossy(&e[0]));
+}

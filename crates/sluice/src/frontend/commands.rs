@@ -42,7 +42,8 @@ impl Session<'_> {
             let b = payload.get(..4)?;
             return Some(KillPlan::Single(Kill { query_only: false, id: u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64, hard: None }));
         }
-        let kills = sql::find_kills(payload)?;
+        // A prepared statement is one statement.
+        let kills = sql::find_kills(payload, self.multi_statements && cmd == com::QUERY)?;
         let mut ids = Vec::new();
         for f in &kills.found {
             let refuse = |msg: &str| Some(KillPlan::Refuse { code: code::NOT_SUPPORTED_YET, msg: format!("sluice: {msg}") });

@@ -51,6 +51,8 @@ pub struct Session<'a> {
     /// The backend connection ran something for this session after its login (a command other
     /// than COM_PING, a move's restore): it must be reset before another session may have it.
     pub(super) touched: bool,
+    /// The connection runs multi-statements (CLIENT_MULTI_STATEMENTS, or COM_SET_OPTION).
+    pub(super) multi_statements: bool,
 }
 
 /// What to do after a command.
@@ -86,6 +88,7 @@ impl<'a> Session<'a> {
             fit: l.fit,
             waker: None,
             touched: false,
+            multi_statements: l.backend_caps & cap::MULTI_STATEMENTS != 0,
         }
     }
 
@@ -311,6 +314,8 @@ impl<'a> Session<'a> {
         // The statement text is kept for COM_STMT_PREPARE (re-preparing elsewhere needs it).
         let preparing = (cmd == com::STMT_PREPARE).then(|| self.client.rbuf[HEADER + 1..body_end].to_vec());
         let init_db = (cmd == com::INIT_DB).then(|| String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into_owned());
+        // COM_SET_OPTION: 0 turns multi-statements on, 1 off.
+        let multi_option = (cmd == com::SET_OPTION).then(|| self.client.rbuf.get(HEADER + 1) == Some(&0));
         self.before_command(cmd, stmt_id);
         let started = mono_ns();
         let request_seq = self.forward_request().await?;
@@ -329,6 +334,9 @@ impl<'a> Session<'a> {
         let now = mono_ns();
         self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
         self.guard.activity.record(self.ctx.ms_at(now));
+        if let (Some(on), None) = (multi_option, error) {
+            self.multi_statements = on;
+        }
         if let (Some(db), None) = (init_db, error) {
             self.state.schema = Some(db);
         }
