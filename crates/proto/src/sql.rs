@@ -62,7 +62,7 @@ pub struct Kills {
 /// first is looked at. Cheap when there is nothing to find: a look at the first word, and with
 /// `multi` a vectorised search for `;`.
 pub fn find_kills(sql: &[u8], multi: bool) -> Option<Kills> {
-    if !may_lead(sql) && !(multi && memchr::memchr(b';', sql).is_some() && may_contain_kill(sql)) {
+    if !(may_lead(sql) || (multi && memchr::memchr(b';', sql).is_some() && may_contain_kill(sql))) {
         return None;
     }
     let mut kills = Kills::default();

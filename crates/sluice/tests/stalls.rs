@@ -38,7 +38,7 @@ fn stall_after(shim: &FaultProxy, pattern: &[u8]) {
 /// raw client's own 30 s read timeout is what a hang would show as.
 fn answered(r: &mut Raw, what: &str) {
     match r.read_packet() {
-        Ok((_, p)) => assert_eq!(p.get(0), Some(&0xff), "{what}: {}", String::from_utf8_lossy(&p)),
+        Ok((_, p)) => assert_eq!(p.as_slice().first(), Some(&0xff), "{what}: {}", String::from_utf8_lossy(&p)),
         Err(e) => assert!(!matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut), "{what}: sluice hung ({e})"),
     }
 }
@@ -104,7 +104,7 @@ fn a_silent_backend_after_com_reset_connection_does_not_hang_the_session() {
     // After the reset sluice asks the backend to track variables again; it never answers.
     stall_after(&shim, b"session_track_system_variables");
     let reset = r.command(&[com::RESET_CONNECTION]);
-    assert_eq!(reset[0].get(0), Some(&0), "the reset itself succeeded");
+    assert_eq!(reset[0].as_slice().first(), Some(&0), "the reset itself succeeded");
     r.write_packet(0, b"\x03SELECT 1").expect("send query");
     answered(&mut r, "query after the stalled set-up");
     assert_eq!(shim.fired(), 1);
