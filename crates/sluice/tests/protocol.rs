@@ -106,14 +106,6 @@ async fn procedures_with_cursors_return_their_results() {
     assert!(!mine["pins"].to_string().contains("cursor"), "{mine}");
 }
 
-/// Waits until `sql` runs on some backend thread.
-async fn wait_running(c: &mut Conn, sql: &str) {
-    let q = format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO = '{sql}'");
-    while c.query_first::<i64, _>(&q).await.unwrap() != Some(1) {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
-
 fn code_of(e: &mysql_async::Error) -> Option<u16> {
     match e {
         mysql_async::Error::Server(s) => Some(s.code),
@@ -126,12 +118,9 @@ async fn kill_among_other_statements_is_translated() {
     let s = shared_sluice();
     let mut killer = app(s).await;
     // KILL QUERY inside a multi-statement interrupts the victim's query, by its sluice id.
-    let mut victim = app(s).await;
+    let victim = app(s).await;
     let victim_id = victim.id();
-    let sleeper = tokio::spawn(async move {
-        let r = victim.query_drop("SELECT SLEEP(61)").await;
-        (r, victim)
-    });
+    let sleeper = run_in_background(victim, "SELECT SLEEP(61)");
     wait_running(&mut killer, "SELECT SLEEP(61)").await;
     let mut r = killer.query_iter(format!("KILL QUERY {victim_id}; SELECT 7")).await.unwrap();
     let _: Vec<Row> = r.collect().await.unwrap();

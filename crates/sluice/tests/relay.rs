@@ -284,13 +284,10 @@ async fn greeting_repeats_the_real_server_version() {
 #[tokio::test]
 async fn kill_query_from_a_second_connection() {
     let s = shared_sluice();
-    let mut victim = app(s).await;
+    let victim = app(s).await;
     let mut killer = app(s).await;
     let victim_id = victim.id();
-    let sleeper = tokio::spawn(async move {
-        let r = victim.query_drop("SELECT SLEEP(60)").await;
-        (r, victim)
-    });
+    let sleeper = run_in_background(victim, "SELECT SLEEP(60)");
     // Wait until the victim's query is running on its backend thread.
     let sessions = loop {
         let (_, body) = admin_get(s, "/sessions", None);
@@ -302,15 +299,8 @@ async fn kill_query_from_a_second_connection() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
     assert!(sessions.as_array().unwrap().iter().any(|x| x["id"] == victim_id));
-    // Give the query a moment to reach the server, then kill it by the id the client was given.
-    loop {
-        let n: Option<i64> =
-            killer.query_first("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO = 'SELECT SLEEP(60)'").await.unwrap();
-        if n == Some(1) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    // Wait for the query to reach the server, then kill it by the id the client was given.
+    wait_running(&mut killer, "SELECT SLEEP(60)").await;
     killer.query_drop(format!("KILL QUERY {victim_id}")).await.unwrap();
     let (r, mut victim) = sleeper.await.unwrap();
     let e = r.expect_err("the query was interrupted");

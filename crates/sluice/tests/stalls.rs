@@ -74,26 +74,25 @@ async fn a_login_cut_short_by_handshake_timeout_gives_its_user_slot_back() {
     assert!(e.to_string().contains("1203"), "{e}");
 }
 
-#[test]
-fn a_silent_backend_during_com_change_user_ends_the_session_passthrough() {
+/// A COM_CHANGE_USER whose backend side goes silent ends the session within `proxy`'s bound.
+fn silent_during_change_user(users: bool, proxy: &str, user: &str, password: &str) {
     let shim = FaultProxy::start(&shared_db().addr());
-    let s = start_sluice_config(&config(&shim.addr(), false, "handshake_timeout = \"1s\""));
-    let mut r = Raw::login(&s.listen, "app", "apppw", None);
+    let s = start_sluice_config(&config(&shim.addr(), users, proxy));
+    let mut r = Raw::login(&s.listen, user, password, None);
     stall_after(&shim, SWITCH_PLUGIN);
-    change_user(&mut r, "app", "apppw");
-    answered(&mut r, "passthrough COM_CHANGE_USER");
+    change_user(&mut r, user, password);
+    answered(&mut r, if users { "users-mode COM_CHANGE_USER" } else { "passthrough COM_CHANGE_USER" });
     assert_eq!(shim.fired(), 1);
 }
 
 #[test]
+fn a_silent_backend_during_com_change_user_ends_the_session_passthrough() {
+    silent_during_change_user(false, "handshake_timeout = \"1s\"", "app", "apppw");
+}
+
+#[test]
 fn a_silent_backend_during_com_change_user_ends_the_session_users_mode() {
-    let shim = FaultProxy::start(&shared_db().addr());
-    let s = start_sluice_config(&config(&shim.addr(), true, "connect_timeout = \"1s\""));
-    let mut r = Raw::login(&s.listen, "other", "otherpw", None);
-    stall_after(&shim, SWITCH_PLUGIN);
-    change_user(&mut r, "other", "otherpw");
-    answered(&mut r, "users-mode COM_CHANGE_USER");
-    assert_eq!(shim.fired(), 1);
+    silent_during_change_user(true, "connect_timeout = \"1s\"", "other", "otherpw");
 }
 
 #[test]

@@ -154,3 +154,19 @@ pub fn cli(port: u16, user: &str, pass: &str, extra: &[&str], sql: &str) -> Resu
         Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
     }
 }
+
+/// Waits until `sql` runs on some thread of the server `c` is connected to (through sluice or not).
+pub async fn wait_running(c: &mut Conn, sql: &str) {
+    let q = format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO = '{sql}'");
+    while c.query_first::<i64, _>(&q).await.expect("processlist") != Some(1) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs `sql` on `c` in a task, which gives back the result and the connection.
+pub fn run_in_background(mut c: Conn, sql: &'static str) -> tokio::task::JoinHandle<(mysql_async::Result<()>, Conn)> {
+    tokio::spawn(async move {
+        let r = c.query_drop(sql).await;
+        (r, c)
+    })
+}
