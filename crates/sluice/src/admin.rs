@@ -79,7 +79,10 @@ struct BackendView {
     consecutive_fail: u32,
     state_for_seconds: u64,
     server_version: Option<String>,
-    tls: bool,
+    /// TLS to this backend: "auto", "on" or "off".
+    tls: &'static str,
+    /// Whether the backend's last greeting offered TLS.
+    offers_tls: Option<bool>,
 }
 
 async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
@@ -89,6 +92,7 @@ async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
             .iter()
             .map(|b| {
                 let h = b.health.lock().clone();
+                let info = b.info.lock().clone();
                 BackendView {
                     name: b.name.clone(),
                     address: b.address.to_string(),
@@ -101,8 +105,9 @@ async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
                     consecutive_ok: h.consecutive_ok,
                     consecutive_fail: h.consecutive_fail,
                     state_for_seconds: h.since.elapsed().as_secs(),
-                    server_version: b.info.lock().as_ref().map(|i| String::from_utf8_lossy(&i.version).into_owned()),
-                    tls: b.tls.is_some(),
+                    server_version: info.as_ref().map(|i| String::from_utf8_lossy(&i.version).into_owned()),
+                    tls: b.tls.mode.as_str(),
+                    offers_tls: info.map(|i| i.capabilities & sluice_proto::consts::cap::SSL != 0),
                 }
             })
             .collect(),

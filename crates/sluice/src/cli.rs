@@ -68,7 +68,7 @@ impl Cli {
             cfg.backends = self
                 .backend
                 .iter()
-                .map(|a| BackendConfig { address: spanned(a), name: None, weight: 1, tls: false, tls_ca: None, tls_skip_verify: false })
+                .map(|a| BackendConfig { address: spanned(a), name: None, weight: 1, tls: None, tls_ca: None, tls_skip_verify: false })
                 .collect();
         }
         if let Some(w) = self.workers {

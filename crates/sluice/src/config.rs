@@ -22,8 +22,9 @@ pub struct Config {
     pub health: HealthConfig,
     #[serde(default)]
     pub admin: AdminConfig,
-    /// Certificate and key for TLS from clients.
-    pub tls: Option<TlsConfig>,
+    /// TLS for client connections: a generated self-signed certificate unless configured.
+    #[serde(default)]
+    pub tls: ClientTls,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -90,6 +91,8 @@ pub struct ProxyConfig {
     /// A pooled backend connection unused for this long is closed.
     #[serde(deserialize_with = "duration")]
     pub pool_idle_timeout: Duration,
+    /// TLS to backends unless a backend says otherwise (`backends.tls`).
+    pub backend_tls: BackendTls,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -127,6 +130,7 @@ impl Default for ProxyConfig {
             auth_plugin: AuthPlugin::MysqlNativePassword,
             pool_idle_max: 16,
             pool_idle_timeout: Duration::from_secs(60),
+            backend_tls: BackendTls::Auto,
         }
     }
 }
@@ -149,18 +153,73 @@ pub struct BackendConfig {
     pub name: Option<String>,
     #[serde(default = "one")]
     pub weight: u32,
-    /// Use TLS to this backend.
-    #[serde(default)]
-    pub tls: bool,
+    /// TLS to this backend: "auto", "on" or "off" (`true` and `false` mean "on" and "off");
+    /// unset: `proxy.backend_tls`.
+    #[serde(default, deserialize_with = "backend_tls")]
+    pub tls: Option<BackendTls>,
     /// CA bundle to verify the backend's certificate; the system roots are not used.
-    pub tls_ca: Option<PathBuf>,
-    /// Skip certificate verification (test setups only).
+    pub tls_ca: Option<Spanned<PathBuf>>,
+    /// Skip certificate verification when TLS is "on" without tls_ca.
     #[serde(default)]
     pub tls_skip_verify: bool,
 }
 
+impl BackendConfig {
+    /// The TLS mode in force for this backend.
+    pub fn tls_mode(&self, p: &ProxyConfig) -> BackendTls {
+        self.tls.unwrap_or(p.backend_tls)
+    }
+}
+
 fn one() -> u32 {
     1
+}
+
+/// When sluice's connection to a backend uses TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendTls {
+    /// When the client's connection to sluice is TLS and the backend offers TLS. The backend's
+    /// certificate is verified only against `tls_ca`, when one is configured.
+    #[default]
+    Auto,
+    /// Always; a backend that does not offer TLS cannot be used.
+    On,
+    /// Never.
+    Off,
+}
+
+impl BackendTls {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendTls::Auto => "auto",
+            BackendTls::On => "on",
+            BackendTls::Off => "off",
+        }
+    }
+}
+
+/// `backends.tls`: a mode, or a boolean as in earlier versions (`true` = "on", `false` = "off").
+fn backend_tls<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BackendTls>, D::Error> {
+    struct V;
+    impl serde::de::Visitor<'_> for V {
+        type Value = Option<BackendTls>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("\"auto\", \"on\", \"off\", true or false")
+        }
+        fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Self::Value, E> {
+            Ok(Some(if v { BackendTls::On } else { BackendTls::Off }))
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            match v {
+                "auto" => Ok(Some(BackendTls::Auto)),
+                "on" => Ok(Some(BackendTls::On)),
+                "off" => Ok(Some(BackendTls::Off)),
+                _ => Err(E::custom(format!("backends.tls: expected \"auto\", \"on\", \"off\", true or false, not {v:?}"))),
+            }
+        }
+    }
+    d.deserialize_any(V)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -206,11 +265,47 @@ pub struct AdminConfig {
     pub token: Option<String>,
 }
 
+/// TLS for client connections.
+#[derive(Debug, Clone, Default)]
+pub enum ClientTls {
+    /// `tls = "auto"` (the default): a self-signed certificate generated in memory at start and
+    /// replaced before it expires.
+    #[default]
+    SelfSigned,
+    /// `tls = "off"`: no TLS; clients that ask for it are refused.
+    Off,
+    /// A `[tls]` table: certificate and key files.
+    Files(TlsConfig),
+}
+
+impl<'de> Deserialize<'de> for ClientTls {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ClientTls;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"auto\", \"off\", or a [tls] table with cert and key")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ClientTls, E> {
+                match v {
+                    "auto" => Ok(ClientTls::SelfSigned),
+                    "off" => Ok(ClientTls::Off),
+                    _ => Err(E::custom(format!("tls: expected \"auto\", \"off\" or a [tls] table with cert and key, not {v:?}"))),
+                }
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ClientTls, A::Error> {
+                TlsConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(ClientTls::Files)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
-    pub cert: PathBuf,
-    pub key: PathBuf,
+    pub cert: Spanned<PathBuf>,
+    pub key: Spanned<PathBuf>,
 }
 
 /// The longest duration a setting takes: a year. Longer ones would overflow the clock
@@ -367,6 +462,11 @@ impl Config {
             if b.weight == 0 {
                 return Err(at(b.address.span(), "backends.weight must be at least 1".into()));
             }
+            self.validate_backend_tls(b, &at)?;
+        }
+        if let ClientTls::Files(t) = &self.tls {
+            crate::tls::load_certs(t.cert.get_ref()).map_err(|m| at(t.cert.span(), format!("tls.cert: {m}")))?;
+            crate::tls::load_key(t.key.get_ref()).map_err(|m| at(t.key.span(), format!("tls.key: {m}")))?;
         }
         if let Some(a) = &self.admin.listen {
             parse_address(a.get_ref()).map_err(|m| at(a.span(), format!("admin.listen: {m}")))?;
@@ -387,6 +487,26 @@ impl Config {
         }
         if self.health.user.is_some() != self.health.password.is_some() && self.health.password.is_some() {
             return Err(ConfigError { file: None, line: None, message: "health.password needs health.user".into() });
+        }
+        Ok(())
+    }
+
+    /// A backend's TLS settings: "on" needs something to verify the certificate with (or an
+    /// explicit `tls_skip_verify`), and a CA bundle must load.
+    fn validate_backend_tls(
+        &self,
+        b: &BackendConfig,
+        at: &impl Fn(std::ops::Range<usize>, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
+        let name = b.address.get_ref();
+        if let Some(ca) = &b.tls_ca {
+            if b.tls_skip_verify {
+                return Err(at(ca.span(), format!("backend {name}: set tls_ca or tls_skip_verify, not both")));
+            }
+            crate::tls::load_certs(ca.get_ref()).map_err(|m| at(ca.span(), format!("backends.tls_ca: {m}")))?;
+        } else if b.tls_mode(&self.proxy) == BackendTls::On && !b.tls_skip_verify {
+            let m = "TLS is \"on\" but nothing verifies the backend's certificate: set tls_ca (or tls_skip_verify = true)";
+            return Err(at(b.address.span(), format!("backend {name}: {m}")));
         }
         Ok(())
     }
@@ -433,6 +553,52 @@ mod tests {
             assert!(e.message.contains("too long"), "{key}: {}", e.message);
             assert!(e.message.starts_with(&format!("proxy.{key}: ")), "{key}: {e}");
         }
+    }
+
+    #[test]
+    fn client_tls_is_generated_unless_configured_or_off() {
+        assert!(matches!(Config::parse("").unwrap().tls, ClientTls::SelfSigned));
+        assert!(matches!(Config::parse("tls = \"auto\"\n").unwrap().tls, ClientTls::SelfSigned));
+        assert!(matches!(Config::parse("tls = \"off\"\n[proxy]\nworkers = 1\n").unwrap().tls, ClientTls::Off));
+        let e = Config::parse("\ntls = \"of\"\n").unwrap_err();
+        assert_eq!(e.line, Some(2));
+        assert!(e.message.contains("tls: expected"), "{}", e.message);
+        let e = Config::parse("[tls]\ncert = \"/nonexistent/cert.pem\"\nkey = \"/nonexistent/key.pem\"\n").unwrap_err();
+        assert_eq!(e.line, Some(2));
+        assert!(e.message.contains("tls.cert") && e.message.contains("/nonexistent/cert.pem"), "{}", e.message);
+        let e = Config::parse("[tls]\ncert = \"c\"\nkye = \"k\"\n").unwrap_err();
+        assert_eq!(e.line, Some(3));
+        assert!(e.message.contains("kye"), "{}", e.message);
+    }
+
+    #[test]
+    fn backend_tls_modes_and_their_checks() {
+        let backend = |extra: &str| format!("[[backends]]\naddress = \"127.0.0.1:3306\"\n{extra}");
+        let mode = |text: &str| {
+            let cfg = Config::parse(text).unwrap_or_else(|e| panic!("{e}"));
+            cfg.backends[0].tls_mode(&cfg.proxy)
+        };
+        assert_eq!(mode(&backend("")), BackendTls::Auto);
+        assert_eq!(mode(&backend("tls = false\n")), BackendTls::Off);
+        assert_eq!(mode(&backend("tls = true\ntls_skip_verify = true\n")), BackendTls::On);
+        assert_eq!(mode(&format!("[proxy]\nbackend_tls = \"off\"\n{}", backend(""))), BackendTls::Off);
+        assert_eq!(mode(&format!("[proxy]\nbackend_tls = \"off\"\n{}", backend("tls = \"auto\"\n"))), BackendTls::Auto);
+        // "on" verifies the certificate unless told not to.
+        let e = Config::parse(&backend("tls = true\n")).unwrap_err();
+        assert_eq!(e.line, Some(2));
+        assert!(e.message.contains("tls_ca"), "{}", e.message);
+        let e = Config::parse(&format!("[proxy]\nbackend_tls = \"on\"\n\n{}", backend(""))).unwrap_err();
+        assert_eq!(e.line, Some(5));
+        let e = Config::parse(&backend("tls = \"sometimes\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(3));
+        assert!(e.message.contains("backends.tls"), "{}", e.message);
+        let e = Config::parse(&backend("tls_ca = \"/nonexistent/ca.pem\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(3));
+        let e = Config::parse(&backend("tls_skip_verify = true\ntls_ca = \"/nonexistent/ca.pem\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(4));
+        assert!(e.message.contains("not both"), "{}", e.message);
+        let e = Config::parse("[proxy]\nbackend_tls = \"yes\"\n").unwrap_err();
+        assert_eq!(e.line, Some(2));
     }
 
     #[test]

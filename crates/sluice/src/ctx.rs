@@ -18,7 +18,9 @@ pub struct Ctx {
     pub metrics: Metrics,
     pub sessions: Registry,
     pub users: Users,
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// TLS for client connections (its configuration is swapped when a generated certificate
+    /// is renewed).
+    pub tls: crate::tls::ClientTls,
     /// For caching_sha2_password full authentication without TLS (users mode only).
     pub rsa: Option<crate::frontend::RsaKey>,
     /// Set when SIGTERM arrives: no new sessions, idle ones close, /health says draining.
@@ -51,10 +53,7 @@ impl Ctx {
             .enumerate()
             .map(|(i, b)| Backend::from_config(i, b, metrics.backends[i].clone(), &config.proxy))
             .collect::<Result<Vec<_>, _>>()?;
-        let tls = match &config.tls {
-            Some(t) => Some(crate::tls::server_config(&t.cert, &t.key)?),
-            None => None,
-        };
+        let tls = crate::tls::ClientTls::from_config(&config.tls, std::time::SystemTime::now())?;
         let rsa = if config.users.is_empty() { None } else { Some(crate::frontend::RsaKey::generate()?) };
         Ok(Arc::new(Ctx {
             rsa,

@@ -67,12 +67,15 @@ async fn check_loop(ctx: &Ctx, b: &Backend) {
 pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Credential)>) -> Result<(), String> {
     let work = async {
         let (conn, g) = bconn::open(b, cfg.timeout).await.map_err(|e| e.message)?;
+        // As for a TLS client's session: a backend with backend_tls "on" that does not offer
+        // TLS cannot serve anyone, and a monitor login is encrypted whenever sessions may be.
+        let tls = b.tls.decide(true, &g).map_err(|e| e.message)?;
         let Some((user, cred)) = monitor else {
             drop(conn);
             return Ok(());
         };
         let hr = HandshakeResponse {
-            capabilities: bconn::backend_capabilities(cap::SLUICE_SUPPORTED, &g, b.tls.is_some()) & !cap::CONNECT_WITH_DB,
+            capabilities: bconn::backend_capabilities(cap::SLUICE_SUPPORTED, &g, tls) & !cap::CONNECT_WITH_DB,
             max_packet: 1 << 24,
             collation: g.collation,
             user: user.as_bytes().to_vec(),

@@ -95,6 +95,7 @@ pub fn run(ctx: Arc<Ctx>) -> Result<(), String> {
         }
     }
 
+    ctx.tls.log_in_use("using a");
     let (stop_tx, stop_rx) = watch::channel(false);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     spawn_control(ctx.clone(), admin, stop_tx, done_tx)?;
@@ -264,6 +265,7 @@ fn spawn_control(
                 crate::health::run(ctx.clone()).await;
                 tokio::spawn(return_memory(ctx.clone()));
                 tokio::spawn(crate::deadline::sweep(ctx.clone()));
+                tokio::spawn(crate::tls::keep_renewed(ctx.clone()));
                 if let Some(l) = admin {
                     match tokio::net::TcpListener::from_std(l) {
                         Ok(l) => {

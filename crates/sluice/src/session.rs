@@ -236,7 +236,10 @@ pub struct SessionInfo {
     pub id: u32,
     pub client: String,
     pub listener: String,
+    /// The client's connection to sluice is TLS.
     pub tls: bool,
+    /// Sluice's connection to the backend is TLS.
+    pub backend_tls: bool,
     pub compressed: bool,
     pub connected_at_unix: u64,
     pub backend: Option<String>,
@@ -292,6 +295,7 @@ impl SessionHandle {
                 client,
                 listener,
                 tls: false,
+                backend_tls: false,
                 compressed: false,
                 connected_at_unix,
                 backend: None,

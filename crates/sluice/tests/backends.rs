@@ -24,8 +24,7 @@ async fn unix_socket_backend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_to_the_backend() {
-    let (cert, key) = self_signed_cert();
-    let db = MariaDb::start_with(&[format!("--ssl-cert={}", cert.display()), format!("--ssl-key={}", key.display())]);
+    let (db, cert) = start_tls_db();
     let cfg = format!(
         "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
          [[backends]]\naddress = \"{}\"\ntls = true\ntls_ca = \"{}\"\n",
@@ -35,9 +34,7 @@ async fn tls_to_the_backend() {
     for auth in ["", "[[users]]\nname = \"app\"\npassword = \"apppw\"\n"] {
         let s = start_sluice_config(&(cfg.clone() + auth));
         let mut c = app(&s).await;
-        let cipher: Option<(String, String)> = c.query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'").await.unwrap();
-        let cipher = cipher.unwrap().1;
-        assert!(!cipher.is_empty(), "the backend connection is encrypted ({auth:?})");
+        assert!(!ssl_cipher(&mut c).await.is_empty(), "the backend connection is encrypted ({auth:?})");
         c.disconnect().await.unwrap();
     }
 }

@@ -1,13 +1,16 @@
 //! The test suite of the Go MySQL driver (github.com/go-sql-driver/mysql, latest v1 release,
-//! fetched from the Go module proxy) run three times against one MariaDB server: directly,
-//! through sluice, and through sluice with client TLS. Per-test outcomes are compared.
+//! fetched from the Go module proxy) run three times against one MariaDB server with TLS:
+//! directly, through sluice, and through sluice with client TLS. Per-test outcomes are compared.
 //!
 //! The driver's suite covers compression by itself: every `runTests` case also runs on a
-//! `compress=true` connection (subtests named `.../compress`). For TLS, a small extra test file
-//! written into the copy of the suite appends `tls=skip-verify` to the suite's DSN, so that
-//! nearly every test logs in over TLS. Every test that passes directly must pass through sluice;
-//! since some of the driver's tests depend on timing, one that does not is run again (twice at
-//! most) before it counts as broken by sluice.
+//! `compress=true` connection (subtests named `.../compress`), and TLS in `TestTLS`, which runs
+//! in every run since both the server and sluice offer TLS. For the TLS run, a small extra test
+//! file written into the copy of the suite appends `tls=skip-verify` to the suite's DSN, so that
+//! nearly every test logs in over TLS; sluice has no TLS configuration (it presents its own
+//! self-signed certificate) and its backend leg follows the client's ("auto"), which the extra
+//! test checks: the whole path is encrypted. Every test that passes directly must pass through
+//! sluice; since some of the driver's tests depend on timing, one that does not is run again
+//! (twice at most) before it counts as broken by sluice.
 
 mod common;
 
@@ -28,11 +31,13 @@ const SKIP: &str = "^TestConnectorReturnsTimeout$";
 const DB_NAME: &str = "gotest";
 
 /// Appends `tls=skip-verify` to the suite's DSN when SLUICE_GO_TLS is set (the driver then
-/// refuses to go on without TLS), and a test showing that it did. File names are sorted when
-/// compiling, so this `init` runs after the one in driver_test.go that sets `dsn`.
+/// refuses to go on without TLS), and a test showing that it did and that the server's end of
+/// the path is encrypted too. File names are sorted when compiling, so this `init` runs after
+/// the one in driver_test.go that sets `dsn`.
 const TLS_HOOK: &str = r#"package mysql
 
 import (
+	"database/sql"
 	"os"
 	"testing"
 )
@@ -51,6 +56,19 @@ func TestSluiceTLSHook(t *testing.T) {
 	if cfg, err := ParseDSN(dsn); err != nil || cfg.TLSConfig != "skip-verify" {
 		t.Fatalf("DSN %q does not ask for TLS (%v)", dsn, err)
 	}
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var name, cipher string
+	if err := db.QueryRow("SHOW SESSION STATUS LIKE 'Ssl_cipher'").Scan(&name, &cipher); err != nil {
+		t.Fatal(err)
+	}
+	if cipher == "" {
+		t.Fatal("the server's connection is not encrypted")
+	}
+	t.Logf("Ssl_cipher: %s", cipher)
 }
 "#;
 
@@ -255,7 +273,7 @@ fn go_sql_driver_suite_directly_and_through_sluice() {
     let (src, version) = fetch_driver(&go_root);
     eprintln!("{MODULE} {version} in {}", src.display());
 
-    let db = MariaDb::start();
+    let (db, _) = start_tls_db();
     // TestConcurrent opens @@max_connections connections at once and accepts "Error 1040: Too
     // many connections" for those over the limit. The harness allows 4000, more than MariaDB's
     // listen backlog (connects would fail at random even directly), so the limit is lowered,
@@ -272,31 +290,23 @@ fn go_sql_driver_suite_directly_and_through_sluice() {
     assert!(passed.iter().any(|t| t.ends_with("/compress")), "no compressed-protocol subtest passed directly\n{why}");
     let mut problems = Vec::new();
 
-    // Plain sluice: everything that passes directly passes. (A test failing or skipped
-    // directly may do anything through sluice: that is not sluice's doing.)
+    // The suite's own DSN (no TLS asked; TestTLS asks for it): everything that passes directly
+    // passes. (A test failing or skipped directly may do anything through sluice: that is not
+    // sluice's doing.)
     let sluice = start_sluice(&[&db], &[]);
     let target = Target { label: "through sluice", addr: &sluice.listen, tls: false };
     let through = suite.run(&target, None);
     problems.extend(suite.lost_passes(&direct, &through, &target));
     drop(sluice);
 
-    // Sluice with client TLS (MariaDB has none in the harness): every test that passes
-    // directly must pass with TLS between the driver and sluice.
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()]).expect("self-signed certificate");
-    let (cert_path, key_path) = (suite.src.join("sluice-cert.pem"), suite.src.join("sluice-key.pem"));
-    std::fs::write(&cert_path, cert.cert.pem()).expect("write cert");
-    std::fs::write(&key_path, cert.signing_key.serialize_pem()).expect("write key");
-    let tls_sluice = start_sluice_config(&format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n{}\n[tls]\ncert = \"{}\"\nkey = \"{}\"\n",
-        backends_toml(&[&db]),
-        cert_path.display(),
-        key_path.display()
-    ));
+    // The driver over TLS to sluice, with sluice's own certificate (nothing configured), and
+    // sluice over TLS to the server: every test that passes directly must pass.
+    let tls_sluice = start_sluice(&[&db], &[]);
     let target = Target { label: "through sluice with TLS", addr: &tls_sluice.listen, tls: true };
     let tls = suite.run(&target, None);
     let hook = tls.outcome.get("TestSluiceTLSHook");
     let why = format!("{}\n{}", tls.explain(&BTreeSet::from(["TestSluiceTLSHook".to_string()])), tls.other);
-    assert_eq!(hook, Some(&Outcome::Pass), "the TLS run did not ask for TLS\n{why}");
+    assert_eq!(hook, Some(&Outcome::Pass), "the TLS run did not ask for TLS, or its server connection was plain\n{why}");
     problems.extend(suite.lost_passes(&direct, &tls, &target));
 
     let summaries = [&direct, &through, &tls].map(Run::summary).join("\n");

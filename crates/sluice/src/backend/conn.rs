@@ -58,19 +58,23 @@ pub async fn open(b: &Backend, timeout: Duration) -> Result<(PacketConn, Greetin
     res
 }
 
-/// Switches to TLS when the backend is configured for it. Returns the connection and the
-/// sequence id the handshake response must use.
-pub async fn maybe_tls(b: &Backend, conn: PacketConn, g: &Greeting, hr: &HandshakeResponse) -> Result<(PacketConn, u8)> {
-    let Some(tls) = &b.tls else { return Ok((conn, 1)) };
-    if g.capabilities & cap::SSL == 0 {
-        return Err(Error::connect("backend TLS is configured but the backend does not offer TLS"));
+/// Switches to TLS when the handshake response asks for it (CLIENT_SSL, set by
+/// [`backend_capabilities`] after [`super::BackendTls::decide`]): sends the SSL request and
+/// makes the TLS handshake. Returns the connection and the sequence id the handshake response
+/// must use.
+pub async fn maybe_tls(b: &Backend, conn: PacketConn, hr: &HandshakeResponse) -> Result<(PacketConn, u8)> {
+    if hr.capabilities & cap::SSL == 0 {
+        return Ok((conn, 1));
     }
+    let Some((config, server_name)) = b.tls.connector() else {
+        return Err(Error::connect("TLS to this backend is off"));
+    };
     let mut conn = conn;
     let mut req = Vec::with_capacity(32);
-    write_ssl_request(&mut req, hr.capabilities | cap::SSL, hr.mariadb_capabilities, hr.max_packet, hr.collation);
+    write_ssl_request(&mut req, hr.capabilities, hr.mariadb_capabilities, hr.max_packet, hr.collation);
     conn.write_packet(&req, 1).await.map_err(|e| Error::connect(format!("SSL request: {e}")))?;
-    let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
-    let s = connector.connect(tls.server_name.clone(), conn.stream).await.map_err(|e| Error::connect(format!("TLS handshake: {e}")))?;
+    let connector = tokio_rustls::TlsConnector::from(config.clone());
+    let s = connector.connect(server_name.clone(), conn.stream).await.map_err(|e| Error::connect(format!("TLS handshake: {e}")))?;
     Ok((PacketConn::new(Stream::Tls(Box::new(tokio_rustls::TlsStream::Client(s)))), 2))
 }
 
@@ -117,11 +121,11 @@ impl Credential {
 
 /// Logs in to a backend with credentials sluice holds (health checks, users mode), within the
 /// backend's exchange timeout. `hr` carries the user, schema, collation, attributes and
-/// capabilities.
+/// capabilities (CLIENT_SSL among them when the connection is to switch to TLS).
 pub async fn login(b: &Backend, conn: PacketConn, g: &Greeting, mut hr: HandshakeResponse, cred: &Credential) -> Result<PacketConn> {
     bounded(b.exchange_timeout, "login", async {
         let plugin = if g.auth_plugin.is_empty() { auth::NATIVE.to_vec() } else { g.auth_plugin.clone() };
-        let (mut conn, seq) = maybe_tls(b, conn, g, &hr).await?;
+        let (mut conn, seq) = maybe_tls(b, conn, &hr).await?;
         let tls = conn.stream.is_tls();
         hr.auth_response = cred.reply(&plugin, &g.scramble, tls)?;
         hr.auth_plugin = Some(plugin);

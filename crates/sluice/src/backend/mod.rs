@@ -41,7 +41,8 @@ pub struct Backend {
     pub name: String,
     pub address: Address,
     pub weight: u32,
-    pub tls: Option<BackendTls>,
+    /// When and how sluice's connections to this backend use TLS.
+    pub tls: BackendTls,
     /// Bound on each login exchange with the backend after connecting (`proxy.connect_timeout`):
     /// authentication, COM_CHANGE_USER, session set-up and restore.
     pub exchange_timeout: std::time::Duration,
@@ -60,7 +61,7 @@ pub struct Backend {
 impl Backend {
     pub fn from_config(index: usize, c: &BackendConfig, metrics: BackendMetrics, p: &ProxyConfig) -> Result<Backend, String> {
         let address = parse_address(c.address.get_ref())?;
-        let tls = if c.tls { Some(BackendTls::new(c, &address)?) } else { None };
+        let tls = BackendTls::new(c, c.tls_mode(p), &address)?;
         metrics.up.set(1);
         Ok(Backend {
             index,

@@ -1,8 +1,8 @@
 //! Idle backend connections kept for reuse. A session that ends cleanly leaves its backend
 //! connection here instead of closing it (reset first if the session ran anything); the next
-//! login to that backend from a client with the same capabilities takes it and changes its user
-//! with COM_CHANGE_USER, which resets every session state on the server (transactions,
-//! variables, temporary tables, locks, statements).
+//! login to that backend from a client with the same capabilities and the same need for TLS to
+//! the backend takes it and changes its user with COM_CHANGE_USER, which resets every session
+//! state on the server (transactions, variables, temporary tables, locks, statements).
 //! That saves the TCP connection, the greeting and the server's connection set-up. A full
 //! pool closes the connection idle longest to keep the newcomer, so that it follows the clients
 //! of the moment (a pool full of connections no current client fits would be useless until
@@ -40,6 +40,9 @@ pub struct Fit {
     pub client_caps: u32,
     /// MariaDB extended capabilities in force with the backend.
     pub mariadb_caps: u32,
+    /// The session wanted TLS to the backend ([`super::BackendTls::wanted`]): a TLS client's
+    /// connection does not go to a plain client, nor the reverse.
+    pub backend_tls: bool,
 }
 
 /// A backend connection that is logged in and idle.
@@ -130,9 +133,9 @@ mod tests {
 
     #[test]
     fn keeps_at_most_max_per_worker_and_takes_only_a_fitting_connection() {
-        let a = Fit { client_caps: 1, mariadb_caps: 0 };
-        let b = Fit { client_caps: 2, mariadb_caps: 0 };
-        let c = Fit { client_caps: 3, mariadb_caps: 0 };
+        let a = Fit { client_caps: 1, mariadb_caps: 0, backend_tls: false };
+        let b = Fit { client_caps: 2, mariadb_caps: 0, backend_tls: false };
+        let c = Fit { client_caps: 3, mariadb_caps: 0, backend_tls: false };
         let p = Pool::new(2, Duration::from_secs(60));
         let mut oldest = idle(c);
         oldest.since -= Duration::from_secs(1);
@@ -142,6 +145,7 @@ mod tests {
         assert_eq!(p.put(idle(b)).map(|e| e.fit), Some(c));
         assert_eq!(p.count(), 2);
         assert!(p.take(c).is_none());
+        assert!(p.take(Fit { backend_tls: true, ..a }).is_none(), "a plain client's connection is not a TLS client's");
         assert_eq!(p.take(a).map(|c| c.fit), Some(a));
         assert!(p.take(a).is_none(), "the other one has other capabilities");
         set_worker(7);
@@ -153,7 +157,7 @@ mod tests {
 
     #[test]
     fn idled_out_connections_are_not_taken_and_are_swept() {
-        let a = Fit { client_caps: 1, mariadb_caps: 0 };
+        let a = Fit { client_caps: 1, mariadb_caps: 0, backend_tls: false };
         let p = Pool::new(4, Duration::from_secs(60));
         let mut old = idle(a);
         old.since -= Duration::from_secs(61);

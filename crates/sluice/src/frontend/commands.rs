@@ -188,8 +188,10 @@ impl Session<'_> {
             return Ok(false);
         };
         let (conn, g) = bconn::open(&b, self.ctx.config.proxy.connect_timeout).await?;
+        // TLS as the session's own backend connection would have it (REQUIRE SSL users).
+        let tls = b.tls.decide(self.client.stream.is_tls(), &g)?;
         let hr = HandshakeResponse {
-            capabilities: bconn::backend_capabilities(cap::SLUICE_SUPPORTED, &g, b.tls.is_some()),
+            capabilities: bconn::backend_capabilities(cap::SLUICE_SUPPORTED, &g, tls),
             max_packet: 1 << 24,
             collation: self.state.collation,
             user: self.state.user.as_bytes().to_vec(),

@@ -100,11 +100,12 @@ pub(super) async fn open_any(ctx: &Ctx, tried: &mut Vec<(usize, Error)>) -> std:
     }
 }
 
-/// Like `open_any`, but takes a pooled connection of the chosen backend when one fits.
-async fn link_any(ctx: &Ctx, tried: &mut Vec<(usize, Error)>, fit: Fit) -> std::result::Result<Link, Refusal> {
+/// Like `open_any`, but takes a pooled connection of the chosen backend when one fits (made
+/// for a client whose connection is TLS as well, or plain as well, when that matters there).
+async fn link_any(ctx: &Ctx, tried: &mut Vec<(usize, Error)>, fit: Fit, client_tls: bool) -> std::result::Result<Link, Refusal> {
     loop {
         let b = pick(ctx, tried)?;
-        if let Some(idle) = b.reuse(fit) {
+        if let Some(idle) = b.reuse(Fit { backend_tls: b.tls.wanted(client_tls), ..fit }) {
             return Ok(Link::Reused(b, idle));
         }
         if let Some(o) = open_on(ctx, b, tried).await {
@@ -173,10 +174,10 @@ impl AuthIo for PacketConn {
 }
 
 /// Sluice's greeting, repeating the backend's real version and capabilities.
-fn greeting(ctx: &Ctx, info: &ServerInfo, id: u32, scramble: &[u8; 20], plugin: &[u8]) -> Greeting {
+fn greeting(tls: bool, info: &ServerInfo, id: u32, scramble: &[u8; 20], plugin: &[u8]) -> Greeting {
     let mut caps = cap::SLUICE_SUPPORTED & info.capabilities | cap::COMPRESS | cap::ZSTD_COMPRESSION;
     caps |= cap::PROTOCOL_41 | cap::SECURE_CONNECTION | cap::PLUGIN_AUTH;
-    if ctx.tls.is_some() {
+    if tls {
         caps |= cap::SSL;
     }
     Greeting {
@@ -228,7 +229,9 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
         AuthMode::Users => ctx.config.proxy.auth_plugin.name(),
         AuthMode::Passthrough => auth::NATIVE,
     };
-    let g = greeting(ctx, &info, handle.id, &scramble, plugin);
+    // Read once: a certificate renewed meanwhile is for the next connection.
+    let tls = ctx.tls.server_config();
+    let g = greeting(tls.is_some(), &info, handle.id, &scramble, plugin);
     let mut out = Vec::with_capacity(128);
     g.write(&mut out);
     client.write_packet(&out, 0).await.map_err(|e| Error::io(Side::Client, "sending greeting", e))?;
@@ -236,11 +239,11 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
     // With TLS configured this may be an SSL request, after which the TLS handshake must see
     // every byte: read exactly one packet. Without, one buffered read takes it all.
     let first =
-        if ctx.tls.is_some() { client.read_packet_exact(LOGIN_PACKET_LIMIT).await } else { client.read_packet(LOGIN_PACKET_LIMIT).await };
+        if tls.is_some() { client.read_packet_exact(LOGIN_PACKET_LIMIT).await } else { client.read_packet(LOGIN_PACKET_LIMIT).await };
     let (mut seq, mut payload) = first.map_err(|e| Error::io(Side::Client, "reading handshake response", e))?;
     if is_ssl_request(&payload) {
-        let Some(tls) = ctx.tls.clone() else {
-            return Err(Error::client("client asked for TLS, which is not configured").into());
+        let Some(tls) = tls else {
+            return Err(Error::client("client asked for TLS, which is off (tls = \"off\")").into());
         };
         let acceptor = tokio_rustls::TlsAcceptor::from(tls);
         let s = acceptor.accept(client.stream).await.map_err(|e| Error::client(format!("TLS handshake: {e}")))?;
@@ -267,12 +270,15 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
         ..Default::default()
     };
     // Whether a schema was named at login does not matter once logged in; COM_CHANGE_USER
-    // names the client's own.
+    // names the client's own. Whether TLS to the backend is wanted depends on the backend: it
+    // is set once one is chosen.
     let fit = Fit {
         client_caps: client_caps & !(cap::TRANSPORT | cap::CONNECT_WITH_DB),
         mariadb_caps: hr.mariadb_capabilities & g.mariadb_capabilities,
+        backend_tls: false,
     };
-    let mut attempt = Attempt { ctx, handle, hr: &hr, greeting: &g, client_caps, pre, tried, fit };
+    let client_tls = client.stream.is_tls();
+    let mut attempt = Attempt { ctx, handle, hr: &hr, greeting: &g, client_caps, client_tls, pre, tried, fit };
     let result = match listener.auth {
         AuthMode::Passthrough => {
             state.passthrough = true;
@@ -283,6 +289,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
     let profile = (listener.auth == AuthMode::Users).then(|| Box::new(HandshakeResponse { auth_response: Vec::new(), ..hr.clone() }));
     match result {
         Ok(b) => Ok(LoggedIn {
+            fit: Fit { backend_tls: b.guard.tls.wanted(client_tls), ..fit },
             client,
             backend: b.backend,
             guard: b.guard,
@@ -295,7 +302,6 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
             user_slot: b.user_slot,
             scramble,
             profile,
-            fit,
         }),
         Err((r, seq)) => {
             if let Some(seq) = seq {
@@ -344,6 +350,23 @@ async fn reuse_as(b: &Backend, idle: &mut Idle, hr: &HandshakeResponse, cred: &C
     bconn::answer_auth(b, &mut idle.conn, cred).await.map(|_| ())
 }
 
+/// Users mode on a new connection: logs in with the credentials sluice holds, over TLS when the
+/// backend's TLS mode says so. Returns the connection and the capabilities in force with it.
+async fn log_in_fresh(
+    b: &Backend,
+    conn: PacketConn,
+    g: &Greeting,
+    hr: &HandshakeResponse,
+    client_caps: u32,
+    client_tls: bool,
+    cred: &Credential,
+) -> Result<(PacketConn, u32)> {
+    let tls = b.tls.decide(client_tls, g)?;
+    let bhr = backend_response(hr, g, client_caps, tls);
+    let caps = bhr.capabilities;
+    Ok((bconn::login(b, conn, g, bhr, cred).await?, caps))
+}
+
 /// What both authentication modes work from.
 struct Attempt<'a> {
     ctx: &'a Ctx,
@@ -351,6 +374,8 @@ struct Attempt<'a> {
     hr: &'a HandshakeResponse,
     greeting: &'a Greeting,
     client_caps: u32,
+    /// The client's connection to sluice is TLS (backend TLS in "auto" mode follows it).
+    client_tls: bool,
     /// A backend connection opened before the greeting (no server version was known yet).
     pre: Option<Opened>,
     /// Backends that could not be reached, and why.
@@ -372,7 +397,7 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8)
     let (mut backend, b, thread_id, backend_caps, mariadb, mut first) = loop {
         let link = match a.pre.take() {
             Some(o) => Link::Fresh(o),
-            None => link_any(ctx, &mut a.tried, a.fit).await.map_err(|r| (r, Some(cseq)))?,
+            None => link_any(ctx, &mut a.tried, a.fit, a.client_tls).await.map_err(|r| (r, Some(cseq)))?,
         };
         match link {
             Link::Reused(b, mut idle) => match change_user(&mut idle, hr).await {
@@ -383,11 +408,16 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8)
                 Err(e) => tracing::debug!(backend = %b.name, error = %e, "pooled connection went stale; taking another"),
             },
             Link::Fresh(o) => {
-                let tls = o.backend.tls.is_some();
+                let tls = match o.backend.tls.decide(a.client_tls, &o.greeting) {
+                    Ok(tls) => tls,
+                    Err(e) => {
+                        a.tried.push((o.backend.index, e));
+                        continue;
+                    }
+                };
                 let mut bhr = backend_response(hr, &o.greeting, client_caps, tls);
                 bhr.auth_plugin = Some(PASSTHROUGH_PLUGIN.to_vec());
-                let (mut backend, bseq) =
-                    bconn::maybe_tls(&o.backend, o.conn, &o.greeting, &bhr).await.map_err(|e| (e.into(), Some(cseq)))?;
+                let (mut backend, bseq) = bconn::maybe_tls(&o.backend, o.conn, &bhr).await.map_err(|e| (e.into(), Some(cseq)))?;
                 let mut out = Vec::new();
                 bhr.write(&mut out);
                 backend.write_packet(&out, bseq).await.map_err(io_b)?;
@@ -483,7 +513,7 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
     let b = loop {
         let link = match pre.take() {
             Some(o) => Link::Fresh(o),
-            None => link_any(ctx, tried, a.fit).await.map_err(|r| (r, Some(cseq)))?,
+            None => link_any(ctx, tried, a.fit, a.client_tls).await.map_err(|r| (r, Some(cseq)))?,
         };
         let (mut conn, backend, backend_thread_id, backend_caps, mariadb) = match link {
             Link::Reused(b, mut idle) => match reuse_as(&b, &mut idle, hr, &credential).await {
@@ -497,16 +527,12 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
                     continue;
                 }
             },
-            Link::Fresh(o) => {
-                let tls = o.backend.tls.is_some();
-                let bhr = backend_response(hr, &o.greeting, client_caps, tls);
-                let backend_caps = bhr.capabilities;
-                match bconn::login(&o.backend, o.conn, &o.greeting, bhr, &credential).await {
-                    Ok(conn) => {
-                        (conn, o.backend, o.greeting.connection_id, backend_caps, o.greeting.capabilities & cap::LONG_PASSWORD == 0)
-                    }
+            Link::Fresh(Opened { backend, conn, greeting: g }) => {
+                let (thread_id, mariadb) = (g.connection_id, g.capabilities & cap::LONG_PASSWORD == 0);
+                match log_in_fresh(&backend, conn, &g, hr, client_caps, a.client_tls, &credential).await {
+                    Ok((conn, backend_caps)) => (conn, backend, thread_id, backend_caps, mariadb),
                     Err(e) if e.retry == crate::error::Retry::Safe => {
-                        tried.push((o.backend.index, e));
+                        tried.push((backend.index, e));
                         continue;
                     }
                     Err(e) => return Err((e.into(), Some(cseq))),

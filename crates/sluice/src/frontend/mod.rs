@@ -100,6 +100,7 @@ async fn start<'a>(ctx: &'a Ctx, stream: Stream, handle: &'a SessionHandle, list
     {
         let mut i = handle.info.lock();
         i.tls = tls || logged_in.client.stream.is_tls();
+        i.backend_tls = logged_in.backend.stream.is_tls();
         i.compressed = logged_in.compression.is_some();
     }
     tracing::debug!(session = id, client = %peer, user = %logged_in.state.user, backend = %logged_in.guard.name, "session started");

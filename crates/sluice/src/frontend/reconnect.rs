@@ -101,12 +101,21 @@ impl Session<'_> {
             let (Some(profile), Some(credential)) = (self.profile.as_ref(), self.credential.as_ref()) else {
                 return Err(Error::proxy(code::UNKNOWN_ERROR, "sluice holds no credentials for this session"));
             };
-            let tls = o.backend.tls.is_some();
+            let client_tls = self.client.stream.is_tls();
+            let tls = match o.backend.tls.decide(client_tls, &o.greeting) {
+                Ok(tls) => tls,
+                Err(e) => {
+                    tried.push((o.backend.index, e));
+                    continue;
+                }
+            };
             let mut bhr = backend_response(profile, &o.greeting, self.client_caps(), tls);
             bhr.database = self.state.schema.as_ref().map(|s| s.as_bytes().to_vec());
             bhr.capabilities |= if bhr.database.is_some() { cap::CONNECT_WITH_DB } else { 0 };
             let mariadb = o.greeting.capabilities & cap::LONG_PASSWORD == 0;
-            if (bhr.capabilities ^ self.backend_caps()) & !cap::CONNECT_WITH_DB != 0 || mariadb != self.mariadb {
+            // (Whether the new connection is TLS may differ: nothing after the login depends on
+            // it.)
+            if (bhr.capabilities ^ self.backend_caps()) & !(cap::CONNECT_WITH_DB | cap::SSL) != 0 || mariadb != self.mariadb {
                 tried.push((o.backend.index, Error::connect("its capabilities differ from the lost backend's")));
                 continue;
             }
@@ -129,6 +138,8 @@ impl Session<'_> {
                 self.state.stmt_ids_mapped = true;
                 self.state.next_stmt_id = self.state.next_stmt_id.max(max.wrapping_add(1)).max(1);
             }
+            self.handle.info.lock().backend_tls = conn.stream.is_tls();
+            self.fit.backend_tls = o.backend.tls.wanted(client_tls);
             self.backend = conn;
             self.touched = true;
             self.guard = o.backend.bind();

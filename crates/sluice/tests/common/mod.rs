@@ -48,6 +48,14 @@ pub fn backends_toml(dbs: &[&MariaDb]) -> String {
     dbs.iter().map(|d| format!("[[backends]]\naddress = \"{}\"\n", d.addr())).collect()
 }
 
+/// A configuration file: `root` keys first (such as `tls = "off"`), a listener on a free port,
+/// the admin API, `dbs` as backends each with the `backend` keys (such as `tls_ca = ...`), then
+/// `rest` (tables such as `[proxy]` or `[[users]]`).
+pub fn config_toml(root: &str, dbs: &[&MariaDb], backend: &str, rest: &str) -> String {
+    let backends: String = dbs.iter().map(|d| format!("[[backends]]\naddress = \"{}\"\n{backend}", d.addr())).collect();
+    format!("{root}[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{backends}{rest}")
+}
+
 pub fn opts(addr: &str, user: &str, pass: &str) -> OptsBuilder {
     let (host, port) = addr.rsplit_once(':').expect("host:port");
     OptsBuilder::default()
@@ -60,6 +68,18 @@ pub fn opts(addr: &str, user: &str, pass: &str) -> OptsBuilder {
 
 pub async fn connect(addr: &str, user: &str, pass: &str) -> Conn {
     Conn::new(Opts::from(opts(addr, user, pass))).await.unwrap_or_else(|e| panic!("connect {user}@{addr}: {e}"))
+}
+
+/// Options for a client that requires TLS (and accepts any certificate, as sluice's own is
+/// self-signed unless configured).
+pub fn tls_opts(addr: &str, user: &str, pass: &str) -> OptsBuilder {
+    opts(addr, user, pass).ssl_opts(mysql_async::SslOpts::default().with_danger_accept_invalid_certs(true))
+}
+
+/// `SHOW SESSION STATUS LIKE 'Ssl_cipher'` on a connection: empty when it is not encrypted.
+pub async fn ssl_cipher(c: &mut Conn) -> String {
+    let row: Option<(String, String)> = c.query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'").await.expect("Ssl_cipher");
+    row.expect("an Ssl_cipher row").1
 }
 
 pub async fn app(s: &SluiceProc) -> Conn {
@@ -137,6 +157,14 @@ pub fn self_signed_cert() -> (std::path::PathBuf, std::path::PathBuf) {
     std::fs::write(&cert, ck.cert.pem()).expect("write cert");
     std::fs::write(&key, ck.signing_key.serialize_pem()).expect("write key");
     (cert, key)
+}
+
+/// A MariaDB server with TLS (a self-signed certificate made here), and the certificate's path,
+/// which serves as the CA to verify it with.
+pub fn start_tls_db() -> (MariaDb, std::path::PathBuf) {
+    let (cert, key) = self_signed_cert();
+    let db = MariaDb::start_with(&[format!("--ssl-cert={}", cert.display()), format!("--ssl-key={}", key.display())]);
+    (db, cert)
 }
 
 /// Runs the `mariadb` command-line client; Ok(stdout) or Err(stderr).
