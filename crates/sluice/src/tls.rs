@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
@@ -16,7 +17,7 @@ use crate::config;
 
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let certs: Vec<_> = rustls_pemfile::certs(&mut &data[..]).collect::<Result<_, _>>().map_err(|e| format!("{}: {e}", path.display()))?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&data).collect::<Result<_, _>>().map_err(|e| format!("{}: {e}", path.display()))?;
     if certs.is_empty() {
         return Err(format!("{}: no certificate found", path.display()));
     }
@@ -25,9 +26,10 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
     let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    rustls_pemfile::private_key(&mut &data[..])
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .ok_or_else(|| format!("{}: no private key found", path.display()))
+    PrivateKeyDer::from_pem_slice(&data).map_err(|e| match e {
+        rustls::pki_types::pem::Error::NoItemsFound => format!("{}: no private key found", path.display()),
+        e => format!("{}: {e}", path.display()),
+    })
 }
 
 /// The server-side TLS configuration for a certificate chain and its key (TLS 1.2 and 1.3).
@@ -261,6 +263,23 @@ impl ServerCertVerifier for NoVerify {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pem_files() {
+        let dir = std::env::temp_dir().join(format!("sluice-pem-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let (cert, key, empty) = (dir.join("cert.pem"), dir.join("key.pem"), dir.join("empty.pem"));
+        std::fs::write(&cert, ck.cert.pem()).unwrap();
+        std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+        std::fs::write(&empty, "nothing here\n").unwrap();
+        assert_eq!(load_certs(&cert).unwrap().len(), 1);
+        assert!(load_key(&key).is_ok());
+        assert!(load_certs(&empty).unwrap_err().contains("no certificate found"));
+        assert!(load_key(&cert).unwrap_err().contains("no private key found"));
+        assert!(load_key(&dir.join("missing.pem")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// X.509 UTCTime (YYMMDDHHMMSSZ) of `t`, as certificates before 2050 carry it.
     fn utc_time(t: SystemTime) -> Vec<u8> {
