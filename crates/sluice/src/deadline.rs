@@ -14,19 +14,15 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 
-use crate::ctx::Ctx;
 use crate::net::Stream;
-use crate::session::{Registry, SessionHandle};
-
-/// What `SessionHandle::response_wait` holds when the session is not waiting.
-pub const NOT_WAITING: u32 = 0;
-/// What it holds once the sweep found the wait past the limit.
-pub const EXPIRED: u32 = u32::MAX;
+use crate::session::{EXPIRED, NOT_WAITING, Registry, SessionHandle};
 
 /// The coarse clock of the sweep: ticks since start, never `NOT_WAITING` nor `EXPIRED`.
 pub struct Clock {
     ticks: AtomicU32,
     pub tick: Duration,
+    /// The response timeout it measures (zero: none).
+    pub limit: Duration,
     /// Ticks a wait may last; one more than the limit's, since a wait starts mid-tick.
     max_age: u32,
 }
@@ -36,7 +32,7 @@ impl Clock {
         let tick = (limit / 8).clamp(Duration::from_millis(1), Duration::from_secs(1));
         let ticks = limit.as_nanos().div_ceil(tick.as_nanos().max(1));
         // (A limit beyond u32 ticks never expires.)
-        Clock { ticks: AtomicU32::new(1), tick, max_age: u32::try_from(ticks).unwrap_or(u32::MAX).saturating_add(1) }
+        Clock { ticks: AtomicU32::new(1), tick, limit, max_age: u32::try_from(ticks).unwrap_or(u32::MAX).saturating_add(1) }
     }
 
     pub fn now(&self) -> u32 {
@@ -58,15 +54,15 @@ impl Clock {
     }
 }
 
-/// Advances the clock every tick and expires the waits that ran past `response_timeout`.
-pub async fn sweep(ctx: std::sync::Arc<Ctx>) {
-    if ctx.config.proxy.response_timeout.is_zero() {
+/// Advances the clock every tick and expires the sessions' waits that ran past its limit.
+pub async fn sweep(clock: &Clock, sessions: &Registry) {
+    if clock.limit.is_zero() {
         return;
     }
     loop {
-        tokio::time::sleep(ctx.clock.tick).await;
-        let now = ctx.clock.advance();
-        expire(&ctx.clock, &ctx.sessions, now);
+        tokio::time::sleep(clock.tick).await;
+        let now = clock.advance();
+        expire(clock, sessions, now);
     }
 }
 
@@ -84,7 +80,7 @@ fn expire(clock: &Clock, sessions: &Registry, now: u32) {
 /// What a session's response reads need: its handle, where the sweep marks it, and the waker
 /// it last gave the handle.
 pub struct Watch<'a> {
-    pub ctx: &'a Ctx,
+    pub clock: &'a Clock,
     pub handle: &'a SessionHandle,
     pub waker: &'a mut Option<Waker>,
 }
@@ -94,7 +90,7 @@ impl Watch<'_> {
     /// come, or until the sweep finds that none came for `response_timeout` (an error of kind
     /// `TimedOut`).
     pub async fn read(&mut self, stream: &mut Stream, buf: &mut BytesMut) -> io::Result<usize> {
-        let limit = self.ctx.config.proxy.response_timeout;
+        let limit = self.clock.limit;
         if limit.is_zero() {
             return stream.read_into(buf).await;
         }
@@ -103,7 +99,7 @@ impl Watch<'_> {
             r => return r,
         }
         let h = self.handle;
-        h.response_wait.store(self.ctx.clock.now(), Ordering::Relaxed);
+        h.response_wait.store(self.clock.now(), Ordering::Relaxed);
         let waker = &mut *self.waker;
         let r = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = stream.poll_read_into(cx, buf) {

@@ -264,7 +264,8 @@ fn spawn_control(
             rt.block_on(async move {
                 crate::health::run(ctx.clone()).await;
                 tokio::spawn(return_memory(ctx.clone()));
-                tokio::spawn(crate::deadline::sweep(ctx.clone()));
+                let c = ctx.clone();
+                tokio::spawn(async move { crate::deadline::sweep(&c.clock, &c.sessions).await });
                 tokio::spawn(crate::tls::keep_renewed(ctx.clone()));
                 if let Some(l) = admin {
                     match tokio::net::TcpListener::from_std(l) {

@@ -251,6 +251,11 @@ pub struct SessionInfo {
     pub busy: bool,
 }
 
+/// What [`SessionHandle::response_wait`] holds when the session is not waiting for a backend.
+pub const NOT_WAITING: u32 = 0;
+/// What it holds once the response-timeout sweep (`deadline`) found the wait past the limit.
+pub const EXPIRED: u32 = u32::MAX;
+
 /// The shared face of a session: what other tasks may see or ask of it.
 pub struct SessionHandle {
     pub id: u32,
@@ -269,7 +274,7 @@ pub struct SessionHandle {
     /// `info` so that publishing it costs one store).
     pub status: AtomicU16,
     /// The tick (`ctx.clock`) at which the session began to wait for its backend's response,
-    /// `deadline::NOT_WAITING` when it is not waiting, or `deadline::EXPIRED` once the sweep
+    /// [`NOT_WAITING`] when it is not waiting, or [`EXPIRED`] once the sweep
     /// found that wait past `response_timeout`.
     pub response_wait: AtomicU32,
     pub info: Mutex<SessionInfo>,
@@ -289,7 +294,7 @@ impl SessionHandle {
             backend_index: AtomicU32::new(u32::MAX),
             backend_thread_id: AtomicU32::new(0),
             status: AtomicU16::new(status::AUTOCOMMIT),
-            response_wait: AtomicU32::new(crate::deadline::NOT_WAITING),
+            response_wait: AtomicU32::new(NOT_WAITING),
             info: Mutex::new(SessionInfo {
                 id,
                 client,

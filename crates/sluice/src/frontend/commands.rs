@@ -139,8 +139,9 @@ impl Session<'_> {
         self.backend.stream.write_within(limit, &pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
         let mut sink =
             StateSink { state: &mut self.state, preparing: None, executing: None, error: None, changed: false, patch_stmt_id: None };
-        let watch = crate::deadline::Watch { ctx: self.ctx, handle: self.handle, waker: &mut self.waker };
-        relay_response(&mut self.tracker, Expect::Results, 0, &mut self.backend, &mut self.client, &mut sink, watch).await?;
+        let watch = crate::deadline::Watch { clock: &self.ctx.clock, handle: self.handle, waker: &mut self.waker };
+        self.tracker.start(Expect::Results, 0);
+        relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, self.ctx, watch).await?;
         let changed = sink.changed;
         let ok = sink.error.is_none();
         if changed {

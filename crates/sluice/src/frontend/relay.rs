@@ -328,8 +328,9 @@ impl<'a> Session<'a> {
             changed: false,
             patch_stmt_id: None,
         };
-        let watch = Watch { ctx: self.ctx, handle: self.handle, waker: &mut self.waker };
-        relay_response(&mut self.tracker, expect, request_seq, &mut self.backend, &mut self.client, &mut sink, watch).await?;
+        let watch = Watch { clock: &self.ctx.clock, handle: self.handle, waker: &mut self.waker };
+        self.tracker.start(expect, request_seq);
+        relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, self.ctx, watch).await?;
         let (error, changed) = (sink.error, sink.changed);
         let now = mono_ns();
         self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
@@ -452,18 +453,16 @@ impl<'a> Session<'a> {
     }
 }
 
-/// Follows the backend's response to one command and writes it to the client as it arrives.
+/// Follows the backend's response to one command (the tracker started for it) and writes it to
+/// the client as it arrives.
 pub(super) async fn relay_response(
     tracker: &mut ResponseTracker,
-    expect: Expect,
-    request_seq: u8,
     backend: &mut PacketConn,
     client: &mut ClientConn,
     sink: &mut StateSink<'_>,
+    ctx: &Ctx,
     mut watch: Watch<'_>,
 ) -> Result<()> {
-    let ctx = watch.ctx;
-    tracker.start(expect, request_seq);
     // Whether the last read filled the buffer: the response is large, read it in large pieces.
     let mut filled = false;
     loop {
