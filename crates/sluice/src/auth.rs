@@ -1,10 +1,13 @@
-//! Users mode: sluice checks client passwords against `[[users]]` and keeps what it needs to log
-//! in to backends as the same user. Secrets are never logged (`Debug` is redacted).
+//! Users mode: sluice checks client passwords against `[[users]]` (with an RSA key for
+//! caching_sha2 full authentication without TLS) and keeps what it needs to log in to backends
+//! as the same user. Secrets are never logged (`Debug` is redacted).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use aws_lc_rs::encoding::AsDer;
+use aws_lc_rs::rsa::{KeySize, OAEP_SHA1_MGF1SHA1, OaepPrivateDecryptingKey, PrivateDecryptingKey};
 use parking_lot::Mutex;
 use sluice_proto::auth;
 
@@ -169,6 +172,42 @@ impl Users {
 /// A user that does not exist: checked like a real one so that timing does not tell.
 pub fn phantom_check(scramble: &[u8], reply: &[u8]) {
     let _ = auth::verify_native(scramble, reply, &[0x5a; 20]);
+}
+
+/// The RSA key pair for caching_sha2_password full authentication without TLS.
+pub struct RsaKey {
+    key: OaepPrivateDecryptingKey,
+    /// The public key as PEM, as clients expect it.
+    pub(crate) pem: Vec<u8>,
+}
+
+impl RsaKey {
+    pub fn generate() -> Result<RsaKey, String> {
+        let private = PrivateDecryptingKey::generate(KeySize::Rsa2048).map_err(|_| "RSA key generation failed")?;
+        let der = private.public_key().as_der().map_err(|_| "RSA public key encoding failed")?;
+        let pem = pem("PUBLIC KEY", der.as_ref());
+        let key = OaepPrivateDecryptingKey::new(private).map_err(|_| "RSA key rejected")?;
+        Ok(RsaKey { key, pem })
+    }
+
+    pub(crate) fn decrypt(&self, ciphertext: &[u8]) -> Option<Vec<u8>> {
+        let mut out = vec![0u8; self.key.min_output_size()];
+        let n = self.key.decrypt(&OAEP_SHA1_MGF1SHA1, ciphertext, &mut out, None).ok()?.len();
+        out.truncate(n);
+        Some(out)
+    }
+}
+
+fn pem(label: &str, der: &[u8]) -> Vec<u8> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out.into_bytes()
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ pub struct Ctx {
     /// is renewed).
     pub tls: crate::tls::ClientTls,
     /// For caching_sha2_password full authentication without TLS (users mode only).
-    pub rsa: Option<crate::frontend::RsaKey>,
+    pub rsa: Option<crate::auth::RsaKey>,
     /// Set when SIGTERM arrives: no new sessions, idle ones close, /health says draining.
     pub draining: AtomicBool,
     /// Client connections open now (for max_connections).
@@ -54,7 +54,7 @@ impl Ctx {
             .map(|(i, b)| Backend::from_config(i, b, metrics.backends[i].clone(), &config.proxy))
             .collect::<Result<Vec<_>, _>>()?;
         let tls = crate::tls::ClientTls::from_config(&config.tls, std::time::SystemTime::now())?;
-        let rsa = if config.users.is_empty() { None } else { Some(crate::frontend::RsaKey::generate()?) };
+        let rsa = if config.users.is_empty() { None } else { Some(crate::auth::RsaKey::generate()?) };
         Ok(Arc::new(Ctx {
             rsa,
             users: Users::from_config(&config.users, config.proxy.max_connections_per_user),

@@ -7,8 +7,6 @@ mod reconnect;
 mod relay;
 mod verify;
 
-pub use verify::RsaKey;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 

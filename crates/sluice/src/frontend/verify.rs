@@ -6,12 +6,10 @@
 use std::future::Future;
 use std::io;
 
-use aws_lc_rs::encoding::AsDer;
-use aws_lc_rs::rsa::{KeySize, OAEP_SHA1_MGF1SHA1, OaepPrivateDecryptingKey, PrivateDecryptingKey};
 use sluice_proto::auth;
 use sluice_proto::handshake::write_auth_switch;
 
-use crate::auth::{Check, User, Users};
+use crate::auth::{Check, RsaKey, User, Users};
 
 /// Packet I/O with the client during an authentication exchange.
 pub(super) trait AuthIo {
@@ -19,42 +17,6 @@ pub(super) trait AuthIo {
     fn recv(&mut self) -> impl Future<Output = io::Result<(u8, Vec<u8>)>>;
     /// Whether a clear password may cross this connection (TLS or a Unix socket).
     fn secure(&self) -> bool;
-}
-
-/// The RSA key pair for caching_sha2_password full authentication without TLS.
-pub struct RsaKey {
-    key: OaepPrivateDecryptingKey,
-    /// The public key as PEM, as clients expect it.
-    pem: Vec<u8>,
-}
-
-impl RsaKey {
-    pub fn generate() -> Result<RsaKey, String> {
-        let private = PrivateDecryptingKey::generate(KeySize::Rsa2048).map_err(|_| "RSA key generation failed")?;
-        let der = private.public_key().as_der().map_err(|_| "RSA public key encoding failed")?;
-        let pem = pem("PUBLIC KEY", der.as_ref());
-        let key = OaepPrivateDecryptingKey::new(private).map_err(|_| "RSA key rejected")?;
-        Ok(RsaKey { key, pem })
-    }
-
-    fn decrypt(&self, ciphertext: &[u8]) -> Option<Vec<u8>> {
-        let mut out = vec![0u8; self.key.min_output_size()];
-        let n = self.key.decrypt(&OAEP_SHA1_MGF1SHA1, ciphertext, &mut out, None).ok()?.len();
-        out.truncate(n);
-        Some(out)
-    }
-}
-
-fn pem(label: &str, der: &[u8]) -> Vec<u8> {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(line).unwrap_or_default());
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out.into_bytes()
 }
 
 /// The outcome of a client's authentication.
