@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::auth::Users;
+use crate::backend::balance::Balancer;
 use crate::backend::{Backend, Backends};
-use crate::balance::Balancer;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::session::Registry;
@@ -29,18 +29,6 @@ pub struct Ctx {
     pub connections: AtomicUsize,
     /// The coarse clock of the response-timeout sweep.
     pub clock: crate::deadline::Clock,
-    /// `mono_ns()` when this context was created.
-    origin_ns: u64,
-}
-
-/// Nanoseconds of the monotonic clock (from an arbitrary origin). The relay reads it twice per
-/// command; it is one vDSO call and integer arithmetic, where `Instant` adds checked
-/// `timespec` conversions on each read and subtraction.
-pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
 impl Ctx {
@@ -66,19 +54,8 @@ impl Ctx {
             draining: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
             clock: crate::deadline::Clock::new(config.proxy.response_timeout),
-            origin_ns: mono_ns(),
             config,
         }))
-    }
-
-    /// Milliseconds since this context was created (a cheap monotonic clock for bookkeeping).
-    pub fn clock_ms(&self) -> u64 {
-        self.ms_at(mono_ns())
-    }
-
-    /// [`Ctx::clock_ms`] at a time read earlier with [`mono_ns`].
-    pub fn ms_at(&self, t_ns: u64) -> u64 {
-        t_ns.saturating_sub(self.origin_ns) / 1_000_000
     }
 
     pub fn is_draining(&self) -> bool {

@@ -4,14 +4,12 @@
 pub mod admin;
 pub mod auth;
 pub mod backend;
-pub mod balance;
 pub mod cli;
 pub mod config;
 pub mod ctx;
 pub mod deadline;
 pub mod error;
 pub mod frontend;
-pub mod health;
 pub mod metrics;
 pub mod net;
 pub mod runtime;

@@ -262,7 +262,7 @@ fn spawn_control(
         .name("sluice-control".into())
         .spawn(move || {
             rt.block_on(async move {
-                crate::health::run(ctx.clone()).await;
+                crate::backend::health::spawn(&ctx.backends.list, &ctx.config.health);
                 tokio::spawn(return_memory(ctx.clone()));
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::deadline::sweep(&c.clock, &c.sessions).await });

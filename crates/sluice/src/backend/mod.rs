@@ -1,11 +1,13 @@
 //! Backends: their addresses, health state and load, and connecting to them.
 
+pub mod balance;
 pub mod conn;
+pub mod health;
 pub mod pool;
 mod tls;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -36,6 +38,27 @@ pub struct HealthState {
     pub last_check: Option<Instant>,
 }
 
+/// When a backend last served traffic successfully (passive health): milliseconds of the
+/// monotonic clock ([`crate::metrics::mono_ns`] / 10^6).
+#[derive(Default)]
+pub struct Activity {
+    last_ok_ms: AtomicU64,
+}
+
+impl Activity {
+    /// Records success at `now_ms` (cheap: stores only when the stored value is stale).
+    #[inline]
+    pub fn record(&self, now_ms: u64) {
+        if now_ms.saturating_sub(self.last_ok_ms.load(Ordering::Relaxed)) > 100 {
+            self.last_ok_ms.store(now_ms, Ordering::Relaxed);
+        }
+    }
+
+    pub fn since_ms(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.last_ok_ms.load(Ordering::Relaxed))
+    }
+}
+
 pub struct Backend {
     pub index: usize,
     pub name: String,
@@ -51,7 +74,7 @@ pub struct Backend {
     pub sessions: AtomicUsize,
     pub metrics: BackendMetrics,
     /// When the backend last served traffic (passive health).
-    pub activity: crate::health::Activity,
+    pub activity: Activity,
     pub health: Mutex<HealthState>,
     pub info: Mutex<Option<ServerInfo>>,
     /// Idle logged-in connections kept for reuse.

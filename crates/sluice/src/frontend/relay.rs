@@ -14,9 +14,10 @@ use super::client::ClientConn;
 use super::login::LoggedIn;
 use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
-use crate::ctx::{Ctx, mono_ns};
+use crate::ctx::Ctx;
 use crate::deadline::Watch;
 use crate::error::{Error, Result, Side};
+use crate::metrics::mono_ns;
 use crate::net::{BUF_SIZE, LARGE_BUF_SIZE, PacketConn, buffers};
 use crate::session::{SessionHandle, SessionState, StateSink};
 
@@ -334,7 +335,7 @@ impl<'a> Session<'a> {
         let (error, changed) = (sink.error, sink.changed);
         let now = mono_ns();
         self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
-        self.guard.activity.record(self.ctx.ms_at(now));
+        self.guard.activity.record(now / 1_000_000);
         if let (Some(on), None) = (multi_option, error) {
             self.multi_statements = on;
         }

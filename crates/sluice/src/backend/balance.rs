@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::backend::{Backend, Backends};
+use super::{Backend, Backends};
 use crate::config::Policy;
 
 /// Balancer state shared by all workers.

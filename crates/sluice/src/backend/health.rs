@@ -7,47 +7,24 @@
 //! healthy without being probed at all (passive check), and only idle backends are probed.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice_proto::consts::{cap, com};
 use sluice_proto::handshake::HandshakeResponse;
 
-use crate::backend::Backend;
-use crate::backend::conn::{self as bconn, Credential};
+use super::Backend;
+use super::conn::{self as bconn, Credential};
 use crate::config::HealthConfig;
-use crate::ctx::Ctx;
 
-/// Milliseconds since an arbitrary origin at which a backend last served traffic successfully.
-#[derive(Default)]
-pub struct Activity {
-    last_ok_ms: AtomicU64,
-}
-
-impl Activity {
-    /// Records success at `now_ms` (cheap: stores only when the stored value is stale).
-    #[inline]
-    pub fn record(&self, now_ms: u64) {
-        if now_ms.saturating_sub(self.last_ok_ms.load(Ordering::Relaxed)) > 100 {
-            self.last_ok_ms.store(now_ms, Ordering::Relaxed);
-        }
-    }
-
-    pub fn since_ms(&self, now_ms: u64) -> u64 {
-        now_ms.saturating_sub(self.last_ok_ms.load(Ordering::Relaxed))
+/// Starts the checks of every backend (tasks that run until the process ends).
+pub fn spawn(backends: &[Arc<Backend>], cfg: &HealthConfig) {
+    for b in backends {
+        let (b, cfg) = (b.clone(), cfg.clone());
+        tokio::spawn(async move { check_loop(&b, &cfg).await });
     }
 }
 
-/// Runs the checks of every backend until the process ends.
-pub async fn run(ctx: Arc<Ctx>) {
-    for b in ctx.backends.list.clone() {
-        let ctx = ctx.clone();
-        tokio::spawn(async move { check_loop(&ctx, &b).await });
-    }
-}
-
-async fn check_loop(ctx: &Ctx, b: &Backend) {
-    let cfg = &ctx.config.health;
+async fn check_loop(b: &Backend, cfg: &HealthConfig) {
     let monitor = match (&cfg.user, &cfg.password) {
         (Some(u), p) => Some((u.clone(), Credential::Password(p.clone().unwrap_or_default().into_bytes()))),
         _ => None,
@@ -56,7 +33,7 @@ async fn check_loop(ctx: &Ctx, b: &Backend) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        let now = ctx.clock_ms();
+        let now = crate::metrics::mono_ns() / 1_000_000;
         let passive = b.is_up() && monitor.is_none() && b.activity.since_ms(now) < cfg.interval.as_millis() as u64;
         let result = if passive { Ok(()) } else { probe(b, cfg, monitor.as_ref()).await };
         apply(b, cfg, result);
