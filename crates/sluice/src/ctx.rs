@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::auth::Users;
-use crate::backend::balance::Balancer;
 use crate::backend::{Backend, Backends};
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -14,7 +13,6 @@ use crate::session::Registry;
 pub struct Ctx {
     pub config: Config,
     pub backends: Backends,
-    pub balancer: Balancer,
     pub metrics: Metrics,
     pub sessions: Registry,
     pub users: Users,
@@ -46,8 +44,7 @@ impl Ctx {
         Ok(Arc::new(Ctx {
             rsa,
             users: Users::from_config(&config.users, config.proxy.max_connections_per_user),
-            balancer: Balancer::new(config.proxy.balance),
-            backends: Backends::new(list),
+            backends: Backends::new(list, config.proxy.balance),
             metrics,
             sessions: Registry::default(),
             tls,

@@ -96,6 +96,7 @@ mod tests {
         let m = crate::metrics::Metrics::new(&names);
         Backends::new(
             cfg.backends.iter().enumerate().map(|(i, b)| Backend::from_config(i, b, m.backends[i].clone(), &cfg.proxy).unwrap()).collect(),
+            cfg.proxy.balance,
         )
     }
 

@@ -123,7 +123,7 @@ impl Credential {
 /// backend's exchange timeout. `hr` carries the user, schema, collation, attributes and
 /// capabilities (CLIENT_SSL among them when the connection is to switch to TLS).
 pub async fn login(b: &Backend, conn: PacketConn, g: &Greeting, mut hr: HandshakeResponse, cred: &Credential) -> Result<PacketConn> {
-    bounded(b.exchange_timeout, "login", async {
+    bounded(b.connect_timeout, "login", async {
         let plugin = if g.auth_plugin.is_empty() { auth::NATIVE.to_vec() } else { g.auth_plugin.clone() };
         let (mut conn, seq) = maybe_tls(b, conn, &hr).await?;
         let tls = conn.stream.is_tls();
@@ -154,7 +154,7 @@ pub async fn bounded<T>(limit: Duration, what: &str, f: impl Future<Output = Res
 /// requests) with `cred` until it says OK (returned) or ERR (an error with its code), within
 /// the backend's exchange timeout.
 pub async fn answer_auth(b: &Backend, conn: &mut PacketConn, cred: &Credential) -> Result<Vec<u8>> {
-    bounded(b.exchange_timeout, "login", auth_exchange(b, conn, cred)).await
+    bounded(b.connect_timeout, "login", auth_exchange(b, conn, cred)).await
 }
 
 async fn auth_exchange(b: &Backend, conn: &mut PacketConn, cred: &Credential) -> Result<Vec<u8>> {

@@ -3,6 +3,7 @@
 pub mod balance;
 pub mod conn;
 pub mod health;
+pub mod link;
 pub mod pool;
 mod tls;
 
@@ -66,9 +67,9 @@ pub struct Backend {
     pub weight: u32,
     /// When and how sluice's connections to this backend use TLS.
     pub tls: BackendTls,
-    /// Bound on each login exchange with the backend after connecting (`proxy.connect_timeout`):
-    /// authentication, COM_CHANGE_USER, session set-up and restore.
-    pub exchange_timeout: std::time::Duration,
+    /// Bound on connecting (TCP and greeting) and on each login exchange after it
+    /// (`proxy.connect_timeout`): authentication, COM_CHANGE_USER, session set-up and restore.
+    pub connect_timeout: std::time::Duration,
     up: AtomicBool,
     /// Client sessions currently bound to this backend.
     pub sessions: AtomicUsize,
@@ -92,7 +93,7 @@ impl Backend {
             address,
             weight: c.weight.max(1),
             tls,
-            exchange_timeout: p.connect_timeout,
+            connect_timeout: p.connect_timeout,
             up: AtomicBool::new(true),
             sessions: AtomicUsize::new(0),
             metrics,
@@ -200,11 +201,13 @@ impl std::ops::Deref for BackendGuard {
 /// All configured backends.
 pub struct Backends {
     pub list: Vec<Arc<Backend>>,
+    /// Chooses among them for each new session.
+    pub balancer: balance::Balancer,
 }
 
 impl Backends {
-    pub fn new(list: Vec<Backend>) -> Backends {
-        Backends { list: list.into_iter().map(Arc::new).collect() }
+    pub fn new(list: Vec<Backend>, policy: crate::config::Policy) -> Backends {
+        Backends { list: list.into_iter().map(Arc::new).collect(), balancer: balance::Balancer::new(policy) }
     }
 
     /// The server facts sluice's own greeting repeats: those of an up backend if one has been

@@ -188,7 +188,7 @@ impl Session<'_> {
             self.client_error(1, 1095, b"HY000", &msg).await;
             return Ok(false);
         };
-        let (conn, g) = bconn::open(&b, self.ctx.config.proxy.connect_timeout).await?;
+        let (conn, g) = bconn::open(&b, b.connect_timeout).await?;
         // TLS as the session's own backend connection would have it (REQUIRE SSL users).
         let tls = b.tls.decide(self.client.stream.is_tls(), &g)?;
         let hr = HandshakeResponse {
@@ -199,7 +199,7 @@ impl Session<'_> {
             ..Default::default()
         };
         let mut conn = bconn::login(&b, conn, &g, hr, &cred).await?;
-        let reply = bconn::bounded(b.exchange_timeout, "KILL", async {
+        let reply = bconn::bounded(b.connect_timeout, "KILL", async {
             conn.write_packet(query, 0).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
             conn.read_packet(1 << 16).await.map_err(|e| Error::io(Side::Backend, "reading KILL result", e))
         })

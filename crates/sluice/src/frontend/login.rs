@@ -1,8 +1,6 @@
 //! The connection phase: sluice's greeting, the client's handshake response (with the switch to
 //! TLS), authentication in passthrough or users mode, and the backend connection it ends with.
 
-use std::sync::Arc;
-
 use sluice_proto::auth;
 use sluice_proto::consts::{cap, err as code, mariadb_cap, status};
 use sluice_proto::handshake::{Greeting, HandshakeResponse, is_ssl_request};
@@ -11,6 +9,7 @@ use super::Listener;
 use super::verify::{AuthIo, Verdict, verify};
 use crate::auth::UserSlot;
 use crate::backend::conn::{self as bconn, Credential};
+use crate::backend::link::{self, Link, Opened, backend_response};
 use crate::backend::pool::{Fit, Idle};
 use crate::backend::{Backend, BackendGuard, ServerInfo};
 use crate::config::AuthMode;
@@ -77,70 +76,9 @@ fn refuse(reject: Reject, error: Error) -> Refusal {
     Refusal { error, reject: Some(reject) }
 }
 
-/// A backend connection, opened and greeted, before login.
-pub(super) struct Opened {
-    pub(super) backend: Arc<Backend>,
-    pub(super) conn: PacketConn,
-    pub(super) greeting: Greeting,
-}
-
-/// Where a login goes on: a new connection, or a pooled one that is already logged in.
-pub(super) enum Link {
-    Fresh(Opened),
-    Reused(Arc<Backend>, Idle),
-}
-
-/// Opens a connection to the next usable backend, trying others when one cannot be reached.
-pub(super) async fn open_any(ctx: &Ctx, tried: &mut Vec<(usize, Error)>) -> std::result::Result<Opened, Refusal> {
-    loop {
-        let b = pick(ctx, tried)?;
-        if let Some(o) = open_on(ctx, b, tried).await {
-            return Ok(o);
-        }
-    }
-}
-
-/// Like `open_any`, but takes a pooled connection of the chosen backend when one fits (made
-/// for a client whose connection is TLS as well, or plain as well, when that matters there).
-async fn link_any(ctx: &Ctx, tried: &mut Vec<(usize, Error)>, fit: Fit, client_tls: bool) -> std::result::Result<Link, Refusal> {
-    loop {
-        let b = pick(ctx, tried)?;
-        if let Some(idle) = b.reuse(Fit { backend_tls: b.tls.wanted(client_tls), ..fit }) {
-            return Ok(Link::Reused(b, idle));
-        }
-        if let Some(o) = open_on(ctx, b, tried).await {
-            return Ok(Link::Fresh(o));
-        }
-    }
-}
-
-/// The balancer's choice among the backends not tried yet, or the error for the client.
-fn pick(ctx: &Ctx, tried: &[(usize, Error)]) -> std::result::Result<Arc<Backend>, Refusal> {
-    let exclude: Vec<usize> = tried.iter().map(|(i, _)| *i).collect();
-    if let Some(b) = ctx.balancer.pick(&ctx.backends, &exclude) {
-        return Ok(b);
-    }
-    // A backend that refused with its own error (1040 Too many connections, a blocked host)
-    // speaks for itself: the client gets that error unchanged.
-    if let Some((_, e)) = tried.iter().rev().find(|(_, e)| e.is_backend_refusal()) {
-        let mut err = Error::new(Side::Backend, e.code, e.message.clone());
-        err.sql_state = e.sql_state;
-        return Err(refuse(Reject::NoBackend, err));
-    }
-    let what = if ctx.backends.list.is_empty() { "no backends are configured".to_string() } else { ctx.backends.describe_unusable(tried) };
-    Err(refuse(Reject::NoBackend, Error::proxy(code::NO_BACKEND, format!("sluice: no backend available: {what}")).state(b"08S01")))
-}
-
-/// Connects to `b`; a failure is recorded in `tried`.
-async fn open_on(ctx: &Ctx, b: Arc<Backend>, tried: &mut Vec<(usize, Error)>) -> Option<Opened> {
-    match bconn::open(&b, ctx.config.proxy.connect_timeout).await {
-        Ok((conn, greeting)) => Some(Opened { backend: b, conn, greeting }),
-        Err(e) => {
-            tracing::warn!(backend = %b.name, error = %e.message, "backend unreachable at login; trying the next one");
-            tried.push((b.index, e));
-            None
-        }
-    }
+/// No backend could be reached or chosen.
+fn no_backend(error: Error) -> Refusal {
+    refuse(Reject::NoBackend, error)
 }
 
 /// Sends COM_CHANGE_USER for the client on a pooled connection. An error means the connection
@@ -212,7 +150,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
     let mut pre = None;
     let info = match ctx.backends.server_info() {
         Some(i) => i,
-        None => match open_any(ctx, &mut tried).await {
+        None => match link::open_any(&ctx.backends, &mut tried).await.map_err(no_backend) {
             Ok(o) => {
                 let i = o.backend.info.lock().clone().unwrap_or_default();
                 pre = Some(o);
@@ -329,21 +267,6 @@ async fn send_error(client: &mut PacketConn, seq: u8, e: &Error) {
 /// A failure and the sequence id at which the client should get the error (None: already sent).
 type Fail = (Refusal, Option<u8>);
 
-pub(super) fn backend_response(hr: &HandshakeResponse, g: &Greeting, client_caps: u32, tls: bool) -> HandshakeResponse {
-    HandshakeResponse {
-        capabilities: bconn::backend_capabilities(client_caps, g, tls),
-        mariadb_capabilities: hr.mariadb_capabilities & g.mariadb_capabilities & mariadb_cap::SLUICE_SUPPORTED,
-        max_packet: hr.max_packet,
-        collation: hr.collation,
-        user: hr.user.clone(),
-        auth_response: Vec::new(),
-        database: hr.database.clone(),
-        auth_plugin: None,
-        attributes: hr.attributes.clone(),
-        zstd_level: None,
-    }
-}
-
 /// Makes a pooled connection the client's with the credentials sluice holds.
 async fn reuse_as(b: &Backend, idle: &mut Idle, hr: &HandshakeResponse, cred: &Credential) -> Result<()> {
     send_change_user(idle, hr).await.map_err(|e| Error::io(Side::Backend, "change user", e))?;
@@ -397,7 +320,7 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8)
     let (mut backend, b, thread_id, backend_caps, mariadb, mut first) = loop {
         let link = match a.pre.take() {
             Some(o) => Link::Fresh(o),
-            None => link_any(ctx, &mut a.tried, a.fit, a.client_tls).await.map_err(|r| (r, Some(cseq)))?,
+            None => link::link_any(&ctx.backends, &mut a.tried, a.fit, a.client_tls).await.map_err(|e| (no_backend(e), Some(cseq)))?,
         };
         match link {
             Link::Reused(b, mut idle) => match change_user(&mut idle, hr).await {
@@ -513,7 +436,7 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
     let b = loop {
         let link = match pre.take() {
             Some(o) => Link::Fresh(o),
-            None => link_any(ctx, tried, a.fit, a.client_tls).await.map_err(|r| (r, Some(cseq)))?,
+            None => link::link_any(&ctx.backends, tried, a.fit, a.client_tls).await.map_err(|e| (no_backend(e), Some(cseq)))?,
         };
         let (mut conn, backend, backend_thread_id, backend_caps, mariadb) = match link {
             Link::Reused(b, mut idle) => match reuse_as(&b, &mut idle, hr, &credential).await {
@@ -540,7 +463,7 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
             }
         };
         // Without this, a session could not be recreated elsewhere with all its variables.
-        if let Err(e) = super::reconnect::set_up_query(&mut conn, super::reconnect::TRACK_ALL, backend.exchange_timeout).await {
+        if let Err(e) = link::set_up_query(&mut conn, link::TRACK_ALL, backend.connect_timeout).await {
             tracing::warn!(backend = %backend.name, error = %e.message, "cannot track session variables; sessions will not move");
         }
         break Backed {

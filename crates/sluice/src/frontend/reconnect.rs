@@ -16,32 +16,11 @@ use sluice_proto::packet::frame;
 use sluice_proto::response::{Expect, ResponseTracker, Sink, State};
 use tokio::io::AsyncReadExt;
 
-use super::login::{backend_response, open_any};
 use super::relay::Session;
 use crate::backend::conn as bconn;
+use crate::backend::link::{TRACK_ALL, backend_response, open_any, set_up_query};
 use crate::error::{Error, Result, Side};
 use crate::net::{BUF_SIZE, PacketConn};
-
-/// Makes the backend report every session variable a statement changes (SESSION_TRACK), so
-/// that a session can be recreated with them. Sent once after a users-mode login.
-pub(super) const TRACK_ALL: &[u8] = b"SET SESSION session_track_system_variables='*'";
-
-/// Runs one statement that answers with OK or ERR during session set-up, within `limit`.
-pub(super) async fn set_up_query(conn: &mut PacketConn, sql: &[u8], limit: std::time::Duration) -> Result<()> {
-    bconn::bounded(limit, "session set-up", async {
-        let mut p = Vec::with_capacity(sql.len() + 1);
-        p.push(com::QUERY);
-        p.extend_from_slice(sql);
-        conn.write_packet(&p, 0).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
-        let (_, r) = conn.read_packet(1 << 20).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
-        match r.first() {
-            Some(0x00) => Ok(()),
-            Some(0xff) => Err(Error::from_backend_err(&r)),
-            _ => Err(Error::backend("unexpected answer to a set-up statement")),
-        }
-    })
-    .await
-}
 
 impl Session<'_> {
     /// Whether a lost backend connection could be replaced without the client noticing.
@@ -56,7 +35,7 @@ impl Session<'_> {
         if self.credential.is_none() {
             return;
         }
-        if let Err(e) = set_up_query(&mut self.backend, TRACK_ALL, self.guard.exchange_timeout).await {
+        if let Err(e) = set_up_query(&mut self.backend, TRACK_ALL, self.guard.connect_timeout).await {
             tracing::warn!(session = self.handle.id, backend = %self.guard.name, error = %e.message, "cannot track session variables; the session will not move");
         }
     }
@@ -88,7 +67,7 @@ impl Session<'_> {
         let lost = self.guard.index;
         let mut tried = vec![(lost, Error::backend("the session's connection to it was lost"))];
         loop {
-            let o = match open_any(self.ctx, &mut tried).await {
+            let o = match open_any(&self.ctx.backends, &mut tried).await {
                 Ok(o) => o,
                 // Nothing else is usable: the lost backend itself may be back (a restart), or
                 // only the connection was closed (wait_timeout).
@@ -96,7 +75,7 @@ impl Session<'_> {
                     tried.remove(0);
                     continue;
                 }
-                Err(r) => return Err(r.error),
+                Err(e) => return Err(e),
             };
             let (Some(profile), Some(credential)) = (self.profile.as_ref(), self.credential.as_ref()) else {
                 return Err(Error::proxy(code::UNKNOWN_ERROR, "sluice holds no credentials for this session"));
@@ -127,7 +106,7 @@ impl Session<'_> {
                 }
                 Err(e) => return Err(e),
             };
-            let ids = bconn::bounded(o.backend.exchange_timeout, "session restore", self.restore(&mut conn)).await?;
+            let ids = bconn::bounded(o.backend.connect_timeout, "session restore", self.restore(&mut conn)).await?;
             for (client_id, backend_id) in ids {
                 if let Some(p) = self.state.prepared.get_mut(&client_id) {
                     p.backend_id = backend_id;

@@ -1,0 +1,118 @@
+//! Reaching a backend for a session: the balancer's choice (another backend when one cannot be
+//! reached, or refused before anything was sent), a new connection or a pooled one, the
+//! handshake response sluice sends for the client, and the set-up statements that follow a
+//! login.
+
+use std::sync::Arc;
+
+use sluice_proto::consts::{com, err as code, mariadb_cap};
+use sluice_proto::handshake::{Greeting, HandshakeResponse};
+
+use super::pool::{Fit, Idle};
+use super::{Backend, Backends, conn};
+use crate::error::{Error, Result, Side};
+use crate::net::PacketConn;
+
+/// A backend connection, opened and greeted, before login.
+pub struct Opened {
+    pub backend: Arc<Backend>,
+    pub conn: PacketConn,
+    pub greeting: Greeting,
+}
+
+/// Where a login goes on: a new connection, or a pooled one that is already logged in.
+pub enum Link {
+    Fresh(Opened),
+    Reused(Arc<Backend>, Idle),
+}
+
+/// Opens a connection to the next usable backend, trying others when one cannot be reached.
+pub async fn open_any(backends: &Backends, tried: &mut Vec<(usize, Error)>) -> Result<Opened> {
+    loop {
+        let b = pick(backends, tried)?;
+        if let Some(o) = open_on(b, tried).await {
+            return Ok(o);
+        }
+    }
+}
+
+/// Like `open_any`, but takes a pooled connection of the chosen backend when one fits (made
+/// for a client whose connection is TLS as well, or plain as well, when that matters there).
+pub async fn link_any(backends: &Backends, tried: &mut Vec<(usize, Error)>, fit: Fit, client_tls: bool) -> Result<Link> {
+    loop {
+        let b = pick(backends, tried)?;
+        if let Some(idle) = b.reuse(Fit { backend_tls: b.tls.wanted(client_tls), ..fit }) {
+            return Ok(Link::Reused(b, idle));
+        }
+        if let Some(o) = open_on(b, tried).await {
+            return Ok(Link::Fresh(o));
+        }
+    }
+}
+
+/// The balancer's choice among the backends not tried yet, or the error for the client.
+fn pick(backends: &Backends, tried: &[(usize, Error)]) -> Result<Arc<Backend>> {
+    let exclude: Vec<usize> = tried.iter().map(|(i, _)| *i).collect();
+    if let Some(b) = backends.balancer.pick(backends, &exclude) {
+        return Ok(b);
+    }
+    // A backend that refused with its own error (1040 Too many connections, a blocked host)
+    // speaks for itself: the client gets that error unchanged.
+    if let Some((_, e)) = tried.iter().rev().find(|(_, e)| e.is_backend_refusal()) {
+        let mut err = Error::new(Side::Backend, e.code, e.message.clone());
+        err.sql_state = e.sql_state;
+        return Err(err);
+    }
+    let what = if backends.list.is_empty() { "no backends are configured".to_string() } else { backends.describe_unusable(tried) };
+    Err(Error::proxy(code::NO_BACKEND, format!("sluice: no backend available: {what}")).state(b"08S01"))
+}
+
+/// Connects to `b`; a failure is recorded in `tried`.
+async fn open_on(b: Arc<Backend>, tried: &mut Vec<(usize, Error)>) -> Option<Opened> {
+    match conn::open(&b, b.connect_timeout).await {
+        Ok((conn, greeting)) => Some(Opened { backend: b, conn, greeting }),
+        Err(e) => {
+            tracing::warn!(backend = %b.name, error = %e.message, "backend unreachable at login; trying the next one");
+            tried.push((b.index, e));
+            None
+        }
+    }
+}
+
+/// The handshake response sluice sends a backend for a client's login (`hr`), with the
+/// capabilities that client, sluice and the backend (`g`) share.
+pub fn backend_response(hr: &HandshakeResponse, g: &Greeting, client_caps: u32, tls: bool) -> HandshakeResponse {
+    HandshakeResponse {
+        capabilities: conn::backend_capabilities(client_caps, g, tls),
+        mariadb_capabilities: hr.mariadb_capabilities & g.mariadb_capabilities & mariadb_cap::SLUICE_SUPPORTED,
+        max_packet: hr.max_packet,
+        collation: hr.collation,
+        user: hr.user.clone(),
+        auth_response: Vec::new(),
+        database: hr.database.clone(),
+        auth_plugin: None,
+        attributes: hr.attributes.clone(),
+        zstd_level: None,
+    }
+}
+
+/// Makes the backend report every session variable a statement changes (SESSION_TRACK), so
+/// that a session can be recreated with them. Sent once after a users-mode login.
+pub const TRACK_ALL: &[u8] = b"SET SESSION session_track_system_variables='*'";
+
+/// Runs one statement that answers with OK or ERR during session set-up, within `limit`.
+pub async fn set_up_query(conn: &mut PacketConn, sql: &[u8], limit: std::time::Duration) -> Result<()> {
+    conn::bounded(limit, "session set-up", async {
+        let mut p = Vec::with_capacity(sql.len() + 1);
+        p.push(com::QUERY);
+        p.extend_from_slice(sql);
+        conn.write_packet(&p, 0).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
+        let (_, r) = conn.read_packet(1 << 20).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
+        match r.first() {
+            Some(0x00) => Ok(()),
+            Some(0xff) => Err(Error::from_backend_err(&r)),
+            _ => Err(Error::backend("unexpected answer to a set-up statement")),
+        }
+    })
+    .await
+}
