@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
@@ -352,6 +354,25 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     parse_duration(&text).map_err(serde::de::Error::custom)
 }
 
+/// Reads the PEM certificates of a file the configuration names (`[tls] cert`, `tls_ca`).
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&data).collect::<Result<_, _>>().map_err(|e| format!("{}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no certificate found", path.display()));
+    }
+    Ok(certs)
+}
+
+/// Reads the PEM private key of a file the configuration names (`[tls] key`).
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    PrivateKeyDer::from_pem_slice(&data).map_err(|e| match e {
+        rustls::pki_types::pem::Error::NoItemsFound => format!("{}: no private key found", path.display()),
+        e => format!("{}: {e}", path.display()),
+    })
+}
+
 /// A configuration error, with the line it refers to when known.
 #[derive(Debug)]
 pub struct ConfigError {
@@ -465,8 +486,8 @@ impl Config {
             self.validate_backend_tls(b, &at)?;
         }
         if let ClientTls::Files(t) = &self.tls {
-            crate::tls::load_certs(t.cert.get_ref()).map_err(|m| at(t.cert.span(), format!("tls.cert: {m}")))?;
-            crate::tls::load_key(t.key.get_ref()).map_err(|m| at(t.key.span(), format!("tls.key: {m}")))?;
+            load_certs(t.cert.get_ref()).map_err(|m| at(t.cert.span(), format!("tls.cert: {m}")))?;
+            load_key(t.key.get_ref()).map_err(|m| at(t.key.span(), format!("tls.key: {m}")))?;
         }
         if let Some(a) = &self.admin.listen {
             parse_address(a.get_ref()).map_err(|m| at(a.span(), format!("admin.listen: {m}")))?;
@@ -503,7 +524,7 @@ impl Config {
             if b.tls_skip_verify {
                 return Err(at(ca.span(), format!("backend {name}: set tls_ca or tls_skip_verify, not both")));
             }
-            crate::tls::load_certs(ca.get_ref()).map_err(|m| at(ca.span(), format!("backends.tls_ca: {m}")))?;
+            load_certs(ca.get_ref()).map_err(|m| at(ca.span(), format!("backends.tls_ca: {m}")))?;
         } else if b.tls_mode(&self.proxy) == BackendTls::On && !b.tls_skip_verify {
             let m = "TLS is \"on\" but nothing verifies the backend's certificate: set tls_ca (or tls_skip_verify = true)";
             return Err(at(b.address.span(), format!("backend {name}: {m}")));
@@ -524,6 +545,23 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pem_files() {
+        let dir = std::env::temp_dir().join(format!("sluice-pem-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let (cert, key, empty) = (dir.join("cert.pem"), dir.join("key.pem"), dir.join("empty.pem"));
+        std::fs::write(&cert, ck.cert.pem()).unwrap();
+        std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+        std::fs::write(&empty, "nothing here\n").unwrap();
+        assert_eq!(load_certs(&cert).unwrap().len(), 1);
+        assert!(load_key(&key).is_ok());
+        assert!(load_certs(&empty).unwrap_err().contains("no certificate found"));
+        assert!(load_key(&cert).unwrap_err().contains("no private key found"));
+        assert!(load_key(&dir.join("missing.pem")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn example_config_is_valid() {

@@ -266,7 +266,8 @@ fn spawn_control(
                 tokio::spawn(return_memory(ctx.clone()));
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::deadline::sweep(&c.clock, &c.sessions).await });
-                tokio::spawn(crate::tls::keep_renewed(ctx.clone()));
+                let c = ctx.clone();
+                tokio::spawn(async move { crate::tls::keep_renewed(&c.tls).await });
                 if let Some(l) = admin {
                     match tokio::net::TcpListener::from_std(l) {
                         Ok(l) => {

@@ -2,35 +2,17 @@
 //! self-signed certificate made in memory at start and replaced before it expires), and the
 //! server configuration the login reads once per connection.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
-use crate::config;
-
-pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let certs: Vec<_> = CertificateDer::pem_slice_iter(&data).collect::<Result<_, _>>().map_err(|e| format!("{}: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{}: no certificate found", path.display()));
-    }
-    Ok(certs)
-}
-
-pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    PrivateKeyDer::from_pem_slice(&data).map_err(|e| match e {
-        rustls::pki_types::pem::Error::NoItemsFound => format!("{}: no private key found", path.display()),
-        e => format!("{}: {e}", path.display()),
-    })
-}
+use crate::config::{self, load_certs, load_key};
 
 /// The server-side TLS configuration for a certificate chain and its key (TLS 1.2 and 1.3).
 fn server_config(certs: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>) -> Result<Arc<rustls::ServerConfig>, String> {
@@ -166,14 +148,14 @@ impl ClientTls {
 
 /// Keeps a generated certificate renewed (a task on the control thread): looks now and then
 /// whether it is due, and swaps in a new one.
-pub async fn keep_renewed(ctx: Arc<crate::ctx::Ctx>) {
-    let Some(every) = ctx.tls.check_interval() else { return };
+pub async fn keep_renewed(tls: &ClientTls) {
+    let Some(every) = tls.check_interval() else { return };
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        match ctx.tls.renew_if_due(SystemTime::now()) {
-            Ok(true) => ctx.tls.log_in_use("renewed the"),
+        match tls.renew_if_due(SystemTime::now()) {
+            Ok(true) => tls.log_in_use("renewed the"),
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "cannot renew the self-signed client TLS certificate; trying again later"),
         }
@@ -263,23 +245,6 @@ impl ServerCertVerifier for NoVerify {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pem_files() {
-        let dir = std::env::temp_dir().join(format!("sluice-pem-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-        let (cert, key, empty) = (dir.join("cert.pem"), dir.join("key.pem"), dir.join("empty.pem"));
-        std::fs::write(&cert, ck.cert.pem()).unwrap();
-        std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
-        std::fs::write(&empty, "nothing here\n").unwrap();
-        assert_eq!(load_certs(&cert).unwrap().len(), 1);
-        assert!(load_key(&key).is_ok());
-        assert!(load_certs(&empty).unwrap_err().contains("no certificate found"));
-        assert!(load_key(&cert).unwrap_err().contains("no private key found"));
-        assert!(load_key(&dir.join("missing.pem")).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 
     /// X.509 UTCTime (YYMMDDHHMMSSZ) of `t`, as certificates before 2050 carry it.
     fn utc_time(t: SystemTime) -> Vec<u8> {

@@ -27,7 +27,7 @@ impl BackendTls {
         let config = match &c.tls_ca {
             Some(ca) => {
                 let mut roots = rustls::RootCertStore::empty();
-                for cert in crate::tls::load_certs(ca.get_ref())? {
+                for cert in crate::config::load_certs(ca.get_ref())? {
                     roots.add(cert).map_err(|e| format!("{}: {e}", ca.get_ref().display()))?;
                 }
                 builder.with_root_certificates(roots).with_no_client_auth()
