@@ -158,33 +158,85 @@ pub async fn answer_auth(b: &Backend, conn: &mut PacketConn, cred: &Credential) 
 }
 
 async fn auth_exchange(b: &Backend, conn: &mut PacketConn, cred: &Credential) -> Result<Vec<u8>> {
-    let tls = conn.stream.is_tls();
+    let mut held = Held { cred, tls: conn.stream.is_tls(), unix: b.address_is_unix() };
+    match exchange(conn, None, &mut held).await? {
+        Outcome::Ok(ok) => Ok(ok),
+        Outcome::Refused(err) => Err(Error::from_backend_err(&err)),
+    }
+}
+
+/// Who answers what a backend asks during authentication (an auth switch, more data): sluice
+/// with the credentials it holds, or the client through sluice.
+pub trait Answer {
+    /// The reply to the backend's request `p`.
+    fn answer(&mut self, p: &[u8]) -> impl Future<Output = Result<Vec<u8>>>;
+    /// Sees each of the backend's packets before it is acted on (a relay passes it on, and may
+    /// rewrite it first).
+    fn seen(&mut self, _p: &mut Vec<u8>) -> impl Future<Output = Result<()>> {
+        async { Ok(()) }
+    }
+}
+
+/// How an authentication exchange ended.
+pub enum Outcome {
+    /// The backend's OK.
+    Ok(Vec<u8>),
+    /// The backend's ERR.
+    Refused(Vec<u8>),
+}
+
+/// The authentication exchange with a backend, whoever answers it: reads the backend's packets
+/// (`first`, when already read) until OK or ERR, and sends `who`'s answers to its requests.
+pub async fn exchange(conn: &mut PacketConn, first: Option<(u8, Vec<u8>)>, who: &mut impl Answer) -> Result<Outcome> {
     let io = |e| Error::io(Side::Backend, "login", e);
+    let mut next = first;
     loop {
-        let (s, p) = conn.read_packet(LOGIN_PACKET_LIMIT).await.map_err(io)?;
-        let seq = s.wrapping_add(1);
+        let (seq, mut p) = match next.take() {
+            Some(f) => f,
+            None => conn.read_packet(LOGIN_PACKET_LIMIT).await.map_err(io)?,
+        };
+        who.seen(&mut p).await?;
         match p.first() {
-            Some(0x00) => return Ok(p),
-            Some(0xff) => return Err(Error::from_backend_err(&p)),
-            Some(0xfe) => {
-                let sw = AuthSwitch::parse(&p).map_err(|e| Error::malformed(Side::Backend, e))?;
-                let reply = cred.reply(sw.plugin, sw.data, tls)?;
-                conn.write_packet(&reply, seq).await.map_err(io)?;
-            }
-            // caching_sha2: 0x01 0x03 = fast auth succeeded (OK follows); 0x01 0x04 = full auth.
+            Some(0x00) => return Ok(Outcome::Ok(p)),
+            Some(0xff) => return Ok(Outcome::Refused(p)),
+            // caching_sha2: fast authentication succeeded; the OK follows.
             Some(0x01) if p.get(1) == Some(&3) => {}
-            Some(0x01) if p.get(1) == Some(&4) => {
-                let Credential::Password(pw) = cred else {
+            Some(0xfe | 0x01) => {
+                let reply = who.answer(&p).await?;
+                conn.write_packet(&reply, seq.wrapping_add(1)).await.map_err(io)?;
+            }
+            _ => return Err(Error::backend("unexpected packet during login")),
+        }
+    }
+}
+
+/// Sluice answers with credentials it holds (users mode, health checks).
+struct Held<'a> {
+    cred: &'a Credential,
+    tls: bool,
+    unix: bool,
+}
+
+impl Answer for Held<'_> {
+    async fn answer(&mut self, p: &[u8]) -> Result<Vec<u8>> {
+        match p {
+            [0xfe, ..] => {
+                let sw = AuthSwitch::parse(p).map_err(|e| Error::malformed(Side::Backend, e))?;
+                self.cred.reply(sw.plugin, sw.data, self.tls)
+            }
+            // caching_sha2 full authentication: the clear password, over TLS or a Unix socket.
+            [0x01, 4, ..] => {
+                let Credential::Password(pw) = self.cred else {
                     return Err(Error::backend("backend wants full caching_sha2 authentication; sluice holds no clear password"));
                 };
-                if !tls && !b.address_is_unix() {
+                if !self.tls && !self.unix {
                     return Err(Error::backend("backend wants the clear password over an unencrypted connection; configure tls"));
                 }
                 let mut v = pw.clone();
                 v.push(0);
-                conn.write_packet(&v, seq).await.map_err(io)?;
+                Ok(v)
             }
-            _ => return Err(Error::backend("unexpected packet during login")),
+            _ => Err(Error::backend("unexpected packet during login")),
         }
     }
 }

@@ -12,8 +12,8 @@ use sluice_proto::response::Expect;
 use sluice_proto::sql::{self, Kill, KillTarget};
 
 use super::relay::{Flow, Session, relay_response};
-use super::verify::{Verdict, verify};
-use crate::backend::conn as bconn;
+use super::verify::{Relay, Verdict, verify};
+use crate::backend::conn::{self as bconn, Outcome};
 use crate::error::{Error, Result, Side};
 use crate::session::{SessionHandle, StateSink};
 
@@ -243,35 +243,19 @@ impl Session<'_> {
 
     /// Relays a passthrough COM_CHANGE_USER exchange between backend and client until OK or ERR.
     async fn relay_change_user(&mut self, cu: &ChangeUser, payload: &[u8]) -> Result<Flow> {
-        let caps = self.client_caps();
-        let io_b = |e| Error::io(Side::Backend, "change user", e);
-        self.backend.write_packet(payload, 0).await.map_err(io_b)?;
-        loop {
-            let (seq, mut p) = self.backend.read_packet(1 << 20).await.map_err(io_b)?;
-            if p.first() == Some(&0) && caps & cap::SESSION_TRACK == 0 {
-                p = sluice_proto::basic::strip_session_track(&p, self.mariadb).unwrap_or(p);
-            }
-            self.client.write_packet(&p, seq).await.map_err(|e| Error::io(Side::Client, "change user", e))?;
-            match p.first() {
-                Some(0x00) => {
-                    self.state.reset();
-                    self.state.user = String::from_utf8_lossy(&cu.user).into_owned();
-                    self.state.schema = (!cu.database.is_empty()).then(|| String::from_utf8_lossy(&cu.database).into_owned());
-                    if let Ok(ok) = sluice_proto::basic::Ok::parse(&p, self.backend_caps() & cap::SESSION_TRACK != 0) {
-                        self.state.status = ok.status;
-                    }
-                    self.handle.publish(&self.state);
-                    return Ok(Flow::Continue);
-                }
-                Some(0xff) => return Ok(Flow::Continue),
-                Some(0x01) if p.get(1) == Some(&3) => {}
-                Some(0xfe) | Some(0x01) => {
-                    let (cseq, reply) = self.client.read_packet(1 << 16).await.map_err(|e| Error::io(Side::Client, "change user", e))?;
-                    self.backend.write_packet(&reply, cseq).await.map_err(io_b)?;
-                }
-                _ => return Err(Error::backend("unexpected packet during COM_CHANGE_USER")),
-            }
+        self.backend.write_packet(payload, 0).await.map_err(|e| Error::io(Side::Backend, "change user", e))?;
+        let strip_track = (self.client_caps() & cap::SESSION_TRACK == 0).then_some(self.mariadb);
+        let mut relay = Relay { client: &mut self.client, seq: 1, strip_track };
+        // A refusal reached the client; the session goes on as the previous user.
+        let Outcome::Ok(ok) = bconn::exchange(&mut self.backend, None, &mut relay).await? else { return Ok(Flow::Continue) };
+        self.state.reset();
+        self.state.user = String::from_utf8_lossy(&cu.user).into_owned();
+        self.state.schema = (!cu.database.is_empty()).then(|| String::from_utf8_lossy(&cu.database).into_owned());
+        if let Ok(ok) = sluice_proto::basic::Ok::parse(&ok, self.backend_caps() & cap::SESSION_TRACK != 0) {
+            self.state.status = ok.status;
         }
+        self.handle.publish(&self.state);
+        Ok(Flow::Continue)
     }
 }
 

@@ -6,9 +6,9 @@ use sluice_proto::consts::{cap, err as code, mariadb_cap, status};
 use sluice_proto::handshake::{Greeting, HandshakeResponse, is_ssl_request};
 
 use super::Listener;
-use super::verify::{AuthIo, Verdict, verify};
+use super::verify::{AuthIo, Relay, Verdict, verify};
 use crate::auth::UserSlot;
-use crate::backend::conn::{self as bconn, Credential};
+use crate::backend::conn::{self as bconn, Credential, Outcome};
 use crate::backend::link::{self, Link, Opened, backend_response};
 use crate::backend::pool::{Fit, Idle};
 use crate::backend::{Backend, BackendGuard, ServerInfo};
@@ -308,7 +308,7 @@ struct Attempt<'a> {
 }
 
 /// Passthrough: the backend authenticates the client; sluice relays the exchange.
-async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> std::result::Result<Backed, Fail> {
+async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, cseq: u8) -> std::result::Result<Backed, Fail> {
     let (ctx, handle, hr, client_caps) = (a.ctx, a.handle, a.hr, a.client_caps);
     if client_caps & cap::PLUGIN_AUTH == 0 {
         let e = Error::new(Side::Client, code::NOT_SUPPORTED_YET, "sluice passthrough needs a client with plugin authentication");
@@ -317,7 +317,7 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8)
     let io_b = |e| (Refusal::from(Error::io(Side::Backend, "login", e)), Some(cseq));
     // The backend's first answer comes from a new connection's login or a pooled one's
     // COM_CHANGE_USER; the exchange that follows is the same.
-    let (mut backend, b, thread_id, backend_caps, mariadb, mut first) = loop {
+    let (mut backend, b, thread_id, backend_caps, mariadb, first) = loop {
         let link = match a.pre.take() {
             Some(o) => Link::Fresh(o),
             None => link::link_any(&ctx.backends, &mut a.tried, a.fit, a.client_tls).await.map_err(|e| (no_backend(e), Some(cseq)))?,
@@ -351,49 +351,22 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8)
         }
     };
     let guard = b.bind();
-    // Relay the exchange until the backend says OK or ERR.
-    loop {
-        let (bseq, mut p) = first;
-        if p.first() == Some(&0) {
-            handle.bind_backend(b.index, &b.name, thread_id);
-            if client_caps & cap::SESSION_TRACK == 0 {
-                p = sluice_proto::basic::strip_session_track(&p, mariadb).unwrap_or(p);
-            }
+    handle.bind_backend(b.index, &b.name, thread_id);
+    let mut relay = Relay { client, seq: cseq, strip_track: (client_caps & cap::SESSION_TRACK == 0).then_some(mariadb) };
+    match bconn::exchange(&mut backend, Some(first), &mut relay).await {
+        Ok(Outcome::Ok(_)) => {
+            Ok(Backed { backend, guard, backend_thread_id: thread_id, backend_caps, mariadb, credential: None, user_slot: None })
         }
-        client.write_packet(&p, cseq).await.map_err(|e| (Error::io(Side::Client, "login", e).into(), None))?;
-        cseq = cseq.wrapping_add(1);
-        match p.first() {
-            Some(0x00) => {
-                return Ok(Backed {
-                    backend,
-                    guard,
-                    backend_thread_id: thread_id,
-                    backend_caps,
-                    mariadb,
-                    credential: None,
-                    user_slot: None,
-                });
-            }
-            Some(0xff) => {
-                let e = sluice_proto::basic::Err::parse(&p).map_err(|e| (Error::malformed(Side::Backend, e).into(), None))?;
-                let mut err = Error::new(Side::Client, e.code, String::from_utf8_lossy(e.message).into_owned());
-                err.sql_state = e.sql_state;
-                let reject = (e.code == code::ACCESS_DENIED).then_some(Reject::AccessDenied);
-                return Err((Refusal { error: err, reject }, None));
-            }
-            Some(0x01) if p.get(1) == Some(&3) => {}
-            Some(0xfe) | Some(0x01) => {
-                let (_, reply) =
-                    client.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| (Error::io(Side::Client, "login", e).into(), None))?;
-                cseq = cseq.wrapping_add(1);
-                backend
-                    .write_packet(&reply, bseq.wrapping_add(1))
-                    .await
-                    .map_err(|e| (Error::io(Side::Backend, "login", e).into(), Some(cseq)))?;
-            }
-            _ => return Err((Error::backend("unexpected packet during login").into(), Some(cseq))),
+        // The client has the backend's answer already.
+        Ok(Outcome::Refused(p)) => {
+            let e = sluice_proto::basic::Err::parse(&p).map_err(|e| (Error::malformed(Side::Backend, e).into(), None))?;
+            let mut err = Error::new(Side::Client, e.code, String::from_utf8_lossy(e.message).into_owned());
+            err.sql_state = e.sql_state;
+            let reject = (e.code == code::ACCESS_DENIED).then_some(Reject::AccessDenied);
+            Err((Refusal { error: err, reject }, None))
         }
-        first = backend.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| (Error::io(Side::Backend, "login", e).into(), Some(cseq)))?;
+        Err(e) if e.side == Side::Client => Err((e.into(), None)),
+        Err(e) => Err((e.into(), Some(relay.seq))),
     }
 }
 

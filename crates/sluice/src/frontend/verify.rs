@@ -10,6 +10,8 @@ use sluice_proto::auth;
 use sluice_proto::handshake::write_auth_switch;
 
 use crate::auth::{Check, RsaKey, User, Users};
+use crate::backend::conn::Answer;
+use crate::error::{Error, Side};
 
 /// Packet I/O with the client during an authentication exchange.
 pub(super) trait AuthIo {
@@ -17,6 +19,36 @@ pub(super) trait AuthIo {
     fn recv(&mut self) -> impl Future<Output = io::Result<(u8, Vec<u8>)>>;
     /// Whether a clear password may cross this connection (TLS or a Unix socket).
     fn secure(&self) -> bool;
+}
+
+/// The client answers a backend's authentication requests through sluice (passthrough login,
+/// COM_CHANGE_USER): each of the backend's packets goes to the client, each reply back.
+pub(super) struct Relay<'c, C: AuthIo> {
+    pub client: &'c mut C,
+    /// The sequence id of the next packet on the client's side.
+    pub seq: u8,
+    /// The client lacks CLIENT_SESSION_TRACK: the OK is rewritten without it (the value: the
+    /// backend is MariaDB).
+    pub strip_track: Option<bool>,
+}
+
+impl<C: AuthIo> Answer for Relay<'_, C> {
+    async fn seen(&mut self, p: &mut Vec<u8>) -> crate::error::Result<()> {
+        if let (Some(0), Some(mariadb)) = (p.first(), self.strip_track)
+            && let Some(stripped) = sluice_proto::basic::strip_session_track(p, mariadb)
+        {
+            *p = stripped;
+        }
+        self.client.send(p, self.seq).await.map_err(|e| Error::io(Side::Client, "login", e))?;
+        self.seq = self.seq.wrapping_add(1);
+        Ok(())
+    }
+
+    async fn answer(&mut self, _request: &[u8]) -> crate::error::Result<Vec<u8>> {
+        let (_, reply) = self.client.recv().await.map_err(|e| Error::io(Side::Client, "login", e))?;
+        self.seq = self.seq.wrapping_add(1);
+        Ok(reply)
+    }
 }
 
 /// The outcome of a client's authentication.
