@@ -27,10 +27,7 @@ fn sessions(s: &SluiceProc) -> usize {
 }
 
 fn config(backend: &str, extra: &str) -> String {
-    format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[health]\ninterval = \"1h\"\n\
-         [proxy]\n{extra}\n[[backends]]\naddress = \"{backend}\"\n"
-    )
+    TestConfig::new().table("health", "interval = \"1h\"\n").proxy(&format!("{extra}\n")).backend(backend).text()
 }
 
 /// What sluice looks like at rest: descriptors and memory, after one session came and went.

@@ -34,14 +34,13 @@ fn passthrough_relays_every_plugin_and_the_backend_errors_unchanged() {
 }
 
 fn users_config(db: &MariaDb, extra: &str) -> String {
-    format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{}\n\
-         [[users]]\nname = \"app\"\npassword = \"apppw\"\n\
-         [[users]]\nname = \"other\"\npassword_hash = \"{}\"\nmax_connections = 2\n\
-         [[users]]\nname = \"nopw\"\n{extra}",
-        backends_toml(&[db]),
-        db.sql("SELECT PASSWORD('otherpw')").trim()
-    )
+    let hash = db.sql("SELECT PASSWORD('otherpw')");
+    TestConfig::new()
+        .dbs(&[db])
+        .user("app", "password = \"apppw\"\n")
+        .user("other", &format!("password_hash = \"{}\"\nmax_connections = 2\n", hash.trim()))
+        .user("nopw", extra)
+        .text()
 }
 
 #[tokio::test]
@@ -116,11 +115,7 @@ async fn tls_from_clients_and_require_tls() {
 #[test]
 fn admin_api_needs_its_token() {
     let db = shared_db();
-    let cfg = format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"s3cret-token\"\n{}",
-        backends_toml(&[db])
-    );
-    let s = start_sluice_config(&cfg);
+    let s = TestConfig::new().admin("token = \"s3cret-token\"\n").dbs(&[db]).start();
     for path in ["/health", "/metrics", "/sessions", "/backends"] {
         assert_eq!(admin_get(&s, path, None).0, 401, "{path} without token");
         assert_eq!(admin_get(&s, path, Some("wrong")).0, 401, "{path} with a wrong token");
@@ -174,13 +169,11 @@ fn tls_hello_in_the_same_segment_as_the_ssl_request() {
     use std::io::{Read, Write};
     let db = shared_db();
     let (cert, key) = self_signed_cert();
-    let cfg = format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n{}[tls]\ncert = \"{}\"\nkey = \"{}\"\n",
-        backends_toml(&[db]),
-        cert.display(),
-        key.display()
-    );
-    let s = start_sluice_config(&cfg);
+    let s = TestConfig::new()
+        .without_admin()
+        .dbs(&[db])
+        .table("tls", &format!("cert = \"{}\"\nkey = \"{}\"\n", cert.display(), key.display()))
+        .start();
     let mut r = Raw::connect(&s.listen);
     r.read_packet().unwrap();
     let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider()))

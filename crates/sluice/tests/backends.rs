@@ -10,11 +10,7 @@ use sluice_proto::consts::com;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unix_socket_backend() {
     let db = shared_db();
-    let cfg = format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[[backends]]\naddress = \"{}\"\n",
-        db.socket.display()
-    );
-    let s = start_sluice_config(&cfg);
+    let s = TestConfig::new().backend(&db.socket.display().to_string()).start();
     let mut c = app(&s).await;
     // Over the socket the server sees the client as localhost.
     let host: Option<String> = c.query_first("SELECT SUBSTRING_INDEX(USER(), '@', -1)").await.unwrap();
@@ -25,14 +21,10 @@ async fn unix_socket_backend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_to_the_backend() {
     let (db, cert) = start_tls_db();
-    let cfg = format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-         [[backends]]\naddress = \"{}\"\ntls = true\ntls_ca = \"{}\"\n",
-        db.addr(),
-        cert.display()
-    );
-    for auth in ["", "[[users]]\nname = \"app\"\npassword = \"apppw\"\n"] {
-        let s = start_sluice_config(&(cfg.clone() + auth));
+    let cfg = TestConfig::new().backend_with(&db.addr(), &format!("tls = true\ntls_ca = \"{}\"\n", cert.display()));
+    for users in [false, true] {
+        let auth = if users { "users mode" } else { "passthrough" };
+        let s = if users { cfg.clone().user("app", "password = \"apppw\"\n") } else { cfg.clone() }.start();
         let mut c = app(&s).await;
         assert!(!ssl_cipher(&mut c).await.is_empty(), "the backend connection is encrypted ({auth:?})");
         c.disconnect().await.unwrap();
@@ -46,11 +38,7 @@ async fn monitor_user_health_checks_log_in_and_ping() {
     let counters = || db.sql("SHOW GLOBAL STATUS LIKE 'Aborted_c%'");
     let aborted_lines = || std::fs::read_to_string(db.dir.join("error.log")).unwrap().matches("Aborted connection").count();
     let (before, lines_before) = (counters(), aborted_lines());
-    let cfg = format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-         [health]\ninterval = \"50ms\"\nuser = \"monitor\"\npassword = \"monitorpw\"\n{}",
-        backends_toml(&[&db])
-    );
+    let cfg = TestConfig::new().table("health", "interval = \"50ms\"\nuser = \"monitor\"\npassword = \"monitorpw\"\n").dbs(&[&db]).text();
     let s = start_sluice_config(&cfg);
     wait_for("health checks ran", || {
         let (_, body) = admin_get(&s, "/backends", None);
@@ -72,14 +60,13 @@ async fn monitor_user_health_checks_log_in_and_ping() {
 async fn balancing_policies_spread_sessions() {
     let a = MariaDb::start();
     let b = MariaDb::start();
-    let base = "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n".to_string();
     let count_ports = |conns: &Vec<(u16, mysql_async::Conn)>| {
         let on_a = conns.iter().filter(|(p, _)| *p == a.port).count();
         (on_a, conns.len() - on_a)
     };
     // least-connections and round-robin: an even spread.
     for policy in ["least-connections", "round-robin"] {
-        let s = start_sluice_config(&format!("{base}[proxy]\nbalance = \"{policy}\"\n{}", backends_toml(&[&a, &b])));
+        let s = TestConfig::new().proxy(&format!("balance = \"{policy}\"\n")).dbs(&[&a, &b]).start();
         let mut conns = Vec::new();
         for _ in 0..10 {
             let mut c = app(&s).await;
@@ -89,12 +76,11 @@ async fn balancing_policies_spread_sessions() {
         assert_eq!(count_ports(&conns), (5, 5), "{policy}");
     }
     // weighted-random: a backend with weight 0 is refused, so use 1 and 9.
-    let cfg = format!(
-        "{base}[proxy]\nbalance = \"weighted-random\"\n[[backends]]\naddress = \"{}\"\nweight = 1\n[[backends]]\naddress = \"{}\"\nweight = 9\n",
-        a.addr(),
-        b.addr()
-    );
-    let s = start_sluice_config(&cfg);
+    let s = TestConfig::new()
+        .proxy("balance = \"weighted-random\"\n")
+        .backend_with(&a.addr(), "weight = 1\n")
+        .backend_with(&b.addr(), "weight = 9\n")
+        .start();
     let mut conns = Vec::new();
     for _ in 0..40 {
         let mut c = app(&s).await;

@@ -17,15 +17,12 @@ enum Mode {
 }
 
 fn config(mode: Mode, a: &MariaDb, b: &MariaDb) -> String {
-    let users = match mode {
-        Mode::Users => "[[users]]\nname = \"app\"\npassword = \"apppw\"\n",
-        Mode::Passthrough => "",
-    };
-    format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-         [health]\ninterval = \"200ms\"\nrise = 2\nfall = 2\n{}{users}",
-        backends_toml(&[a, b])
-    )
+    let c = TestConfig::new().table("health", "interval = \"200ms\"\nrise = 2\nfall = 2\n").dbs(&[a, b]);
+    match mode {
+        Mode::Users => c.user("app", "password = \"apppw\"\n"),
+        Mode::Passthrough => c,
+    }
+    .text()
 }
 
 async fn port_of(c: &mut mysql_async::Conn) -> mysql_async::Result<u16> {

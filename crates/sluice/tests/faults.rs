@@ -10,16 +10,9 @@ fn dead_addr() -> String {
     format!("127.0.0.1:{}", sluice_testkit::mariadb::free_port())
 }
 
-fn config(backends: &[String], extra: &str) -> String {
-    let mut s = String::from(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-         [health]\ninterval = \"100ms\"\ntimeout = \"500ms\"\nrise = 2\nfall = 2\n",
-    );
-    for b in backends {
-        s.push_str(&format!("[[backends]]\naddress = \"{b}\"\n"));
-    }
-    s.push_str(extra);
-    s
+fn config(backends: &[String], proxy: &str) -> String {
+    let c = TestConfig::new().table("health", "interval = \"100ms\"\ntimeout = \"500ms\"\nrise = 2\nfall = 2\n").proxy(proxy);
+    backends.iter().fold(c, |c, b| c.backend(b)).text()
 }
 
 fn backend_up(s: &SluiceProc, addr: &str) -> Option<bool> {
@@ -31,7 +24,7 @@ fn backend_up(s: &SluiceProc, addr: &str) -> Option<bool> {
 async fn a_backend_down_at_start_is_skipped_and_marked_down() {
     let db = shared_db();
     let dead = dead_addr();
-    let s = start_sluice_config(&config(&[dead.clone(), db.addr()], "[proxy]\nbalance = \"round-robin\"\n"));
+    let s = start_sluice_config(&config(&[dead.clone(), db.addr()], "balance = \"round-robin\"\n"));
     // Every login succeeds: the unreachable backend is tried, fails before anything was sent,
     // and the next one is used.
     for _ in 0..6 {
@@ -52,7 +45,7 @@ async fn a_backend_down_at_start_is_skipped_and_marked_down() {
 fn no_usable_backend_gives_an_error_naming_each_backend() {
     let dead1 = dead_addr();
     let dead2 = dead_addr();
-    let s = start_sluice_config(&config(&[dead1.clone(), dead2.clone()], "[proxy]\nconnect_timeout = \"1s\"\n"));
+    let s = start_sluice_config(&config(&[dead1.clone(), dead2.clone()], "connect_timeout = \"1s\"\n"));
     let e = cli(s.port(), "app", "apppw", &[], "SELECT 1").expect_err("no backend");
     assert!(e.contains("1105") && e.contains("no backend available"), "{e}");
     assert!(e.contains(&dead1) && e.contains(&dead2), "the error names every backend: {e}");
@@ -68,7 +61,7 @@ fn no_usable_backend_gives_an_error_naming_each_backend() {
 async fn backend_killed_mid_session_fails_only_its_sessions() {
     let mut a = MariaDb::start();
     let b = MariaDb::start();
-    let s = start_sluice_config(&config(&[a.addr(), b.addr()], "[proxy]\nbalance = \"round-robin\"\n"));
+    let s = start_sluice_config(&config(&[a.addr(), b.addr()], "balance = \"round-robin\"\n"));
     let mut conns = Vec::new();
     for _ in 0..4 {
         conns.push(app(&s).await);
@@ -134,7 +127,7 @@ async fn health_falls_and_rises() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_lets_an_open_transaction_finish() {
     let db = shared_db();
-    let mut s = start_sluice_config(&config(&[db.addr()], "[proxy]\nshutdown_timeout = \"60s\"\n"));
+    let mut s = start_sluice_config(&config(&[db.addr()], "shutdown_timeout = \"60s\"\n"));
     let mut tx = app(&s).await;
     fresh_db(&mut tx, "fault_drain").await;
     tx.query_drop("CREATE TABLE t (id INT)").await.unwrap();
@@ -158,7 +151,7 @@ async fn graceful_shutdown_lets_an_open_transaction_finish() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_limit_gives_error_1040() {
     let db = shared_db();
-    let s = start_sluice_config(&config(&[db.addr()], "[proxy]\nmax_connections = 2\n"));
+    let s = start_sluice_config(&config(&[db.addr()], "max_connections = 2\n"));
     let a = app(&s).await;
     let b = app(&s).await;
     let e = mysql_async::Conn::new(mysql_async::Opts::from(opts(&s.listen, "app", "apppw"))).await.expect_err("refused");
@@ -174,7 +167,7 @@ async fn connection_limit_gives_error_1040() {
 #[test]
 fn a_client_that_stalls_during_login_loses_its_slot() {
     let db = shared_db();
-    let s = start_sluice_config(&config(&[db.addr()], "[proxy]\nhandshake_timeout = \"300ms\"\nmax_connections = 3\n"));
+    let s = start_sluice_config(&config(&[db.addr()], "handshake_timeout = \"300ms\"\nmax_connections = 3\n"));
     let mut stalled: Vec<Raw> = (0..3).map(|_| Raw::connect(&s.listen)).collect();
     for r in stalled.iter_mut() {
         r.read_packet().expect("greeting");
@@ -191,7 +184,7 @@ fn a_client_that_stalls_during_login_loses_its_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_sessions_are_closed_after_idle_timeout() {
     let db = shared_db();
-    let s = start_sluice_config(&config(&[db.addr()], "[proxy]\nidle_timeout = \"300ms\"\n"));
+    let s = start_sluice_config(&config(&[db.addr()], "idle_timeout = \"300ms\"\n"));
     let mut c = app(&s).await;
     c.ping().await.unwrap();
     wait_for("idle session closed", || admin_get(&s, "/sessions", None).1 == "[]");
@@ -201,7 +194,7 @@ async fn idle_sessions_are_closed_after_idle_timeout() {
 #[test]
 fn a_command_larger_than_max_packet_size_is_refused() {
     let db = shared_db();
-    let s = start_sluice_config(&config(&[db.addr()], "[proxy]\nmax_packet_size = 1048576\n"));
+    let s = start_sluice_config(&config(&[db.addr()], "max_packet_size = 1048576\n"));
     let mut r = Raw::login(&s.listen, "app", "apppw", None);
     let ok = r.query(&format!("SELECT LENGTH('{}')", "x".repeat(1000)));
     assert!(err_code(&ok[0]).is_none());

@@ -31,13 +31,11 @@ async fn rig() -> Rig {
     let db = shared_db();
     db.sql("CREATE DATABASE IF NOT EXISTS inj; CREATE TABLE IF NOT EXISTS inj.t (a INT, b VARCHAR(100))");
     let shim = FaultProxy::start(&db.addr());
-    let cfg = format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-         [health]\ninterval = \"1h\"\n\
-         [proxy]\nresponse_timeout = \"2s\"\nhandshake_timeout = \"3s\"\nconnect_timeout = \"2s\"\npool_idle_max = 0\n\
-         [[backends]]\naddress = \"{}\"\n",
-        shim.addr()
-    );
+    let cfg = TestConfig::new()
+        .table("health", "interval = \"1h\"\n")
+        .proxy("response_timeout = \"2s\"\nhandshake_timeout = \"3s\"\nconnect_timeout = \"2s\"\npool_idle_max = 0\n")
+        .backend(&shim.addr())
+        .text();
     let s = start_sluice_config(&cfg);
     let other = app(&s).await;
     let fds = fd_count(&s);

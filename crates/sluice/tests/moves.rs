@@ -9,14 +9,12 @@ use mysql_async::prelude::*;
 use sluice_testkit::raw::Raw;
 
 fn users_config(dbs: &[&MariaDb]) -> String {
-    format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-         [health]\ninterval = \"200ms\"\nrise = 1\nfall = 1\n\
-         [proxy]\nbalance = \"round-robin\"\n{}\n\
-         [[users]]\nname = \"app\"\npassword = \"apppw\"\n\
-         [[users]]\nname = \"other\"\npassword = \"otherpw\"\n",
-        backends_toml(dbs)
-    )
+    TestConfig::new()
+        .table("health", "interval = \"200ms\"\nrise = 1\nfall = 1\n")
+        .proxy("balance = \"round-robin\"\n")
+        .dbs(dbs)
+        .app_users()
+        .text()
 }
 
 /// The same schema and table on every server.

@@ -11,13 +11,7 @@ use mysql_async::{Conn, Opts};
 
 /// One worker, so that every login can take what the previous session left.
 fn config(db: &MariaDb, auth: &str, extra: &str) -> String {
-    format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n{auth}\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-         [proxy]\nworkers = 1\n{extra}\n{}\
-         [[users]]\nname = \"app\"\npassword = \"apppw\"\n\
-         [[users]]\nname = \"other\"\npassword = \"otherpw\"\n",
-        backends_toml(&[db])
-    )
+    TestConfig::new().listener(&format!("{auth}\n")).proxy(&format!("workers = 1\n{extra}\n")).dbs(&[db]).app_users().text()
 }
 
 const PASSTHROUGH: &str = "auth = \"passthrough\"";

@@ -186,10 +186,7 @@ async fn kill_forms_that_cannot_be_translated_are_refused() {
 async fn kill_of_a_session_on_another_backend_in_a_multi_statement_is_refused() {
     // The same server twice: two backends, sessions spread by least connections.
     let addr = shared_db().addr();
-    let s = start_sluice_config(&format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-         [[backends]]\nname = \"a\"\naddress = \"{addr}\"\n[[backends]]\nname = \"b\"\naddress = \"{addr}\"\n"
-    ));
+    let s = TestConfig::new().backend_with(&addr, "name = \"a\"\n").backend_with(&addr, "name = \"b\"\n").start();
     let mut a = app(&s).await;
     let mut b = app(&s).await;
     let (_, body) = admin_get(&s, "/sessions", None);

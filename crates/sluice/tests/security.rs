@@ -12,13 +12,13 @@ use sluice_testkit::raw::{CLIENT_CAPS, Raw};
 
 fn users_sluice() -> SluiceProc {
     let db = shared_db();
-    start_sluice_config(&format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n{}\n\
-         [[users]]\nname = \"app\"\npassword = \"apppw\"\n\
-         [[users]]\nname = \"other\"\npassword_hash = \"{}\"\n",
-        backends_toml(&[db]),
-        db.sql("SELECT PASSWORD('otherpw')").trim()
-    ))
+    let hash = db.sql("SELECT PASSWORD('otherpw')");
+    TestConfig::new()
+        .without_admin()
+        .dbs(&[db])
+        .user("app", "password = \"apppw\"\n")
+        .user("other", &format!("password_hash = \"{}\"\n", hash.trim()))
+        .start()
 }
 
 /// Computes a client's answer from the scramble it was given.

@@ -17,16 +17,9 @@ use sluice_testkit::fault::{Action, Dir, Fault, FaultProxy, Trigger};
 const SWITCH_PLUGIN: &[u8] = b"sluice_passthrough";
 
 fn config(backend: &str, users: bool, proxy: &str) -> String {
-    let users = if users {
-        "[[users]]\nname = \"app\"\npassword = \"apppw\"\nmax_connections = 1\n\
-         [[users]]\nname = \"other\"\npassword = \"otherpw\"\n"
-    } else {
-        ""
-    };
-    format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-         [[backends]]\naddress = \"{backend}\"\n[proxy]\npool_idle_max = 0\n{proxy}\n{users}"
-    )
+    let c = TestConfig::new().backend(backend).proxy(&format!("pool_idle_max = 0\n{proxy}\n"));
+    let c = if users { c.user("app", "password = \"apppw\"\nmax_connections = 1\n").user("other", "password = \"otherpw\"\n") } else { c };
+    c.text()
 }
 
 /// Stalls what the backend sends once sluice has sent `pattern` to it.

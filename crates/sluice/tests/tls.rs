@@ -11,13 +11,14 @@ use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
 
 /// `[[users]]` for users mode (with none, listeners relay logins: passthrough).
-const USERS: &str = "[[users]]\nname = \"app\"\npassword = \"apppw\"\n[[users]]\nname = \"sec\"\npassword = \"secpw\"\n";
-const MODES: [(&str, &str); 2] = [("passthrough", ""), ("users", USERS)];
+/// Both auth modes, by name: in users mode, app and the REQUIRE SSL user sec are configured.
+const MODES: [(&str, bool); 2] = [("passthrough", false), ("users", true)];
 
-/// `[proxy]` with one worker (every login can take what the previous session pooled) and
-/// `extra` keys, then `users`.
-fn proxy(extra: &str, users: &str) -> String {
-    format!("[proxy]\nworkers = 1\n{extra}{users}")
+/// Sluice with one worker in front of `dbs` (each backend with `backend` keys), `proxy` keys,
+/// and in users mode (`users`) app and sec.
+fn config(dbs: &[&MariaDb], backend: &str, proxy: &str, users: bool) -> TestConfig {
+    let c = dbs.iter().fold(TestConfig::new(), |c, d| c.backend_with(&d.addr(), backend)).proxy(&format!("workers = 1\n{proxy}"));
+    if users { c.user("app", "password = \"apppw\"\n").user("sec", "password = \"secpw\"\n") } else { c }
 }
 
 /// A server with TLS and a user that must use it.
@@ -60,7 +61,7 @@ async fn clients_that_require_tls_get_it_with_no_configuration_and_not_with_tls_
     assert!(log.contains("self-signed certificate generated in memory") && log.contains("sha256="), "{log}");
     assert!(!log.contains("PRIVATE KEY"), "{log}");
 
-    let off = start_sluice_config(&config_toml("tls = \"off\"\n", &[db], "", ""));
+    let off = TestConfig::new().root("tls = \"off\"\n").dbs(&[db]).start();
     let e = connect_tls(&off.listen, "app", "apppw").await.expect_err("no TLS with tls = \"off\"");
     assert!(e.to_string().to_lowercase().contains("ssl") || e.to_string().to_lowercase().contains("secure"), "{e}");
     let mut plain = connect_plain(&off.listen, "app", "apppw").await.expect("plain clients still log in");
@@ -72,7 +73,7 @@ async fn clients_that_require_tls_get_it_with_no_configuration_and_not_with_tls_
 async fn require_ssl_users_log_in_through_sluice_and_ssl_cipher_tells_the_truth() {
     let (db, _) = tls_db_with_require_ssl_user();
     for (mode, users) in MODES {
-        let s = start_sluice_config(&config_toml("", &[&db], "", &proxy("", users)));
+        let s = config(&[&db], "", "", users).start();
         // A TLS client: the backend leg is TLS too ("auto").
         let mut c = connect_tls(&s.listen, "sec", "secpw").await.unwrap_or_else(|e| panic!("{mode}: REQUIRE SSL user over TLS: {e}"));
         assert!(!ssl_cipher(&mut c).await.is_empty(), "{mode}: the backend leg is encrypted");
@@ -94,14 +95,14 @@ async fn backend_tls_off_and_on() {
     let (db, ca) = tls_db_with_require_ssl_user();
     for (_, users) in MODES {
         // "off": never, so the REQUIRE SSL user cannot log in even over a TLS client leg.
-        let off = start_sluice_config(&config_toml("", &[&db], "", &proxy("backend_tls = \"off\"\n", users)));
+        let off = config(&[&db], "", "backend_tls = \"off\"\n", users).start();
         let e = connect_tls(&off.listen, "sec", "secpw").await.expect_err("REQUIRE SSL over a plain backend leg");
         assert!(e.to_string().contains("1045"), "{e}");
         let mut c = connect_tls(&off.listen, "app", "apppw").await.unwrap();
         assert_eq!(ssl_cipher(&mut c).await, "");
         // "on" (per backend, verified against its CA): a plain client's backend leg is TLS.
         let verified = format!("tls = \"on\"\ntls_ca = \"{}\"\n", ca.display());
-        let on = start_sluice_config(&config_toml("", &[&db], &verified, &proxy("", users)));
+        let on = config(&[&db], &verified, "", users).start();
         let mut p = connect_plain(&on.listen, "app", "apppw").await.unwrap();
         assert!(!ssl_cipher(&mut p).await.is_empty(), "backend_tls = \"on\" encrypts a plain client's backend leg");
         let mut sec = connect_plain(&on.listen, "sec", "secpw").await.expect("REQUIRE SSL user over a TLS backend leg");
@@ -109,8 +110,11 @@ async fn backend_tls_off_and_on() {
     }
     // "on" with a backend that offers no TLS: the login fails and says why, and health checks
     // take the backend down.
-    let rest = "[proxy]\nbackend_tls = \"on\"\n[health]\ninterval = \"100ms\"\nfall = 1\n";
-    let s = start_sluice_config(&config_toml("", &[shared_db()], "tls_skip_verify = true\n", rest));
+    let s = TestConfig::new()
+        .backend_with(&shared_db().addr(), "tls_skip_verify = true\n")
+        .proxy("backend_tls = \"on\"\n")
+        .table("health", "interval = \"100ms\"\nfall = 1\n")
+        .start();
     let e = connect_plain(&s.listen, "app", "apppw").await.expect_err("no TLS to be had");
     assert!(e.to_string().contains("does not offer TLS"), "{e}");
     wait_for("the backend is down", || admin_get(&s, "/backends", None).1.contains("\"up\":false"));
@@ -123,7 +127,7 @@ async fn pooled_connections_go_only_to_clients_with_the_same_tls() {
     let pooled = |s: &SluiceProc| metric_sum(s, "sluice_backend_pool_idle{");
     let reused = |s: &SluiceProc| metric_sum(s, "sluice_backend_pool_reused_total{");
     for (mode, users) in MODES {
-        let s = start_sluice_config(&config_toml("", &[&db], "", &proxy("", users)));
+        let s = config(&[&db], "", "", users).start();
         // A plain client leaves its (plain) backend connection in the pool.
         connect_plain(&s.listen, "app", "apppw").await.unwrap().disconnect().await.unwrap();
         wait_for("the plain connection is pooled", || pooled(&s) == 1);
@@ -150,7 +154,7 @@ async fn port_of(c: &mut Conn) -> u16 {
 async fn a_require_ssl_session_kills_and_moves_over_tls() {
     let (a, _) = tls_db_with_require_ssl_user();
     let (b, _) = tls_db_with_require_ssl_user();
-    let s = start_sluice_config(&config_toml("", &[&a, &b], "", &proxy("balance = \"round-robin\"\n", USERS)));
+    let s = config(&[&a, &b], "", "balance = \"round-robin\"\n", true).start();
     let mut first = connect_tls(&s.listen, "sec", "secpw").await.unwrap();
     let mut second = connect_tls(&s.listen, "sec", "secpw").await.unwrap();
     let port = port_of(&mut first).await;

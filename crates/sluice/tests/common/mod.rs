@@ -43,17 +43,98 @@ pub fn start_sluice_config(toml: &str) -> SluiceProc {
     SluiceProc::start(bin(), &["--config".to_string(), path.display().to_string()])
 }
 
-/// `[[backends]]` entries for servers.
-pub fn backends_toml(dbs: &[&MariaDb]) -> String {
-    dbs.iter().map(|d| format!("[[backends]]\naddress = \"{}\"\n", d.addr())).collect()
+/// A configuration file for a test: a listener and the admin API on free loopback ports, and
+/// whatever the test adds. Keys of one table given in several calls land in that one table.
+#[derive(Clone, Default)]
+pub struct TestConfig {
+    root: String,
+    listener: String,
+    admin: Option<String>,
+    tables: Vec<(String, String)>,
+    arrays: String,
 }
 
-/// A configuration file: `root` keys first (such as `tls = "off"`), a listener on a free port,
-/// the admin API, `dbs` as backends each with the `backend` keys (such as `tls_ca = ...`), then
-/// `rest` (tables such as `[proxy]` or `[[users]]`).
-pub fn config_toml(root: &str, dbs: &[&MariaDb], backend: &str, rest: &str) -> String {
-    let backends: String = dbs.iter().map(|d| format!("[[backends]]\naddress = \"{}\"\n{backend}", d.addr())).collect();
-    format!("{root}[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{backends}{rest}")
+impl TestConfig {
+    pub fn new() -> TestConfig {
+        TestConfig { admin: Some(String::new()), ..Default::default() }
+    }
+
+    /// Keys before any table (`tls = "off"`).
+    pub fn root(mut self, keys: &str) -> Self {
+        self.root.push_str(keys);
+        self
+    }
+
+    /// More keys of the listener (`auth = "users"`).
+    pub fn listener(mut self, keys: &str) -> Self {
+        self.listener.push_str(keys);
+        self
+    }
+
+    /// More keys of `[admin]` (`token = "..."`).
+    pub fn admin(mut self, keys: &str) -> Self {
+        self.admin.get_or_insert_with(String::new).push_str(keys);
+        self
+    }
+
+    pub fn without_admin(mut self) -> Self {
+        self.admin = None;
+        self
+    }
+
+    /// Keys of a table such as `proxy` or `health`.
+    pub fn table(mut self, name: &str, keys: &str) -> Self {
+        match self.tables.iter_mut().find(|(n, _)| n == name) {
+            Some((_, k)) => k.push_str(keys),
+            None => self.tables.push((name.to_string(), keys.to_string())),
+        }
+        self
+    }
+
+    pub fn proxy(self, keys: &str) -> Self {
+        self.table("proxy", keys)
+    }
+
+    /// A backend at `address` (`HOST:PORT` or a socket path) with more keys of its own.
+    pub fn backend_with(mut self, address: &str, keys: &str) -> Self {
+        self.arrays.push_str(&format!("[[backends]]\naddress = \"{address}\"\n{keys}"));
+        self
+    }
+
+    pub fn backend(self, address: &str) -> Self {
+        self.backend_with(address, "")
+    }
+
+    /// The servers as backends.
+    pub fn dbs(self, dbs: &[&MariaDb]) -> Self {
+        dbs.iter().fold(self, |c, d| c.backend(&d.addr()))
+    }
+
+    /// A `[[users]]` entry (users mode) with more keys of its own.
+    pub fn user(mut self, name: &str, keys: &str) -> Self {
+        self.arrays.push_str(&format!("[[users]]\nname = \"{name}\"\n{keys}"));
+        self
+    }
+
+    /// The users every test server has, app/apppw and other/otherpw, in users mode.
+    pub fn app_users(self) -> Self {
+        self.user("app", "password = \"apppw\"\n").user("other", "password = \"otherpw\"\n")
+    }
+
+    pub fn text(&self) -> String {
+        let mut s = format!("{}[[listeners]]\naddress = \"127.0.0.1:0\"\n{}", self.root, self.listener);
+        if let Some(admin) = &self.admin {
+            s.push_str(&format!("[admin]\nlisten = \"127.0.0.1:0\"\n{admin}"));
+        }
+        for (name, keys) in &self.tables {
+            s.push_str(&format!("[{name}]\n{keys}"));
+        }
+        s + &self.arrays
+    }
+
+    pub fn start(&self) -> SluiceProc {
+        start_sluice_config(&self.text())
+    }
 }
 
 pub fn opts(addr: &str, user: &str, pass: &str) -> OptsBuilder {
