@@ -47,6 +47,12 @@ pub struct Activity {
 }
 
 impl Activity {
+    /// Counted from `now_ms`, as if the backend had just served: health checks start passive,
+    /// as they did when this clock began with the process.
+    pub fn since(now_ms: u64) -> Activity {
+        Activity { last_ok_ms: AtomicU64::new(now_ms) }
+    }
+
     /// Records success at `now_ms` (cheap: stores only when the stored value is stale).
     #[inline]
     pub fn record(&self, now_ms: u64) {
@@ -97,7 +103,7 @@ impl Backend {
             up: AtomicBool::new(true),
             sessions: AtomicUsize::new(0),
             metrics,
-            activity: Default::default(),
+            activity: Activity::since(crate::metrics::mono_ns() / 1_000_000),
             health: Mutex::new(HealthState {
                 reason: None,
                 consecutive_ok: 0,
