@@ -385,7 +385,7 @@ impl ResponseTracker {
         self.last_status = Some(st);
         // Only a command that may have several results has another one coming: rows fetched
         // from a cursor, a field list or a single reply end at their terminator.
-        let more = self.multi && self.phase != Phase::FieldList && st & status::MORE_RESULTS_EXISTS != 0;
+        let more = self.multi && st & status::MORE_RESULTS_EXISTS != 0;
         self.phase = if more { Phase::First } else { Phase::Done };
         Ok(())
     }

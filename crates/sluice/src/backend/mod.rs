@@ -41,7 +41,6 @@ pub struct HealthState {
 
 /// When a backend last served traffic successfully (passive health): milliseconds of the
 /// monotonic clock ([`crate::metrics::mono_ns`] / 10^6).
-#[derive(Default)]
 pub struct Activity {
     last_ok_ms: AtomicU64,
 }
