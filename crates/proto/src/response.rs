@@ -40,8 +40,8 @@ pub enum Expect {
 pub trait Sink {
     /// An OK packet, or the OK-shaped terminator of a result set.
     fn ok(&mut self, _ok: &basic::Ok<'_>) {}
-    /// The status flags of a classic EOF packet.
-    fn eof(&mut self, _status: u16) {}
+    /// The status flags and warning count of a classic EOF packet.
+    fn eof(&mut self, _status: u16, _warnings: u16) {}
     fn err(&mut self, _err: &basic::Err<'_>) {}
     /// A result set begins (column count known).
     fn result_set(&mut self, _columns: u64) {}
@@ -52,6 +52,14 @@ pub trait Sink {
 /// A sink that ignores everything.
 pub struct NoSink;
 impl Sink for NoSink {}
+
+/// The warning count of a classic EOF packet (0xfe, warnings, status).
+fn eof_warnings(p: &[u8]) -> u16 {
+    match p {
+        [0xfe, a, b, _, _, ..] => u16::from_le_bytes([*a, *b]),
+        _ => 0,
+    }
+}
 
 /// Result of one scan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -321,7 +329,7 @@ impl ResponseTracker {
             Phase::ColumnsEof => match first {
                 Some(0xfe) => {
                     let st = basic::terminator_status(p, self.deprecate_eof).ok_or(Malformed("eof"))?;
-                    sink.eof(st);
+                    sink.eof(st, eof_warnings(p));
                     self.last_status = Some(st);
                     // A cursor was opened: rows come later through COM_STMT_FETCH. Only an
                     // execute that asked for one gets one; elsewhere the flag is noise.
@@ -365,7 +373,7 @@ impl ResponseTracker {
             return Err(Malformed("expected EOF"));
         }
         let st = basic::terminator_status(p, self.deprecate_eof).ok_or(Malformed("eof"))?;
-        sink.eof(st);
+        sink.eof(st, eof_warnings(p));
         Ok(())
     }
 
@@ -373,7 +381,7 @@ impl ResponseTracker {
     fn terminator<S: Sink>(&mut self, p: &[u8], sink: &mut S) -> Result<(), Malformed> {
         let st = if p[0] == 0xfe && !self.deprecate_eof {
             let st = basic::terminator_status(p, self.deprecate_eof).ok_or(Malformed("eof"))?;
-            sink.eof(st);
+            sink.eof(st, eof_warnings(p));
             st
         } else {
             let ok = basic::Ok::parse(p, self.session_track)?;

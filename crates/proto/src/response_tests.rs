@@ -66,7 +66,7 @@ impl Sink for Count {
     fn ok(&mut self, _: &basic::Ok<'_>) {
         self.oks += 1;
     }
-    fn eof(&mut self, _: u16) {
+    fn eof(&mut self, _: u16, _: u16) {
         self.eofs += 1;
     }
     fn err(&mut self, _: &basic::Err<'_>) {

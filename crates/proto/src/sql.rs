@@ -164,21 +164,34 @@ pub fn write_kill(k: &Kill, id: u64, out: &mut Vec<u8>) {
 /// so cannot recreate elsewhere. Bits of [`hazards`]'s result.
 pub mod hazard {
     /// A user variable (`@name`) is read or written.
-    pub const USER_VARIABLE: u8 = 1;
+    pub const USER_VARIABLE: u16 = 1;
     /// `TEMPORARY` (a temporary table lives on its connection).
-    pub const TEMPORARY_TABLE: u8 = 2;
+    pub const TEMPORARY_TABLE: u16 = 2;
     /// `GET_LOCK(...)` or `LOCK TABLE(S)`.
-    pub const LOCK: u8 = 4;
+    pub const LOCK: u16 = 4;
     /// SQL-level `PREPARE` (the statement lives on its connection).
-    pub const SQL_PREPARE: u8 = 8;
+    pub const SQL_PREPARE: u16 = 8;
+    /// `HANDLER` (an open table handler lives on its connection).
+    pub const HANDLER: u16 = 16;
+    /// `XA` (a prepared XA transaction stays with its connection).
+    pub const XA: u16 = 32;
+    /// Hazards that last until the session's state is reset.
+    pub const LASTING: u16 = USER_VARIABLE | TEMPORARY_TABLE | LOCK | SQL_PREPARE | HANDLER | XA;
+    /// `SET TRANSACTION` without `SESSION`: it applies to the connection's next transaction.
+    pub const SET_TRANSACTION: u16 = 64;
+    /// `SQL_CALC_FOUND_ROWS`: the next statement may read `FOUND_ROWS()`.
+    pub const FOUND_ROWS: u16 = 128;
+    /// `ROW_COUNT()` is read: the statement before it must have run on the same connection.
+    pub const ROW_COUNT: u16 = 256;
 }
 
 /// Scans SQL text once for the [`hazard`] bits: words and `@` outside string literals, quoted
 /// identifiers and comments. It errs towards reporting (a hazard only stops a session from
 /// moving to another backend connection).
-pub fn hazards(sql: &[u8]) -> u8 {
+pub fn hazards(sql: &[u8]) -> u16 {
     let mut found = 0;
     let mut prev_lock = false;
+    let mut prev_set = false;
     let mut i = 0;
     while i < sql.len() {
         let c = sql[i];
@@ -221,14 +234,26 @@ pub fn hazards(sql: &[u8]) -> u8 {
                     found |= hazard::LOCK;
                 } else if eq(b"PREPARE") {
                     found |= hazard::SQL_PREPARE;
+                } else if eq(b"HANDLER") {
+                    found |= hazard::HANDLER;
+                } else if eq(b"XA") {
+                    found |= hazard::XA;
+                } else if prev_set && eq(b"TRANSACTION") {
+                    found |= hazard::SET_TRANSACTION;
+                } else if eq(b"SQL_CALC_FOUND_ROWS") {
+                    found |= hazard::FOUND_ROWS;
+                } else if eq(b"ROW_COUNT") {
+                    found |= hazard::ROW_COUNT;
                 }
                 prev_lock = eq(b"LOCK");
+                prev_set = eq(b"SET");
                 continue;
             }
             _ => i += 1,
         }
         if !c.is_ascii_whitespace() {
             prev_lock = false;
+            prev_set = false;
         }
     }
     found
@@ -318,5 +343,11 @@ mod tests {
         assert_eq!(hazards(b"SELECT temporary_x, prepared FROM t"), 0);
         assert_eq!(hazards(b"/*!50000 SET @x=1 */"), USER_VARIABLE);
         assert_eq!(hazards(b"'unterminated @x"), 0);
+        assert_eq!(hazards(b"HANDLER t OPEN"), HANDLER);
+        assert_eq!(hazards(b"XA START 'x'"), XA);
+        assert_eq!(hazards(b"SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"), SET_TRANSACTION);
+        assert_eq!(hazards(b"SET SESSION TRANSACTION READ ONLY"), 0);
+        assert_eq!(hazards(b"SELECT SQL_CALC_FOUND_ROWS * FROM t LIMIT 1"), FOUND_ROWS);
+        assert_eq!(hazards(b"SELECT ROW_COUNT()"), ROW_COUNT);
     }
 }

@@ -1,19 +1,21 @@
 //! The admin HTTP API, served on its own thread so a saturated data plane cannot starve it:
-//! `/health`, `/metrics`, `/backends`, `/sessions`. With `admin.token` set, every request
+//! `/health`, `/metrics`, `/backends`, `/sessions`; `POST /backends/{name}/drain` and
+//! `/undrain`, `POST /sessions/{id}/move[?to=backend]`. With `admin.token` set, every request
 //! needs `Authorization: Bearer <token>` (compared in constant time).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Json, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde::Serialize;
 
 use crate::ctx::Ctx;
+use crate::metrics::MoveReason;
 
 pub fn router(ctx: Arc<Ctx>) -> Router {
     Router::new()
@@ -21,6 +23,9 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/metrics", get(metrics))
         .route("/backends", get(backends))
         .route("/sessions", get(sessions))
+        .route("/sessions/{id}/move", post(move_session))
+        .route("/backends/{name}/drain", post(drain))
+        .route("/backends/{name}/undrain", post(undrain))
         .layer(middleware::from_fn_with_state(ctx.clone(), require_token))
         .with_state(ctx)
 }
@@ -74,6 +79,12 @@ struct BackendView {
     sessions: usize,
     /// Idle backend connections kept for reuse.
     pooled: usize,
+    /// Logged-in connections multiplexed sessions gave back.
+    spare: usize,
+    /// Connections open under `max_backend_connections` (in use and spare).
+    capped_open: usize,
+    /// No new session comes here; sessions leave at their next safe point.
+    draining: bool,
     checks: u64,
     consecutive_ok: u32,
     consecutive_fail: u32,
@@ -93,6 +104,7 @@ async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
             .map(|b| {
                 let h = b.health.lock().clone();
                 let info = b.info.lock().clone();
+                let (spare, capped_open) = b.shared.counts();
                 BackendView {
                     name: b.name.clone(),
                     address: b.address.to_string(),
@@ -101,6 +113,9 @@ async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
                     reason: h.reason,
                     sessions: b.sessions.load(Ordering::Relaxed),
                     pooled: b.pooled(),
+                    spare,
+                    capped_open,
+                    draining: b.is_draining(),
                     checks: h.checks,
                     consecutive_ok: h.consecutive_ok,
                     consecutive_fail: h.consecutive_fail,
@@ -116,4 +131,74 @@ async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
 
 async fn sessions(State(ctx): State<Arc<Ctx>>) -> Json<Vec<crate::session::SessionInfo>> {
     Json(ctx.sessions.all().iter().map(|h| h.snapshot()).collect())
+}
+
+fn not_found(what: String) -> Response {
+    (StatusCode::NOT_FOUND, Json(serde_json::json!({ "error": what }))).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct MoveTo {
+    to: Option<String>,
+}
+
+/// Asks a session to move at its next safe point, to the backend named (another one if none).
+async fn move_session(State(ctx): State<Arc<Ctx>>, Path(id): Path<u32>, Query(q): Query<MoveTo>) -> Response {
+    let Some(h) = ctx.sessions.get(id) else { return not_found(format!("no session {id}")) };
+    let to = match &q.to {
+        None => None,
+        Some(name) => match ctx.backends.list.iter().find(|b| b.name == *name) {
+            Some(b) if b.is_usable() => Some(b.index),
+            Some(b) => {
+                let why = if b.is_draining() { "draining".to_string() } else { format!("down: {}", b.out_reason()) };
+                return (StatusCode::CONFLICT, Json(serde_json::json!({ "error": format!("backend {name} is {why}") }))).into_response();
+            }
+            None => return not_found(format!("no backend {name}")),
+        },
+    };
+    h.ask_move(to, MoveReason::Request);
+    let pins: Vec<&str> = h.snapshot().pins.iter().map(|p| p.as_str()).collect();
+    let body = serde_json::json!({ "session": id, "to": q.to, "pins": pins, "moves": "at its next safe point" });
+    (StatusCode::ACCEPTED, Json(body)).into_response()
+}
+
+/// Drains a backend: no new session goes there, and every session on it moves at its next safe
+/// point; those that cannot move (passthrough) are closed at their next safe point once
+/// `drain_timeout` passed.
+async fn drain(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>) -> Response {
+    let Some(b) = ctx.backends.list.iter().find(|b| b.name == name).cloned() else { return not_found(format!("no backend {name}")) };
+    b.set_draining(true);
+    let mut asked = 0;
+    ctx.sessions.for_each(|h| {
+        if h.backend_index.load(Ordering::Relaxed) as usize == b.index {
+            h.ask_move(None, MoveReason::Drain);
+            asked += 1;
+        }
+    });
+    tracing::info!(backend = %b.name, sessions = asked, "draining backend");
+    // Once drain_timeout passed, the sessions that could not move are woken to close.
+    let (ctx2, b2) = (ctx.clone(), b.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(ctx2.config.proxy.drain_timeout).await;
+        if b2.is_draining() {
+            ctx2.sessions.for_each(|h| {
+                if h.backend_index.load(Ordering::Relaxed) as usize == b2.index {
+                    h.wake.notify();
+                }
+            });
+        }
+    });
+    (StatusCode::ACCEPTED, Json(serde_json::json!({ "backend": name, "draining": true, "sessions": asked }))).into_response()
+}
+
+/// Ends a drain: the backend takes new sessions again; moves not made yet are called off.
+async fn undrain(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>) -> Response {
+    let Some(b) = ctx.backends.list.iter().find(|b| b.name == name).cloned() else { return not_found(format!("no backend {name}")) };
+    b.set_draining(false);
+    ctx.sessions.for_each(|h| {
+        if h.backend_index.load(Ordering::Relaxed) as usize == b.index {
+            h.cancel_move(MoveReason::Drain);
+        }
+    });
+    (StatusCode::OK, Json(serde_json::json!({ "backend": name, "draining": false }))).into_response()
 }

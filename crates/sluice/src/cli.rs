@@ -59,10 +59,10 @@ impl Cli {
         };
         let flag_err = |m: String| ConfigError { file: None, line: None, message: m };
         if !self.listen.is_empty() {
-            cfg.listeners = self.listen.iter().map(|a| ListenerConfig { address: spanned(a), auth: None }).collect();
+            cfg.listeners = self.listen.iter().map(|a| ListenerConfig { address: spanned(a), auth: None, multiplex: None }).collect();
         }
         if cfg.listeners.is_empty() {
-            cfg.listeners.push(ListenerConfig { address: spanned("127.0.0.1:6033"), auth: None });
+            cfg.listeners.push(ListenerConfig { address: spanned("127.0.0.1:6033"), auth: None, multiplex: None });
         }
         if !self.backend.is_empty() {
             cfg.backends = self

@@ -95,6 +95,23 @@ pub struct ProxyConfig {
     pub pool_idle_timeout: Duration,
     /// TLS to backends unless a backend says otherwise (`backends.tls`).
     pub backend_tls: BackendTls,
+    /// Users-mode sessions give their backend connection back at every safe point and take
+    /// one of the same user and backend at their next statement (also per listener).
+    pub multiplex: bool,
+    /// Most connections sluice opens to one backend for sessions (health checks aside),
+    /// shared out among the workers; 0: no limit.
+    pub max_backend_connections: usize,
+    /// How long a statement (or login) waits for a connection when a backend is at
+    /// `max_backend_connections` before it gets an error.
+    #[serde(deserialize_with = "duration")]
+    pub queue_timeout: Duration,
+    /// Sessions that cannot move (passthrough) are closed at their next safe point once their
+    /// backend has been draining this long.
+    #[serde(deserialize_with = "duration")]
+    pub drain_timeout: Duration,
+    /// Testing aid: users-mode sessions move to a fresh connection on the next backend at every
+    /// safe point, so that a client library's test suite runs across many connections.
+    pub move_every_statement: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -133,6 +150,11 @@ impl Default for ProxyConfig {
             pool_idle_max: 16,
             pool_idle_timeout: Duration::from_secs(60),
             backend_tls: BackendTls::Auto,
+            multiplex: false,
+            max_backend_connections: 0,
+            queue_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(60),
+            move_every_statement: false,
         }
     }
 }
@@ -144,6 +166,8 @@ pub struct ListenerConfig {
     pub address: Spanned<String>,
     /// Defaults to `users` when `[[users]]` are configured, else `passthrough`.
     pub auth: Option<AuthMode>,
+    /// Multiplex this listener's sessions; unset: `proxy.multiplex`.
+    pub multiplex: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -503,6 +527,14 @@ impl Config {
                 _ => {}
             }
         }
+        let workers = self.lanes();
+        if self.proxy.max_backend_connections != 0 && self.proxy.max_backend_connections < workers {
+            let m = format!(
+                "proxy.max_backend_connections ({}) is shared out among {workers} workers: set at least {workers}, or fewer workers",
+                self.proxy.max_backend_connections
+            );
+            return Err(ConfigError { file: None, line: None, message: m });
+        }
         if self.health.rise == 0 || self.health.fall == 0 {
             return Err(ConfigError { file: None, line: None, message: "health.rise and health.fall must be at least 1".into() });
         }
@@ -535,6 +567,12 @@ impl Config {
     /// The auth mode a listener uses.
     pub fn auth_mode(&self, l: &ListenerConfig) -> AuthMode {
         l.auth.unwrap_or(if self.users.is_empty() { AuthMode::Passthrough } else { AuthMode::Users })
+    }
+
+    /// How many workers own connections apart (each its share of `max_backend_connections`):
+    /// every per-core worker, or the one shared runtime.
+    pub fn lanes(&self) -> usize {
+        if self.proxy.runtime == RuntimeFlavor::PerCore { self.workers() } else { 1 }
     }
 
     pub fn workers(&self) -> usize {

@@ -37,7 +37,7 @@ impl Ctx {
             .backends
             .iter()
             .enumerate()
-            .map(|(i, b)| Backend::from_config(i, b, metrics.backends[i].clone(), &config.proxy))
+            .map(|(i, b)| Backend::from_config(i, b, metrics.backends[i].clone(), &config.proxy, config.lanes()))
             .collect::<Result<Vec<_>, _>>()?;
         let tls = crate::tls::ClientTls::from_config(&config.tls, std::time::SystemTime::now())?;
         let rsa = if config.users.is_empty() { None } else { Some(crate::auth::RsaKey::generate()?) };

@@ -142,6 +142,43 @@ pub struct BackendMetrics {
     pub pool_reused: Counter,
     /// Connections reset (COM_RESET_CONNECTION) on their way into the pool.
     pub pool_resets: Counter,
+    /// Statements (and logins) waiting for a connection at `max_backend_connections` now.
+    pub queue_waiting: Gauge,
+    /// How long they waited.
+    pub queue_wait: AtomicHistogram,
+    /// Waits that ran out of `queue_timeout`.
+    pub queue_timeouts: Counter,
+    /// Logged-in connections that multiplexed sessions gave back, kept for the next statement.
+    pub shared_spare: Gauge,
+}
+
+/// Why a session moved to another backend connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveReason {
+    /// Its connection was lost while it was idle.
+    Failure,
+    /// Its backend is draining.
+    Drain,
+    /// Sessions are being spread to the weights again.
+    Rebalance,
+    /// Asked through the admin API.
+    Request,
+    /// `move_every_statement` (testing).
+    Test,
+}
+
+impl MoveReason {
+    pub const ALL: [MoveReason; 5] = [MoveReason::Failure, MoveReason::Drain, MoveReason::Rebalance, MoveReason::Request, MoveReason::Test];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoveReason::Failure => "failure",
+            MoveReason::Drain => "drain",
+            MoveReason::Rebalance => "rebalance",
+            MoveReason::Request => "request",
+            MoveReason::Test => "test",
+        }
+    }
 }
 
 /// Why a connection was refused.
@@ -192,8 +229,10 @@ pub struct Metrics {
     pub bytes_from_clients: ShardedCounter,
     pub bytes_to_clients: ShardedCounter,
     errors: [Counter; 3],
-    /// Sessions moved to a new backend connection after losing theirs: [moved, failed].
-    pub session_moves: [Counter; 2],
+    /// Sessions moved to another backend connection, by [`MoveReason`]: [moved, failed].
+    pub session_moves: [[Counter; 2]; 5],
+    /// Times a multiplexed session kept its connection at a safe point, by pin.
+    session_pins: Family<Labels, Counter>,
     pub backends: Vec<BackendMetrics>,
 }
 
@@ -226,8 +265,15 @@ impl Metrics {
             [Side::Client, Side::Backend, Side::Proxy].map(|s| errors_family.get_or_create(&vec![("side", s.as_str().into())]).clone());
 
         let moves = Family::<Labels, Counter>::default();
-        registry.register("session_moves", "Sessions that lost their backend connection while idle, by outcome", moves.clone());
-        let session_moves = ["moved", "failed"].map(|r| moves.get_or_create(&vec![("result", r.into())]).clone());
+        registry.register("session_moves", "Sessions moved to another backend connection, by reason and outcome", moves.clone());
+        let session_moves = MoveReason::ALL
+            .map(|m| ["moved", "failed"].map(|r| moves.get_or_create(&vec![("reason", m.as_str().into()), ("result", r.into())]).clone()));
+        let session_pins = Family::<Labels, Counter>::default();
+        registry.register(
+            "session_pins",
+            "Safe points at which a multiplexed session kept its backend connection, by the reason that began",
+            session_pins.clone(),
+        );
 
         let up = Family::<Labels, Gauge>::default();
         registry.register("backend_up", "1 when the backend passes health checks", up.clone());
@@ -251,6 +297,22 @@ impl Metrics {
             "Time from a command reaching the backend to the end of its response",
             latency.clone(),
         );
+        let queue_waiting = Family::<Labels, Gauge>::default();
+        registry.register("backend_queue_waiting", "Statements waiting for a connection at max_backend_connections", queue_waiting.clone());
+        let queue_wait = Family::<Labels, AtomicHistogram>::default();
+        registry.register(
+            "backend_queue_wait_seconds",
+            "Time statements waited for a connection at max_backend_connections",
+            queue_wait.clone(),
+        );
+        let queue_timeouts = Family::<Labels, Counter>::default();
+        registry.register("backend_queue_timeouts", "Waits for a connection that ran out of queue_timeout", queue_timeouts.clone());
+        let shared_spare = Family::<Labels, Gauge>::default();
+        registry.register(
+            "backend_shared_spare",
+            "Connections multiplexed sessions gave back, kept for their next statements",
+            shared_spare.clone(),
+        );
         let backends = backend_names
             .iter()
             .map(|n| {
@@ -263,6 +325,10 @@ impl Metrics {
                     pool_idle: pool_idle.get_or_create(&l).clone(),
                     pool_reused: pool_reused.get_or_create(&l).clone(),
                     pool_resets: pool_resets.get_or_create(&l).clone(),
+                    queue_waiting: queue_waiting.get_or_create(&l).clone(),
+                    queue_wait: queue_wait.get_or_create(&l).clone(),
+                    queue_timeouts: queue_timeouts.get_or_create(&l).clone(),
+                    shared_spare: shared_spare.get_or_create(&l).clone(),
                 }
             })
             .collect();
@@ -277,8 +343,18 @@ impl Metrics {
             bytes_to_clients,
             errors,
             session_moves,
+            session_pins,
             backends,
         }
+    }
+
+    pub fn moved(&self, why: MoveReason, ok: bool) {
+        self.session_moves[why as usize][usize::from(!ok)].inc();
+    }
+
+    /// A multiplexed session kept its connection for a reason it did not have before.
+    pub fn pinned(&self, reason: &'static str) {
+        self.session_pins.get_or_create(&vec![("reason", reason.into())]).inc();
     }
 
     #[inline]

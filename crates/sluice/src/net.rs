@@ -15,6 +15,12 @@ pub enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
     Tls(Box<tokio_rustls::TlsStream<Stream>>),
+    /// No connection: a multiplexed session between statements. Every operation fails.
+    Detached,
+}
+
+fn detached() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "the session holds no backend connection")
 }
 
 impl Stream {
@@ -30,6 +36,7 @@ impl Stream {
             Stream::Tcp(s) => try_recv(|f| s.try_io(Interest::READABLE, f), s.as_raw_fd(), buf),
             Stream::Unix(s) => try_recv(|f| s.try_io(Interest::READABLE, f), s.as_raw_fd(), buf),
             Stream::Tls(_) => Err(io::ErrorKind::WouldBlock.into()),
+            Stream::Detached => Err(detached()),
         }
     }
 
@@ -66,6 +73,7 @@ impl Stream {
                 Stream::Tcp(s) => s.try_io(Interest::WRITABLE, || sys::send(s.as_raw_fd(), &data[done..])),
                 Stream::Unix(s) => s.try_io(Interest::WRITABLE, || sys::send(s.as_raw_fd(), &data[done..])),
                 Stream::Tls(_) => break,
+                Stream::Detached => return Err(detached()),
             };
             match r {
                 // (A socket that takes nothing is left to write_all, which reports it.)
@@ -91,7 +99,7 @@ impl Stream {
     pub fn is_unix(&self) -> bool {
         match self {
             Stream::Unix(_) => true,
-            Stream::Tcp(_) => false,
+            Stream::Tcp(_) | Stream::Detached => false,
             Stream::Tls(t) => t.get_ref().0.is_unix(),
         }
     }
@@ -104,6 +112,7 @@ impl Stream {
             Stream::Tcp(s) => socket2::SockRef::from(s).peek(&mut b),
             Stream::Unix(s) => socket2::SockRef::from(s).peek(&mut b),
             Stream::Tls(t) => return t.get_ref().0.is_quiet(),
+            Stream::Detached => return false,
         };
         matches!(peek, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
@@ -126,6 +135,7 @@ impl Stream {
             Stream::Tcp(s) => s.poll_read_ready(cx),
             Stream::Unix(s) => s.poll_read_ready(cx),
             Stream::Tls(_) => Poll::Pending,
+            Stream::Detached => Poll::Ready(Err(detached())),
         }
     }
 }
@@ -272,6 +282,7 @@ macro_rules! delegate {
                 let $s = Pin::new(&mut **$s);
                 $e
             }
+            Stream::Detached => Poll::Ready(Err(detached())),
         }
     };
 }
@@ -294,6 +305,7 @@ impl AsyncWrite for Stream {
             Stream::Tcp(s) => s.is_write_vectored(),
             Stream::Unix(s) => s.is_write_vectored(),
             Stream::Tls(s) => s.is_write_vectored(),
+            Stream::Detached => false,
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -364,6 +376,15 @@ pub struct PacketConn {
 impl PacketConn {
     pub fn new(stream: Stream) -> Self {
         PacketConn { stream, rbuf: BytesMut::with_capacity(BUF_SIZE) }
+    }
+
+    /// No connection (a multiplexed session between statements); allocates nothing.
+    pub fn detached() -> Self {
+        PacketConn { stream: Stream::Detached, rbuf: BytesMut::new() }
+    }
+
+    pub fn is_detached(&self) -> bool {
+        matches!(self.stream, Stream::Detached)
     }
 
     /// Reads one physical packet (at most `limit` bytes of payload); returns its sequence id and

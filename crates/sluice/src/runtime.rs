@@ -60,7 +60,9 @@ pub fn run(ctx: Arc<Ctx>) -> Result<(), String> {
     let mut bound = Vec::new();
     let mut names = Vec::new();
     for l in &ctx.config.listeners {
-        let info = Arc::new(Listener { name: l.address.get_ref().clone(), auth: ctx.config.auth_mode(l) });
+        let auth = ctx.config.auth_mode(l);
+        let multiplex = l.multiplex.unwrap_or(ctx.config.proxy.multiplex);
+        let info = Arc::new(Listener { name: l.address.get_ref().clone(), auth, multiplex });
         match parse_address(l.address.get_ref())? {
             Address::Tcp(a) => {
                 let (socks, actual) = bind_tcp(a, per_socket).map_err(|e| format!("listen on {a}: {e}"))?;
@@ -177,19 +179,21 @@ async fn accept_forever(ctx: Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, stop:
     sweep_pool(&ctx).await
 }
 
-/// Closes this worker's pooled backend connections that idled out, and all of them when their
-/// backend is down or sluice is draining.
+/// Closes this worker's pooled and spare backend connections that idled out, and all of them
+/// when their backend is down (spare ones also when it drains) or sluice is draining.
 async fn sweep_pool(ctx: &Ctx) {
-    let p = &ctx.config.proxy;
-    if p.pool_idle_max == 0 || p.pool_idle_timeout.is_zero() {
-        return std::future::pending().await;
-    }
-    let tick = (p.pool_idle_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let timeout = ctx.config.proxy.pool_idle_timeout;
+    let tick =
+        (if timeout.is_zero() { Duration::from_secs(60) } else { timeout } / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
     loop {
         tokio::time::sleep(tick).await;
+        let all = ctx.is_draining();
         for b in &ctx.backends.list {
-            for idle in b.expired(ctx.is_draining()) {
+            for idle in b.expired(all) {
                 crate::backend::conn::quit(idle.conn).await;
+            }
+            for spare in b.shared.expired(all || !b.is_usable()) {
+                crate::backend::conn::quit(spare.conn).await;
             }
         }
     }

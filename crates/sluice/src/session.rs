@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::{Instant, SystemTime};
 
@@ -18,6 +18,8 @@ use serde::Serialize;
 use sluice_proto::basic::{self, StateChange};
 use sluice_proto::consts::status;
 use sluice_proto::response::Sink;
+
+use crate::metrics::MoveReason;
 
 /// A prepared statement as the client knows it.
 #[derive(Debug, Clone, Serialize)]
@@ -38,6 +40,10 @@ pub struct Prepared {
     /// The backend connection has not been sent the parameter types yet (after a move).
     #[serde(skip)]
     pub types_unsent: bool,
+    /// Which of the session's connections `backend_id` belongs to (the session's count of
+    /// connections taken when it was prepared there).
+    #[serde(skip)]
+    pub conn_gen: u32,
 }
 
 /// Why a session cannot leave its backend connection right now.
@@ -60,7 +66,60 @@ pub enum Pin {
     Lock,
     /// A statement was prepared with SQL `PREPARE`.
     SqlPrepare,
+    /// A table handler may be open (`HANDLER ... OPEN`).
+    Handler,
+    /// An XA transaction may be open or prepared.
+    Xa,
+    /// `SET TRANSACTION` set the next transaction's characteristics (until the next statement).
+    SetTransaction,
+    /// `SQL_CALC_FOUND_ROWS` ran: `FOUND_ROWS()` may follow (until the next statement).
+    FoundRows,
+    /// The session reads `ROW_COUNT()`: it stays for the statement after each one.
+    RowCount,
+    /// The last statement left warnings: `SHOW WARNINGS` may follow (until the next statement).
+    Warnings,
 }
+
+impl Pin {
+    pub const ALL: [Pin; 14] = [
+        Pin::Transaction,
+        Pin::Cursor,
+        Pin::LongData,
+        Pin::PassthroughAuth,
+        Pin::UserVariables,
+        Pin::TemporaryTable,
+        Pin::Lock,
+        Pin::SqlPrepare,
+        Pin::Handler,
+        Pin::Xa,
+        Pin::SetTransaction,
+        Pin::FoundRows,
+        Pin::RowCount,
+        Pin::Warnings,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pin::Transaction => "transaction",
+            Pin::Cursor => "cursor",
+            Pin::LongData => "long_data",
+            Pin::PassthroughAuth => "passthrough_auth",
+            Pin::UserVariables => "user_variables",
+            Pin::TemporaryTable => "temporary_table",
+            Pin::Lock => "lock",
+            Pin::SqlPrepare => "sql_prepare",
+            Pin::Handler => "handler",
+            Pin::Xa => "xa",
+            Pin::SetTransaction => "set_transaction",
+            Pin::FoundRows => "found_rows",
+            Pin::RowCount => "row_count",
+            Pin::Warnings => "warnings",
+        }
+    }
+}
+
+/// A [`SessionState::pin_next`] bit beside the `hazard` ones: the last statement left warnings.
+pub const WARNINGS: u16 = 1 << 15;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct SessionState {
@@ -76,8 +135,15 @@ pub struct SessionState {
     pub multi_statements: bool,
     pub passthrough: bool,
     /// State the session's statements left on its backend connection that sluice cannot
-    /// recreate elsewhere (`sluice_proto::sql::hazard` bits), until the next reset.
-    pub hazards: u8,
+    /// recreate elsewhere (`sluice_proto::sql::hazard::LASTING` bits), until the next reset.
+    pub hazards: u16,
+    /// What the last statement left that only the next one may read on the same connection
+    /// (`hazard::SET_TRANSACTION`, `FOUND_ROWS`, `ROW_COUNT`, [`WARNINGS`]).
+    pub pin_next: u16,
+    /// The session reads `ROW_COUNT()`: every statement pins it for the next one.
+    pub reads_row_count: bool,
+    /// What `LAST_INSERT_ID()` returns: the last id an insert generated (0: none yet).
+    pub last_insert_id: u64,
     /// Statement ids as the client knows them differ from the backend's (the session moved).
     pub stmt_ids_mapped: bool,
     /// The next client-side statement id, once ids are mapped.
@@ -110,12 +176,30 @@ impl SessionState {
             (hazard::TEMPORARY_TABLE, Pin::TemporaryTable),
             (hazard::LOCK, Pin::Lock),
             (hazard::SQL_PREPARE, Pin::SqlPrepare),
+            (hazard::HANDLER, Pin::Handler),
+            (hazard::XA, Pin::Xa),
         ] {
             if self.hazards & bit != 0 {
                 v.push(pin);
             }
         }
+        for (bit, pin) in [
+            (hazard::SET_TRANSACTION, Pin::SetTransaction),
+            (hazard::FOUND_ROWS, Pin::FoundRows),
+            (hazard::ROW_COUNT, Pin::RowCount),
+            (WARNINGS, Pin::Warnings),
+        ] {
+            if self.pin_next & bit != 0 {
+                v.push(pin);
+            }
+        }
         v
+    }
+
+    /// Whether a multiplexed session may give its connection back now: it could move, and
+    /// the last statement left nothing for the next one to read there.
+    pub fn detachable(&self) -> bool {
+        self.pin_next == 0 && self.movable()
     }
 
     /// Whether sluice could recreate this session on a new backend connection now: it holds
@@ -156,6 +240,8 @@ impl SessionState {
         self.prepared.clear();
         self.variables.clear();
         self.hazards = 0;
+        self.pin_next = 0;
+        self.last_insert_id = 0;
         self.status &= !status::IN_TRANS;
     }
 }
@@ -171,6 +257,28 @@ pub struct StateSink<'a> {
     pub changed: bool,
     /// The client-side id to write into the PREPARE_OK just parsed (when ids are mapped).
     pub patch_stmt_id: Option<u32>,
+    /// The warning count of the last result.
+    pub warnings: u16,
+    /// The session's count of connections taken (see [`Prepared::conn_gen`]).
+    pub conn_gen: u32,
+    /// The client id of the statement the PREPARE_OK just parsed made.
+    pub prepared_id: Option<u32>,
+}
+
+impl<'a> StateSink<'a> {
+    pub fn new(state: &'a mut SessionState) -> StateSink<'a> {
+        StateSink {
+            state,
+            preparing: None,
+            executing: None,
+            error: None,
+            changed: false,
+            patch_stmt_id: None,
+            warnings: 0,
+            conn_gen: 0,
+            prepared_id: None,
+        }
+    }
 }
 
 impl StateSink<'_> {
@@ -194,10 +302,15 @@ impl Sink for StateSink<'_> {
             self.changed = true;
             self.state.apply_ok(ok);
         }
+        if ok.last_insert_id != 0 {
+            self.state.last_insert_id = ok.last_insert_id;
+        }
+        self.warnings = ok.warnings;
         self.status(ok.status);
     }
 
-    fn eof(&mut self, st: u16) {
+    fn eof(&mut self, st: u16, warnings: u16) {
+        self.warnings = warnings;
         self.status(st);
     }
 
@@ -224,8 +337,10 @@ impl Sink for StateSink<'_> {
             cursor: false,
             param_types: Vec::new(),
             types_unsent: false,
+            conn_gen: self.conn_gen,
         };
         self.state.prepared.insert(client_id, p);
+        self.prepared_id = Some(client_id);
         self.changed = true;
     }
 }
@@ -247,6 +362,8 @@ pub struct SessionInfo {
     pub state: SessionState,
     pub pins: Vec<Pin>,
     pub safe_point: bool,
+    /// A move asked and not made yet, and why.
+    pub move_asked: Option<&'static str>,
     pub queries: u64,
     pub busy: bool,
 }
@@ -277,8 +394,15 @@ pub struct SessionHandle {
     /// [`NOT_WAITING`] when it is not waiting, or [`EXPIRED`] once the sweep
     /// found that wait past `response_timeout`.
     pub response_wait: AtomicU32,
+    /// A move asked of the session: [`NO_MOVE`], [`MOVE_ANYWHERE`], or the target backend's
+    /// index + 1; and why (a [`MoveReason`] index).
+    move_to: AtomicU32,
+    move_why: AtomicU8,
     pub info: Mutex<SessionInfo>,
 }
+
+pub const NO_MOVE: u32 = 0;
+pub const MOVE_ANYWHERE: u32 = u32::MAX;
 
 impl SessionHandle {
     pub fn new(id: u32, client: String, listener: String) -> SessionHandle {
@@ -295,6 +419,8 @@ impl SessionHandle {
             backend_thread_id: AtomicU32::new(0),
             status: AtomicU16::new(status::AUTOCOMMIT),
             response_wait: AtomicU32::new(NOT_WAITING),
+            move_to: AtomicU32::new(NO_MOVE),
+            move_why: AtomicU8::new(0),
             info: Mutex::new(SessionInfo {
                 id,
                 client,
@@ -308,6 +434,7 @@ impl SessionHandle {
                 state: SessionState::default(),
                 pins: Vec::new(),
                 safe_point: true,
+                move_asked: None,
                 queries: 0,
                 busy: false,
             }),
@@ -342,9 +469,48 @@ impl SessionHandle {
         i.state.status = self.status.load(Ordering::Relaxed);
         i.pins = i.state.pins();
         i.safe_point = i.state.at_safe_point();
+        i.move_asked = self.move_reason().map(MoveReason::as_str);
+        // A multiplexed session between statements holds no connection.
+        let tid = self.backend_thread_id.load(Ordering::Relaxed);
+        i.backend_thread_id = (tid != 0).then_some(tid);
         i.queries = self.queries.load(Ordering::Relaxed);
         i.busy = self.busy.load(Ordering::Relaxed);
         i
+    }
+
+    /// Asks the session to move to backend `to` (any other one when None) at its next safe
+    /// point, and wakes it if it is idle.
+    pub fn ask_move(&self, to: Option<usize>, why: MoveReason) {
+        self.move_why.store(why as u8, Ordering::Relaxed);
+        self.move_to.store(to.map_or(MOVE_ANYWHERE, |i| i as u32 + 1), Ordering::SeqCst);
+        self.wake.notify();
+    }
+
+    #[inline]
+    pub fn move_asked(&self) -> bool {
+        self.move_to.load(Ordering::Relaxed) != NO_MOVE
+    }
+
+    /// Why a move was asked, if one was.
+    pub fn move_reason(&self) -> Option<MoveReason> {
+        self.move_asked().then(|| MoveReason::ALL[usize::from(self.move_why.load(Ordering::Relaxed)) % MoveReason::ALL.len()])
+    }
+
+    /// Takes the move asked: its target (None: any other backend) and reason.
+    pub fn take_move(&self) -> Option<(Option<usize>, MoveReason)> {
+        let why = self.move_reason()?;
+        match self.move_to.swap(NO_MOVE, Ordering::SeqCst) {
+            NO_MOVE => None,
+            MOVE_ANYWHERE => Some((None, why)),
+            i => Some((Some(i as usize - 1), why)),
+        }
+    }
+
+    /// Calls off a move asked for `why` that was not made yet.
+    pub fn cancel_move(&self, why: MoveReason) {
+        if self.move_reason() == Some(why) {
+            self.move_to.store(NO_MOVE, Ordering::SeqCst);
+        }
     }
 
     pub fn kill(&self) {

@@ -135,7 +135,7 @@ async fn failover(mode: Mode) {
         Mode::Users => assert_eq!((killed.0, stopped.0), (killed.1, stopped.1), "every idle users-mode session moved"),
         Mode::Passthrough => assert_eq!((killed.0, stopped.0), (0, 0), "idle passthrough sessions get an error"),
     }
-    let moved = metric(&s, "sluice_session_moves_total{result=\"moved\"} ");
+    let moved = metric(&s, "sluice_session_moves_total{reason=\"failure\",result=\"moved\"} ");
     eprintln!("failover[{mode:?}]: sluice_session_moves_total moved={moved}");
 }
 

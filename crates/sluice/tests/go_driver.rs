@@ -1,6 +1,8 @@
 //! The test suite of the Go MySQL driver (github.com/go-sql-driver/mysql, latest v1 release,
-//! fetched from the Go module proxy) run three times against one MariaDB server with TLS:
-//! directly, through sluice, and through sluice with client TLS. Per-test outcomes are compared.
+//! fetched from the Go module proxy) run against one MariaDB server with TLS: directly, through
+//! sluice, through sluice with client TLS, and in users mode through sluice moving every
+//! session to a fresh connection at every safe point, then multiplexing. Per-test outcomes are
+//! compared.
 //!
 //! The driver's suite covers compression by itself: every `runTests` case also runs on a
 //! `compress=true` connection (subtests named `.../compress`), and TLS in `TestTLS`, which runs
@@ -309,6 +311,28 @@ fn go_sql_driver_suite_directly_and_through_sluice() {
     assert_eq!(hook, Some(&Outcome::Pass), "the TLS run did not ask for TLS, or its server connection was plain\n{why}");
     problems.extend(suite.lost_passes(&direct, &tls, &target));
 
-    let summaries = [&direct, &through, &tls].map(Run::summary).join("\n");
+    drop(tls_sluice);
+
+    // Users mode in front of two addresses of the one server (TCP and its Unix socket, so that
+    // the data is shared): sessions moved to a fresh connection on the other address at every
+    // safe point, then multiplexed. Everything that passes directly must pass.
+    let mut runs = vec![direct, through, tls];
+    for (label, keys, moves) in [
+        ("through sluice moving sessions at every safe point", "move_every_statement = true\n", "test"),
+        ("through sluice multiplexing", "multiplex = true\n", ""),
+    ] {
+        let socket = db.socket.display().to_string();
+        let s = TestConfig::new().proxy(keys).backend(&addr).backend(&socket).app_users().start();
+        let target = Target { label, addr: &s.listen, tls: false };
+        let run = suite.run(&target, None);
+        problems.extend(suite.lost_passes(&runs[0], &run, &target));
+        if !moves.is_empty() {
+            let n = metric(&s, &format!("sluice_session_moves_total{{reason=\"{moves}\",result=\"moved\"}}"));
+            assert!(n > 1000, "only {n} sessions moved in the run {label}");
+        }
+        runs.push(run);
+    }
+
+    let summaries = runs.iter().map(Run::summary).collect::<Vec<_>>().join("\n");
     assert!(problems.is_empty(), "{}\n{summaries}", problems.join("\n"));
 }

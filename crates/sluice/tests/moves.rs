@@ -117,7 +117,7 @@ async fn idle_users_mode_sessions_move_to_the_survivor_with_their_state() {
     for c in on_b.iter_mut() {
         assert_eq!(port_of(c).await, b.port);
     }
-    assert_eq!(metric(&s, "sluice_session_moves_total{result=\"moved\"}"), 1);
+    assert_eq!(metric(&s, "sluice_session_moves_total{reason=\"failure\",result=\"moved\"}"), 1);
     let (_, sessions) = admin_get(&s, "/sessions", None);
     assert!(sessions.contains("\"stmt_ids_mapped\":true"), "{sessions}");
 }
@@ -175,7 +175,7 @@ async fn a_killed_session_stays_dead_and_a_restarted_backend_takes_its_sessions_
     wait_for("the backend is up again", || admin_get(&s, "/backends", None).1.contains("\"up\":true"));
     let db: Option<String> = idle.query_first("SELECT DATABASE()").await.unwrap();
     assert_eq!(db.as_deref(), Some("moves"));
-    assert_eq!(metric(&s, "sluice_session_moves_total{result=\"moved\"}"), 2);
+    assert_eq!(metric(&s, "sluice_session_moves_total{reason=\"failure\",result=\"moved\"}"), 2);
 }
 
 /// The port a raw session is on (the text row of `SELECT @@port`).

@@ -173,5 +173,5 @@ async fn a_require_ssl_session_kills_and_moves_over_tls() {
     db.sql(&format!("KILL {}", thread.unwrap()));
     wait_for("sluice sees the lost connection", || s.log_text().contains("the session moves at its next command"));
     assert!(!ssl_cipher(&mut first).await.is_empty(), "the moved session's backend leg is encrypted");
-    assert_eq!(metric(&s, "sluice_session_moves_total{result=\"moved\"}"), 1);
+    assert_eq!(metric(&s, "sluice_session_moves_total{reason=\"failure\",result=\"moved\"}"), 1);
 }

@@ -30,7 +30,7 @@ impl Balancer {
 
     /// Picks an up backend not in `exclude`, or None when there is none.
     pub fn pick(&self, backends: &Backends, exclude: &[usize]) -> Option<Arc<Backend>> {
-        let usable = |b: &&Arc<Backend>| b.is_up() && !exclude.contains(&b.index);
+        let usable = |b: &&Arc<Backend>| b.is_usable() && !exclude.contains(&b.index);
         let n = backends.list.len();
         if n == 0 {
             return None;
@@ -95,7 +95,11 @@ mod tests {
         let names: Vec<String> = cfg.backends.iter().map(|b| b.address.get_ref().clone()).collect();
         let m = crate::metrics::Metrics::new(&names);
         Backends::new(
-            cfg.backends.iter().enumerate().map(|(i, b)| Backend::from_config(i, b, m.backends[i].clone(), &cfg.proxy).unwrap()).collect(),
+            cfg.backends
+                .iter()
+                .enumerate()
+                .map(|(i, b)| Backend::from_config(i, b, m.backends[i].clone(), &cfg.proxy, 1).unwrap())
+                .collect(),
             cfg.proxy.balance,
         )
     }

@@ -41,17 +41,23 @@ pub async fn open_any(backends: &Backends, tried: &mut Vec<(usize, Error)>) -> R
 pub async fn link_any(backends: &Backends, tried: &mut Vec<(usize, Error)>, fit: Fit, client_tls: bool) -> Result<Link> {
     loop {
         let b = pick(backends, tried)?;
-        if let Some(idle) = b.reuse(Fit { backend_tls: b.tls.wanted(client_tls), ..fit }) {
-            return Ok(Link::Reused(b, idle));
-        }
-        if let Some(o) = open_on(b, tried).await {
-            return Ok(Link::Fresh(o));
+        if let Some(link) = link_on(b, tried, fit, client_tls).await {
+            return Ok(link);
         }
     }
 }
 
+/// A pooled connection of `b` that fits, else a new one; None when `b` cannot be reached (the
+/// failure is recorded in `tried`).
+pub async fn link_on(b: Arc<Backend>, tried: &mut Vec<(usize, Error)>, fit: Fit, client_tls: bool) -> Option<Link> {
+    if let Some(idle) = b.reuse(Fit { backend_tls: b.tls.wanted(client_tls), ..fit }) {
+        return Some(Link::Reused(b, idle));
+    }
+    open_on(b, tried).await.map(Link::Fresh)
+}
+
 /// The balancer's choice among the backends not tried yet, or the error for the client.
-fn pick(backends: &Backends, tried: &[(usize, Error)]) -> Result<Arc<Backend>> {
+pub fn pick(backends: &Backends, tried: &[(usize, Error)]) -> Result<Arc<Backend>> {
     let exclude: Vec<usize> = tried.iter().map(|(i, _)| *i).collect();
     if let Some(b) = backends.balancer.pick(backends, &exclude) {
         return Ok(b);

@@ -5,6 +5,8 @@ pub mod conn;
 pub mod health;
 pub mod link;
 pub mod pool;
+pub mod restore;
+pub mod shared;
 mod tls;
 
 use std::sync::Arc;
@@ -76,6 +78,10 @@ pub struct Backend {
     /// (`proxy.connect_timeout`): authentication, COM_CHANGE_USER, session set-up and restore.
     pub connect_timeout: std::time::Duration,
     up: AtomicBool,
+    /// Drained: no new session comes here and every session leaves at its next safe point.
+    draining: AtomicBool,
+    /// When the drain began (milliseconds of [`crate::metrics::mono_ns`]).
+    drain_since_ms: AtomicU64,
     /// Client sessions currently bound to this backend.
     pub sessions: AtomicUsize,
     pub metrics: BackendMetrics,
@@ -85,10 +91,13 @@ pub struct Backend {
     pub info: Mutex<Option<ServerInfo>>,
     /// Idle logged-in connections kept for reuse.
     pool: pool::Pool,
+    /// Connections multiplexed sessions share, and the cap on connections to this backend.
+    pub shared: Arc<shared::Lanes>,
 }
 
 impl Backend {
-    pub fn from_config(index: usize, c: &BackendConfig, metrics: BackendMetrics, p: &ProxyConfig) -> Result<Backend, String> {
+    /// `lanes`: how many workers own connections apart ([`crate::config::Config::lanes`]).
+    pub fn from_config(index: usize, c: &BackendConfig, metrics: BackendMetrics, p: &ProxyConfig, lanes: usize) -> Result<Backend, String> {
         let address = parse_address(c.address.get_ref())?;
         let tls = BackendTls::new(c, c.tls_mode(p), &address)?;
         metrics.up.set(1);
@@ -100,8 +109,9 @@ impl Backend {
             tls,
             connect_timeout: p.connect_timeout,
             up: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
+            drain_since_ms: AtomicU64::new(0),
             sessions: AtomicUsize::new(0),
-            metrics,
             activity: Activity::since(crate::metrics::mono_ns() / 1_000_000),
             health: Mutex::new(HealthState {
                 reason: None,
@@ -113,6 +123,14 @@ impl Backend {
             }),
             info: Mutex::new(None),
             pool: pool::Pool::new(p.pool_idle_max, p.pool_idle_timeout),
+            shared: shared::Lanes::new(
+                p.max_backend_connections,
+                lanes,
+                p.queue_timeout,
+                if p.pool_idle_timeout.is_zero() { std::time::Duration::from_secs(60) } else { p.pool_idle_timeout },
+                metrics.clone(),
+            ),
+            metrics,
         })
     }
 
@@ -157,6 +175,26 @@ impl Backend {
     #[inline]
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    pub fn set_draining(&self, on: bool) {
+        self.drain_since_ms.store(crate::metrics::mono_ns() / 1_000_000, Ordering::Relaxed);
+        self.draining.store(on, Ordering::SeqCst);
+    }
+
+    /// How long the backend has been draining.
+    pub fn drained_for(&self) -> Option<std::time::Duration> {
+        let since = self.drain_since_ms.load(Ordering::Relaxed);
+        self.is_draining().then(|| std::time::Duration::from_millis((crate::metrics::mono_ns() / 1_000_000).saturating_sub(since)))
+    }
+
+    /// Up and not draining: the balancer may send sessions here.
+    pub fn is_usable(&self) -> bool {
+        self.is_up() && !self.is_draining()
     }
 
     pub fn set_up(&self, up: bool) {

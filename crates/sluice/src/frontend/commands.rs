@@ -43,7 +43,7 @@ impl Session<'_> {
             return Some(KillPlan::Single(Kill { query_only: false, id: u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64, hard: None }));
         }
         // A prepared statement is one statement.
-        let kills = sql::find_kills(payload, self.multi_statements && cmd == com::QUERY)?;
+        let kills = sql::find_kills(payload, self.state.multi_statements && cmd == com::QUERY)?;
         let mut ids = Vec::new();
         for f in &kills.found {
             let refuse = |msg: &str| Some(KillPlan::Refuse { code: code::NOT_SUPPORTED_YET, msg: format!("sluice: {msg}") });
@@ -80,9 +80,16 @@ impl Session<'_> {
         for (kill, at) in ids {
             let target = u32::try_from(kill.id).ok().and_then(|id| self.ctx.sessions.get(id));
             let tid = target.as_ref().map_or(0, |t| t.backend_thread_id.load(Ordering::Relaxed));
-            let Some(target) = target.filter(|_| tid != 0) else {
+            let Some(target) = target else {
                 return KillPlan::Refuse { code: code::NO_SUCH_THREAD, msg: format!("Unknown thread id: {}", kill.id) };
             };
+            if tid == 0 {
+                let msg = format!(
+                    "sluice: connection {} holds no backend connection between its statements (multiplexing); send the KILL alone",
+                    kill.id
+                );
+                return KillPlan::Refuse { code: code::NOT_SUPPORTED_YET, msg };
+            }
             if target.backend_index.load(Ordering::Relaxed) as usize != self.guard.index {
                 let msg = format!(
                     "sluice: connection {} is on another backend; a KILL among other statements reaches only this session's backend: send it alone",
@@ -137,8 +144,7 @@ impl Session<'_> {
         sluice_proto::packet::frame(&mut pkt, query, 0);
         let limit = self.ctx.config.proxy.response_timeout;
         self.backend.stream.write_within(limit, &pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
-        let mut sink =
-            StateSink { state: &mut self.state, preparing: None, executing: None, error: None, changed: false, patch_stmt_id: None };
+        let mut sink = StateSink::new(&mut self.state);
         let watch = crate::deadline::Watch { clock: &self.ctx.clock, handle: self.handle, waker: &mut self.waker };
         self.tracker.start(Expect::Results, 0);
         relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, self.ctx, watch).await?;
@@ -158,16 +164,27 @@ impl Session<'_> {
             self.client_error(1, code::NO_SUCH_THREAD, b"HY000", &format!("Unknown thread id: {}", kill.id)).await;
             return Ok(Flow::Continue);
         };
-        let tid = target.backend_thread_id.load(Ordering::Relaxed);
+        // Said before the thread id is read: a multiplexed target keeps its connection while a
+        // KILL is pending (`Session::detach`), so the id cannot pass to another session's
+        // statement meanwhile; and before the backend acts, so that the target does not take
+        // the end of its connection for a loss to recover from.
+        target.kill_pending.store(true, Ordering::SeqCst);
+        let tid = target.backend_thread_id.load(Ordering::SeqCst);
         let tb = target.backend_index.load(Ordering::Relaxed) as usize;
+        let connection_kill = !kill.query_only;
+        if tid == 0 {
+            // A multiplexed session between statements: nothing runs, no connection to end.
+            if connection_kill {
+                target.kill();
+            }
+            target.kill_pending.store(false, Ordering::Relaxed);
+            let mut ok = Vec::new();
+            sluice_proto::basic::ok_payload(&mut ok, 0, 0, 0, self.state.status, 0);
+            self.client.write_packet(&ok, 1).await.map_err(|e| Error::io(Side::Client, "writing", e))?;
+            return Ok(Flow::Continue);
+        }
         let mut q = vec![com::QUERY];
         sql::write_kill(&kill, tid as u64, &mut q);
-        // Said before the backend acts, so that the target does not take the end of its backend
-        // connection for a loss to recover from.
-        let connection_kill = !kill.query_only;
-        if connection_kill {
-            target.kill_pending.store(true, Ordering::Relaxed);
-        }
         let ok = if tb == self.guard.index { self.query_on_backend(&q).await? } else { self.kill_elsewhere(tb, &q).await? };
         if ok && connection_kill {
             target.kill();
@@ -321,6 +338,10 @@ impl Session<'_> {
                 if let Some(p) = self.profile.as_mut() {
                     p.user = cu.user.clone();
                 }
+                if let Some(k) = self.key.as_mut() {
+                    k.user = Arc::from(self.state.user.as_str());
+                }
+                self.conn_was_reset();
                 self.track_variables().await;
                 self.handle.publish(&self.state);
                 Ok(Flow::Continue)

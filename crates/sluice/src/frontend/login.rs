@@ -11,6 +11,7 @@ use crate::auth::UserSlot;
 use crate::backend::conn::{self as bconn, Credential, Outcome};
 use crate::backend::link::{self, Link, Opened, backend_response};
 use crate::backend::pool::{Fit, Idle};
+use crate::backend::shared::{ConnState, Key, Slot, Taken};
 use crate::backend::{Backend, BackendGuard, ServerInfo};
 use crate::config::AuthMode;
 use crate::ctx::Ctx;
@@ -36,6 +37,10 @@ struct Backed {
     mariadb: bool,
     credential: Option<Credential>,
     user_slot: Option<UserSlot>,
+    /// Its place under `max_backend_connections`.
+    slot: Option<Slot>,
+    /// What the connection carries (users mode).
+    conn: Option<Box<ConnState>>,
 }
 
 /// A logged-in session, ready for the command relay.
@@ -58,6 +63,10 @@ pub struct LoggedIn {
     pub profile: Option<Box<HandshakeResponse>>,
     /// Which clients may reuse the backend connection once this session ends.
     pub fit: Fit,
+    /// The backend connection's place under `max_backend_connections`.
+    pub slot: Option<Slot>,
+    /// What the backend connection carries (users mode).
+    pub conn: Option<Box<ConnState>>,
 }
 
 /// An error for the client at a given sequence id, and what to record.
@@ -216,7 +225,8 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
         backend_tls: false,
     };
     let client_tls = client.stream.is_tls();
-    let mut attempt = Attempt { ctx, handle, hr: &hr, greeting: &g, client_caps, client_tls, pre, tried, fit };
+    let multiplex = listener.multiplex && listener.auth == AuthMode::Users;
+    let mut attempt = Attempt { ctx, handle, hr: &hr, greeting: &g, client_caps, client_tls, pre, tried, fit, multiplex };
     let result = match listener.auth {
         AuthMode::Passthrough => {
             state.passthrough = true;
@@ -240,6 +250,8 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
             user_slot: b.user_slot,
             scramble,
             profile,
+            slot: b.slot,
+            conn: b.conn,
         }),
         Err((r, seq)) => {
             if let Some(seq) = seq {
@@ -290,6 +302,39 @@ async fn log_in_fresh(
     Ok((bconn::login(b, conn, g, bhr, cred).await?, caps))
 }
 
+/// A spare connection of the client's user, brought to the login's schema: the connection,
+/// its state, capabilities and whether it is MariaDB. None when it went stale (its place is
+/// kept for a new one); an error from the backend (an unknown schema) is the client's.
+async fn reuse_spare(
+    b: &Backend,
+    spare: crate::backend::shared::Spare,
+    want: &SessionState,
+) -> Result<Option<(PacketConn, Box<ConnState>, u32, bool)>> {
+    if !spare.conn.stream.is_quiet() {
+        return Ok(None);
+    }
+    let (mut conn, mut state) = (spare.conn, spare.state);
+    match crate::backend::restore::bring(&mut conn, &mut state, want, spare.backend_caps, b.connect_timeout).await {
+        Ok(()) => Ok(Some((conn, state, spare.backend_caps, spare.mariadb))),
+        Err(e) if e.side == Side::Client => Err(e),
+        Err(e) => {
+            tracing::debug!(backend = %b.name, error = %e.message, "spare connection unusable at login; taking another");
+            Ok(None)
+        }
+    }
+}
+
+/// The error a login gets when no connection to `b` became free within `queue_timeout`.
+fn queue_full(b: &Backend, waited: std::time::Duration, ctx: &Ctx) -> Refusal {
+    let msg = format!(
+        "sluice: no connection to backend {} became free within queue_timeout ({} ms waited; max_backend_connections = {})",
+        b.name,
+        waited.as_millis(),
+        ctx.config.proxy.max_backend_connections
+    );
+    refuse(Reject::NoBackend, Error::new(Side::Proxy, code::CON_COUNT, msg).state(b"08004"))
+}
+
 /// What both authentication modes work from.
 struct Attempt<'a> {
     ctx: &'a Ctx,
@@ -305,6 +350,8 @@ struct Attempt<'a> {
     tried: Vec<(usize, Error)>,
     /// Which pooled connections this client may take.
     fit: Fit,
+    /// The listener multiplexes: a spare connection of the user may serve the login.
+    multiplex: bool,
 }
 
 /// Passthrough: the backend authenticates the client; sluice relays the exchange.
@@ -317,16 +364,24 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, cseq: u8) -> 
     let io_b = |e| (Refusal::from(Error::io(Side::Backend, "login", e)), Some(cseq));
     // The backend's first answer comes from a new connection's login or a pooled one's
     // COM_CHANGE_USER; the exchange that follows is the same.
-    let (mut backend, b, thread_id, backend_caps, mariadb, first) = loop {
+    let (mut backend, b, thread_id, backend_caps, mariadb, first, slot) = loop {
+        let b = match &a.pre {
+            Some(o) => o.backend.clone(),
+            None => link::pick(&ctx.backends, &a.tried).map_err(|e| (no_backend(e), Some(cseq)))?,
+        };
+        let slot = b.shared.place().await.map_err(|w| (queue_full(&b, w, ctx), Some(cseq)))?;
         let link = match a.pre.take() {
             Some(o) => Link::Fresh(o),
-            None => link::link_any(&ctx.backends, &mut a.tried, a.fit, a.client_tls).await.map_err(|e| (no_backend(e), Some(cseq)))?,
+            None => match link::link_on(b, &mut a.tried, a.fit, a.client_tls).await {
+                Some(link) => link,
+                None => continue,
+            },
         };
         match link {
             Link::Reused(b, mut idle) => match change_user(&mut idle, hr).await {
                 Ok(first) => {
                     b.metrics.pool_reused.inc();
-                    break (idle.conn, b, idle.thread_id, idle.backend_caps, idle.mariadb, first);
+                    break (idle.conn, b, idle.thread_id, idle.backend_caps, idle.mariadb, first, slot);
                 }
                 Err(e) => tracing::debug!(backend = %b.name, error = %e, "pooled connection went stale; taking another"),
             },
@@ -346,7 +401,7 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, cseq: u8) -> 
                 backend.write_packet(&out, bseq).await.map_err(io_b)?;
                 let first = backend.read_packet(LOGIN_PACKET_LIMIT).await.map_err(io_b)?;
                 let mariadb = o.greeting.capabilities & cap::LONG_PASSWORD == 0;
-                break (backend, o.backend, o.greeting.connection_id, bhr.capabilities, mariadb, first);
+                break (backend, o.backend, o.greeting.connection_id, bhr.capabilities, mariadb, first, slot);
             }
         }
     };
@@ -354,9 +409,17 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, cseq: u8) -> 
     handle.bind_backend(b.index, &b.name, thread_id);
     let mut relay = Relay { client, seq: cseq, strip_track: (client_caps & cap::SESSION_TRACK == 0).then_some(mariadb) };
     match bconn::exchange(&mut backend, Some(first), &mut relay).await {
-        Ok(Outcome::Ok(_)) => {
-            Ok(Backed { backend, guard, backend_thread_id: thread_id, backend_caps, mariadb, credential: None, user_slot: None })
-        }
+        Ok(Outcome::Ok(_)) => Ok(Backed {
+            backend,
+            guard,
+            backend_thread_id: thread_id,
+            backend_caps,
+            mariadb,
+            credential: None,
+            user_slot: None,
+            slot,
+            conn: None,
+        }),
         // The client has the backend's answer already.
         Ok(Outcome::Refused(p)) => {
             let e = sluice_proto::basic::Err::parse(&p).map_err(|e| (Error::malformed(Side::Backend, e).into(), None))?;
@@ -405,11 +468,50 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
     let Some(credential) = user.credential() else {
         return Err((Error::proxy(code::UNKNOWN_ERROR, "no credential for backend login").into(), Some(cseq)));
     };
+    let key = Key { user: std::sync::Arc::from(name.as_str()), fit: a.fit, collation: hr.collation };
+    let want = SessionState {
+        schema: hr.database.as_ref().map(|d| String::from_utf8_lossy(d).into_owned()),
+        multi_statements: client_caps & cap::MULTI_STATEMENTS != 0,
+        ..Default::default()
+    };
     let mut pre = pre;
     let b = loop {
+        let backend = match &pre {
+            Some(o) => o.backend.clone(),
+            None => link::pick(&ctx.backends, tried).map_err(|e| (no_backend(e), Some(cseq)))?,
+        };
+        let key = Key { fit: Fit { backend_tls: backend.tls.wanted(a.client_tls), ..key.fit }, ..key.clone() };
+        let taken = backend.shared.take(&key, a.multiplex).await.map_err(|w| (queue_full(&backend, w, ctx), Some(cseq)))?;
+        let slot = match taken {
+            Taken::Conn(spare, slot) => match reuse_spare(&backend, spare, &want).await {
+                Ok(Some((conn, state, caps, mariadb))) => {
+                    let tid = state.thread_id;
+                    let (credential, user_slot) = (Some(credential.clone()), None);
+                    let conn_state = Some(state);
+                    let guard = backend.bind();
+                    break Backed {
+                        backend: conn,
+                        guard,
+                        backend_thread_id: tid,
+                        backend_caps: caps,
+                        mariadb,
+                        credential,
+                        user_slot,
+                        slot,
+                        conn: conn_state,
+                    };
+                }
+                Ok(None) => slot,
+                Err(e) => return Err((e.into(), Some(cseq))),
+            },
+            Taken::Open(slot) => slot,
+        };
         let link = match pre.take() {
             Some(o) => Link::Fresh(o),
-            None => link::link_any(&ctx.backends, tried, a.fit, a.client_tls).await.map_err(|e| (no_backend(e), Some(cseq)))?,
+            None => match link::link_on(backend, tried, a.fit, a.client_tls).await {
+                Some(link) => link,
+                None => continue,
+            },
         };
         let (mut conn, backend, backend_thread_id, backend_caps, mariadb) = match link {
             Link::Reused(b, mut idle) => match reuse_as(&b, &mut idle, hr, &credential).await {
@@ -436,9 +538,20 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
             }
         };
         // Without this, a session could not be recreated elsewhere with all its variables.
-        if let Err(e) = link::set_up_query(&mut conn, link::TRACK_ALL, backend.connect_timeout).await {
-            tracing::warn!(backend = %backend.name, error = %e.message, "cannot track session variables; sessions will not move");
-        }
+        let tracking = match link::set_up_query(&mut conn, link::TRACK_ALL, backend.connect_timeout).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(backend = %backend.name, error = %e.message, "cannot track session variables; sessions will not move");
+                false
+            }
+        };
+        let state = ConnState {
+            schema: want.schema.clone(),
+            multi_statements: backend_caps & cap::MULTI_STATEMENTS != 0,
+            tracking,
+            thread_id: backend_thread_id,
+            ..Default::default()
+        };
         break Backed {
             backend: conn,
             guard: backend.bind(),
@@ -447,6 +560,8 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
             mariadb,
             credential: Some(credential.clone()),
             user_slot: None,
+            slot,
+            conn: Some(Box::new(state)),
         };
     };
     handle.bind_backend(b.guard.index, &b.guard.name, b.backend_thread_id);

@@ -3,8 +3,8 @@
 mod client;
 mod commands;
 mod login;
-mod reconnect;
 mod relay;
+mod switch;
 mod verify;
 
 use std::sync::Arc;
@@ -24,6 +24,8 @@ use crate::session::SessionHandle;
 pub struct Listener {
     pub name: String,
     pub auth: AuthMode,
+    /// Users-mode sessions give their backend connection back at every safe point.
+    pub multiplex: bool,
 }
 
 /// Counts a client connection for as long as it lives.
@@ -102,7 +104,7 @@ async fn start<'a>(ctx: &'a Ctx, stream: Stream, handle: &'a SessionHandle, list
         i.compressed = logged_in.compression.is_some();
     }
     tracing::debug!(session = id, client = %peer, user = %logged_in.state.user, backend = %logged_in.guard.name, "session started");
-    Some(relay::Session::new(ctx, handle, logged_in))
+    Some(relay::Session::new(ctx, handle, logged_in, listener.multiplex))
 }
 
 /// COM_RESET_CONNECTION on the way into `b`'s pool, counted; whether the backend said OK within
@@ -150,15 +152,32 @@ impl relay::Session<'_> {
     /// left nothing to end, so its connection goes back without that round trip; the next
     /// login's COM_CHANGE_USER starts from the server's defaults in any case. Otherwise tells
     /// the backend we are leaving, so that it does not log an aborted connection.
-    async fn end_backend(self, clean: bool) {
+    ///
+    /// A session that multiplexes, or whose connection holds a place under
+    /// `max_backend_connections`, leaves it with the shared connections of its backend as at any
+    /// safe point (where it keeps its place), or closes it when it is pinned.
+    async fn end_backend(mut self, clean: bool) {
+        if self.backend.is_detached() {
+            return;
+        }
         let h = self.handle;
         let reusable = clean
             && self.lost.is_none()
             && !self.ctx.is_draining()
             && !h.killed.load(Ordering::Relaxed)
             && !h.kill_pending.load(Ordering::Relaxed)
-            && self.backend.rbuf.is_empty()
-            && self.guard.pool_enabled();
+            && self.backend.rbuf.is_empty();
+        if self.multiplex || self.slot.is_some() {
+            if reusable && self.key.is_some() && self.guard.is_usable() && self.state.detachable() {
+                self.detach();
+                if self.backend.is_detached() {
+                    return;
+                }
+            }
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), crate::backend::conn::quit(self.backend)).await;
+            return;
+        }
+        let reusable = reusable && self.guard.pool_enabled();
         let backend_caps = self.backend_caps();
         let mut conn = self.backend;
         let second = std::time::Duration::from_secs(1);
@@ -192,7 +211,7 @@ mod tests {
         let ctx = Ctx::new(config).unwrap();
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let listener = Arc::new(Listener { name: "t".into(), auth: AuthMode::Passthrough });
+        let listener = Arc::new(Listener { name: "t".into(), auth: AuthMode::Passthrough, multiplex: false });
         let task = serve(ctx, Stream::Tcp(c), "peer".into(), listener);
         let size = std::mem::size_of_val(&task);
         assert!(size <= 2048, "a session's task takes {size} bytes");

@@ -12,8 +12,10 @@ use tokio::io::AsyncReadExt;
 
 use super::client::ClientConn;
 use super::login::LoggedIn;
+use super::switch::Next;
 use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
+use crate::backend::shared::{ConnState, Key, Slot};
 use crate::ctx::Ctx;
 use crate::deadline::Watch;
 use crate::error::{Error, Result, Side};
@@ -52,24 +54,41 @@ pub struct Session<'a> {
     /// The backend connection ran something for this session after its login (a command other
     /// than COM_PING, a move's restore): it must be reset before another session may have it.
     pub(super) touched: bool,
-    /// The connection runs multi-statements (CLIENT_MULTI_STATEMENTS, or COM_SET_OPTION).
-    pub(super) multi_statements: bool,
+    /// Users-mode sessions of a multiplexing listener give their connection back at every safe
+    /// point (`switch.rs`).
+    pub(super) multiplex: bool,
+    /// What the backend connection carries (users mode); None while the session holds none.
+    pub(super) conn: Option<Box<ConnState>>,
+    /// Which spare connections the session may take (users mode: sluice holds credentials).
+    pub(super) key: Option<Box<Key>>,
+    /// The connection's place under `max_backend_connections`.
+    pub(super) slot: Option<Slot>,
+    /// Connections taken so far (prepared statements made on an earlier one are prepared
+    /// again on their first use).
+    pub(super) conn_gen: u32,
+    /// The pins last counted (bits by `Pin::ALL` index), so that each is counted as it begins.
+    pub(super) pinned: u32,
 }
 
 /// What to do after a command.
-pub(super) enum Flow {
+pub(crate) enum Flow {
     Continue,
     Close,
 }
 
 impl<'a> Session<'a> {
-    pub fn new(ctx: &'a Ctx, handle: &'a SessionHandle, l: LoggedIn) -> Session<'a> {
+    pub fn new(ctx: &'a Ctx, handle: &'a SessionHandle, l: LoggedIn, multiplex: bool) -> Session<'a> {
         use sluice_proto::consts::cap;
         let deprecate_eof = l.backend_caps & cap::DEPRECATE_EOF != 0;
         let session_track = l.backend_caps & cap::SESSION_TRACK != 0;
         let client_track = l.client_caps & cap::SESSION_TRACK != 0;
         let mut client = ClientConn::new(l.client, l.compression);
         client.write_timeout = ctx.config.proxy.client_write_timeout;
+        let key = (l.credential.is_some() && l.profile.is_some())
+            .then(|| Box::new(Key { user: std::sync::Arc::from(l.state.user.as_str()), fit: l.fit, collation: l.state.collation }));
+        let multiplex = multiplex && key.is_some();
+        let mut state = l.state;
+        state.stmt_ids_mapped |= multiplex;
         Session {
             ctx,
             handle,
@@ -77,7 +96,7 @@ impl<'a> Session<'a> {
             backend: l.backend,
             guard: l.guard,
             tracker: ResponseTracker::new(deprecate_eof, session_track).strip_session_track(!client_track, l.mariadb),
-            state: l.state,
+            state,
             client_caps: l.client_caps,
             backend_caps: l.backend_caps,
             mariadb: l.mariadb,
@@ -89,7 +108,12 @@ impl<'a> Session<'a> {
             fit: l.fit,
             waker: None,
             touched: false,
-            multi_statements: l.backend_caps & cap::MULTI_STATEMENTS != 0,
+            multiplex,
+            conn: l.conn,
+            key,
+            slot: l.slot,
+            conn_gen: 0,
+            pinned: 0,
         }
     }
 
@@ -114,6 +138,13 @@ impl<'a> Session<'a> {
                 Flow::Continue => {}
                 Flow::Close => return Ok(()),
             }
+            if self.key.is_some() || self.handle.move_asked() {
+                match self.safe_point() {
+                    Next::Stay => {}
+                    Next::End => return Ok(()),
+                    Next::Move(to, why) => Box::pin(self.move_now(to, why)).await,
+                }
+            }
             if self.ctx.is_draining() && !self.state.in_transaction() {
                 return Ok(());
             }
@@ -129,6 +160,13 @@ impl<'a> Session<'a> {
         // Whether to wait without read buffers (until the first readiness).
         let mut may_park = self.client.can_wait_unbuffered() && self.backend.stream.can_wait_unbuffered();
         loop {
+            if self.handle.move_asked() && self.client.rbuf.is_empty() {
+                match self.safe_point() {
+                    Next::Stay => {}
+                    Next::End => return Ok(None),
+                    Next::Move(to, why) => Box::pin(self.move_now(to, why)).await,
+                }
+            }
             if let Some(h) = Header::parse(&self.client.rbuf) {
                 let want = HEADER + h.len.min(INSPECT_LIMIT);
                 if self.client.rbuf.len() >= want {
@@ -153,12 +191,13 @@ impl<'a> Session<'a> {
                     self.backend.rbuf.reserve(BUF_SIZE);
                 }
             }
+            let attached_to_nothing = self.backend.is_detached();
             let Session { client, backend, handle, waker, .. } = self;
             tokio::select! {
                 biased;
                 // The backend first: when it left and a command arrived at once, the session
                 // must know before forwarding the command.
-                r = backend_event(backend, park), if self.lost.is_none() => {
+                r = backend_event(backend, park), if self.lost.is_none() && !attached_to_nothing => {
                     if park {
                         // Readiness only: read it with buffers on the next turn.
                         may_park = false;
@@ -218,6 +257,8 @@ impl<'a> Session<'a> {
 
     /// Handles one command whose first packet header is `h`.
     async fn command(&mut self, h: Header) -> Result<Flow> {
+        // What this statement leaves for the next one only (its hazards, its warnings).
+        let mut next_pins = 0;
         if h.seq != 0 {
             self.client_error(h.seq.wrapping_add(1), code::NET_PACKETS_OUT_OF_ORDER, b"08S01", "Got packets out of order").await;
             return Err(Error::client(format!("command packet with sequence id {}", h.seq)));
@@ -241,6 +282,16 @@ impl<'a> Session<'a> {
             if let Some(reason) = self.lost.take() {
                 Box::pin(self.move_or_fail(&reason)).await?;
             }
+            if self.backend.is_detached()
+                && !(cmd == com::STMT_CLOSE && self.multiplex)
+                && let Err(found) = self.attach_at_once()
+            {
+                // Boxed: a new login, a state to bring or a wait for a connection is the rare
+                // path, and its future large.
+                if let Err(e) = Box::pin(self.attach(found)).await {
+                    return self.refuse_command(e).await;
+                }
+            }
         }
         let expect = match cmd {
             // The backend connection is pooled or closed when the session ends.
@@ -263,11 +314,7 @@ impl<'a> Session<'a> {
             }
             com::PROCESS_KILL | com::QUERY | com::STMT_PREPARE => {
                 if self.credential.is_some() && cmd == com::QUERY {
-                    let found = sluice_proto::sql::hazards(&self.client.rbuf[HEADER + 1..body_end]);
-                    if found & !self.state.hazards != 0 {
-                        self.state.hazards |= found;
-                        self.handle.publish(&self.state);
-                    }
+                    next_pins = self.note_hazards(sluice_proto::sql::hazards(&self.client.rbuf[HEADER + 1..body_end]));
                 }
                 if let Some(plan) = self.kill_in(cmd, body_end) {
                     // Rare paths are boxed: their state stays out of every idle session's task.
@@ -294,6 +341,21 @@ impl<'a> Session<'a> {
             | com::DROP_DB => Expect::Reply,
             _ => Expect::Results,
         };
+        let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let names_statement = matches!(
+            cmd,
+            com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_CLOSE | com::STMT_RESET | com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE
+        );
+        if let (true, Some(id)) = (self.state.stmt_ids_mapped && names_statement, stmt_id) {
+            if cmd == com::STMT_CLOSE {
+                return Box::pin(self.close_statement(id)).await;
+            }
+            if self.find_prepared(id)
+                && let Err(e) = Box::pin(self.prepare_again(id)).await
+            {
+                return self.refuse_command(e).await;
+            }
+        }
         // (With MySQL's query attributes the execute layout differs; those sessions are not helped.)
         if cmd == com::STMT_EXECUTE
             && self.credential.is_some()
@@ -302,13 +364,7 @@ impl<'a> Session<'a> {
         {
             self.execute_types(h)?;
         }
-        let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        if let (true, Some(id)) = (self.state.stmt_ids_mapped, stmt_id)
-            && matches!(
-                cmd,
-                com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_CLOSE | com::STMT_RESET | com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE
-            )
-        {
+        if let (true, Some(id)) = (self.state.stmt_ids_mapped && names_statement, stmt_id) {
             let backend_id = self.state.backend_stmt_id(id);
             self.client.rbuf[HEADER + 1..HEADER + 5].copy_from_slice(&backend_id.to_le_bytes());
         }
@@ -320,29 +376,33 @@ impl<'a> Session<'a> {
         self.before_command(cmd, stmt_id);
         let started = mono_ns();
         let request_seq = self.forward_request().await?;
-        let mut sink = StateSink {
-            state: &mut self.state,
-            preparing: preparing.as_deref(),
-            // Only an execute that asked for a cursor, or a fetch from one, moves its state.
-            executing: matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten(),
-            error: None,
-            changed: false,
-            patch_stmt_id: None,
-        };
+        let mut sink = StateSink::new(&mut self.state);
+        sink.preparing = preparing.as_deref();
+        // Only an execute that asked for a cursor, or a fetch from one, moves its state.
+        sink.executing = matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten();
+        sink.conn_gen = self.conn_gen;
         let watch = Watch { clock: &self.ctx.clock, handle: self.handle, waker: &mut self.waker };
         self.tracker.start(expect, request_seq);
         relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, self.ctx, watch).await?;
-        let (error, changed) = (sink.error, sink.changed);
+        let (error, changed, prepared_id) = (sink.error, sink.changed, sink.prepared_id);
+        if sink.warnings > 0 {
+            next_pins |= crate::session::WARNINGS;
+        }
         let now = mono_ns();
         self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
         self.guard.activity.record(now / 1_000_000);
         if let (Some(on), None) = (multi_option, error) {
-            self.multi_statements = on;
+            self.state.multi_statements = on;
         }
+        if let Some(old) = prepared_id.and_then(|id| self.prepared_here(id)) {
+            Box::pin(self.close_on_backend(old)).await?;
+        }
+        self.state.pin_next = next_pins | if self.state.reads_row_count { sluice_proto::sql::hazard::ROW_COUNT } else { 0 };
         if let (Some(db), None) = (init_db, error) {
             self.state.schema = Some(db);
         }
         if cmd == com::RESET_CONNECTION && error.is_none() {
+            self.conn_was_reset();
             // The reset also put the backend's variable tracking back to its default.
             Box::pin(self.track_variables()).await;
         }
@@ -351,6 +411,29 @@ impl<'a> Session<'a> {
         } else {
             self.handle.publish_status(self.state.status);
         }
+        Ok(Flow::Continue)
+    }
+
+    /// Records what the lexer found in a statement: lasting hazards on the session, `ROW_COUNT()`
+    /// readers; returns the bits that pin the session for the next statement only.
+    fn note_hazards(&mut self, found: u16) -> u16 {
+        use sluice_proto::sql::hazard;
+        if found & hazard::LASTING & !self.state.hazards != 0 {
+            self.state.hazards |= found & hazard::LASTING;
+            self.handle.publish(&self.state);
+        }
+        if found & hazard::ROW_COUNT != 0 {
+            self.state.reads_row_count = true;
+        }
+        found & (hazard::SET_TRANSACTION | hazard::FOUND_ROWS)
+    }
+
+    /// A command that cannot run (no connection could be had, a statement could not be
+    /// prepared again): consumed, and answered with the error.
+    pub(super) async fn refuse_command(&mut self, e: Error) -> Result<Flow> {
+        self.skip_request().await?;
+        let state = e.sql_state;
+        self.client_error(1, e.code, &state, &e.message).await;
         Ok(Flow::Continue)
     }
 

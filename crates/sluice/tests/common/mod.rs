@@ -176,11 +176,20 @@ pub async fn fresh_db(c: &mut Conn, name: &str) {
 
 /// GET on the admin API; returns (status, body).
 pub fn admin_get(s: &SluiceProc, path: &str, token: Option<&str>) -> (u16, String) {
+    admin_request(s, "GET", path, token)
+}
+
+/// POST (with no body) on the admin API; returns (status, body).
+pub fn admin_post(s: &SluiceProc, path: &str) -> (u16, String) {
+    admin_request(s, "POST", path, None)
+}
+
+fn admin_request(s: &SluiceProc, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
     use std::io::{Read, Write};
     let addr = s.admin.as_ref().expect("admin API enabled");
     let mut t = std::net::TcpStream::connect(addr).expect("admin connect");
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(t, "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").expect("admin write");
+    write!(t, "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n").expect("admin write");
     let mut out = String::new();
     t.read_to_string(&mut out).expect("admin read");
     let status = out.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);

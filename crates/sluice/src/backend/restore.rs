@@ -1,0 +1,244 @@
+//! Bringing a backend connection to a session's state: the schema, the session variables, the
+//! multi-statements option and the last insert id that differ are sent in one round trip
+//! (`COM_INIT_DB`, one `SET`, `COM_SET_OPTION`, pipelined), and prepared statements are
+//! prepared again on first use. The set-up runs before the session's statement rather than
+//! pipelined with it: when a part of it fails, the statement must not run in the wrong state.
+
+use std::time::Duration;
+
+use sluice_proto::consts::{cap, com};
+use sluice_proto::packet::frame;
+use sluice_proto::response::{Expect, ResponseTracker, Sink, State};
+use tokio::io::AsyncReadExt;
+
+use super::link::TRACK_ALL;
+use super::shared::ConnState;
+use crate::error::{Error, Result, Side};
+use crate::net::{BUF_SIZE, PacketConn};
+use crate::session::SessionState;
+
+/// Sends `conn` what differs between its state (`have`) and the session's (`want`, with
+/// `multi`: whether the session runs multi-statements), and reads the answers, within `limit`.
+/// On success `have` is the session's state.
+pub async fn bring(conn: &mut PacketConn, have: &mut ConnState, want: &SessionState, caps: u32, limit: Duration) -> Result<()> {
+    let mut out = Vec::new();
+    let mut expect = Vec::new();
+    let mut payload = Vec::new();
+    // (A connection with a schema cannot be made to have none: a session without one keeps it.)
+    let schema = want.schema.is_some() && want.schema != have.schema;
+    if let Some(s) = want.schema.as_ref().filter(|_| schema) {
+        payload.push(com::INIT_DB);
+        payload.extend_from_slice(s.as_bytes());
+        frame(&mut out, &payload, 0);
+        expect.push(Expect::Reply);
+    }
+    if let Some(set) = set_statement(have, want) {
+        payload.clear();
+        payload.push(com::QUERY);
+        payload.extend_from_slice(&set);
+        frame(&mut out, &payload, 0);
+        expect.push(Expect::Results);
+    }
+    if want.multi_statements != have.multi_statements {
+        // COM_SET_OPTION: 0 turns multi-statements on, 1 off.
+        frame(&mut out, &[com::SET_OPTION, u8::from(!want.multi_statements), 0], 0);
+        expect.push(Expect::Reply);
+    }
+    if out.is_empty() {
+        return Ok(());
+    }
+    super::conn::bounded(limit, "session restore", async {
+        conn.stream.write_within(Duration::ZERO, &out).await.map_err(|e| Error::io(Side::Backend, "restoring the session", e))?;
+        let mut tracker = tracker(caps);
+        let mut sink = Collect::default();
+        for e in expect {
+            read_response(&mut tracker, e, conn, &mut sink).await?;
+        }
+        match sink.error {
+            // The server refused the session's own state (a schema dropped since): the
+            // session's statement gets its error.
+            Some((code, state, msg)) => Err(Error::new(Side::Client, code, format!("restoring the session's state: {msg}")).state(&state)),
+            None => Ok(()),
+        }
+    })
+    .await?;
+    if schema {
+        have.schema = want.schema.clone();
+    }
+    if have.variables != want.variables {
+        have.variables = want.variables.clone();
+    }
+    have.tracking = true;
+    have.multi_statements = want.multi_statements;
+    have.last_insert_id = want.last_insert_id;
+    Ok(())
+}
+
+/// Whether [`bring`] has anything to send.
+pub fn differs(have: &ConnState, want: &SessionState) -> bool {
+    (want.schema.is_some() && want.schema != have.schema)
+        || !have.tracking
+        || have.variables != want.variables
+        || have.last_insert_id != want.last_insert_id
+        || have.multi_statements != want.multi_statements
+}
+
+/// The `SET` that makes `have`'s variables `want`'s (a variable the session never changed goes
+/// back to its default), with variable tracking turned on first when it is not yet.
+fn set_statement(have: &ConnState, want: &SessionState) -> Option<Vec<u8>> {
+    let mut parts: Vec<Vec<u8>> = Vec::new();
+    if !have.tracking {
+        parts.push(TRACK_ALL.strip_prefix(b"SET ").unwrap_or(TRACK_ALL).to_vec());
+    }
+    for (name, value) in &want.variables {
+        if name != "session_track_system_variables" && valid_name(name) && have.variables.get(name) != Some(value) {
+            let mut p = format!("{name}=").into_bytes();
+            set_value(&mut p, value);
+            parts.push(p);
+        }
+    }
+    for name in have.variables.keys() {
+        if !want.variables.contains_key(name) && name != "session_track_system_variables" && valid_name(name) {
+            parts.push(format!("{name}=DEFAULT").into_bytes());
+        }
+    }
+    if want.last_insert_id != have.last_insert_id {
+        parts.push(format!("last_insert_id={}", want.last_insert_id).into_bytes());
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    let mut set = b"SET ".to_vec();
+    set.extend_from_slice(&parts.join(&b", "[..]));
+    Some(set)
+}
+
+/// Prepares `sql` on `conn`: its statement id, column and parameter counts.
+pub async fn prepare(conn: &mut PacketConn, sql: &str, caps: u32, limit: Duration) -> Result<(u32, u16, u16)> {
+    super::conn::bounded(limit, "preparing a statement again", async {
+        let mut payload = Vec::with_capacity(sql.len() + 1);
+        payload.push(com::STMT_PREPARE);
+        payload.extend_from_slice(sql.as_bytes());
+        conn.write_packet(&payload, 0).await.map_err(|e| Error::io(Side::Backend, "preparing a statement again", e))?;
+        let mut sink = Collect::default();
+        read_response(&mut tracker(caps), Expect::Prepare, conn, &mut sink).await?;
+        match (sink.error, sink.prepared) {
+            (None, Some(p)) => Ok(p),
+            (Some((code, state, msg)), _) => {
+                Err(Error::new(Side::Client, code, format!("preparing a statement again: {msg}")).state(&state))
+            }
+            (None, _) => Err(Error::backend("preparing a statement again: no statement id")),
+        }
+    })
+    .await
+}
+
+fn tracker(caps: u32) -> ResponseTracker {
+    ResponseTracker::new(caps & cap::DEPRECATE_EOF != 0, caps & cap::SESSION_TRACK != 0)
+}
+
+/// Reads one whole response off `conn`, without forwarding it.
+async fn read_response(tracker: &mut ResponseTracker, expect: Expect, conn: &mut PacketConn, sink: &mut Collect) -> Result<()> {
+    use bytes::Buf;
+    tracker.start(expect, 0);
+    loop {
+        let scan = tracker.scan(&conn.rbuf, sink).map_err(|e| Error::malformed(Side::Backend, e))?;
+        conn.rbuf.advance(scan.consumed);
+        match scan.state {
+            State::Done => return Ok(()),
+            State::Rewrite { len } => conn.rbuf.advance(len),
+            State::LocalInfile => return Err(Error::backend("unexpected LOCAL INFILE request while restoring a session")),
+            State::Pending => {
+                conn.rbuf.reserve(BUF_SIZE);
+                match conn.stream.read_buf(&mut conn.rbuf).await {
+                    Ok(0) => return Err(Error::backend("the backend closed the connection while a session was restored")),
+                    Ok(_) => {}
+                    Err(e) => return Err(Error::io(Side::Backend, "restoring the session", e)),
+                }
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Collect {
+    /// The first error: its code, SQL state and message.
+    error: Option<(u16, [u8; 5], String)>,
+    prepared: Option<(u32, u16, u16)>,
+}
+
+impl Sink for Collect {
+    fn err(&mut self, e: &sluice_proto::basic::Err<'_>) {
+        self.error.get_or_insert_with(|| (e.code, e.sql_state, String::from_utf8_lossy(e.message).into_owned()));
+    }
+    fn prepared(&mut self, id: u32, columns: u16, params: u16) {
+        self.prepared = Some((id, columns, params));
+    }
+}
+
+/// Variable names as the backend reports them: letters, digits and `_`.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
+/// Writes a variable's value as SQL: numbers bare, NULL as NULL, anything else as a string
+/// literal in hex (no quoting or escaping to get wrong, whatever the sql_mode).
+fn set_value(out: &mut Vec<u8>, value: &str) {
+    let numeric = {
+        let digits = value.strip_prefix('-').unwrap_or(value);
+        !digits.is_empty() && digits.bytes().filter(|&c| c == b'.').count() <= 1 && digits.bytes().all(|c| c.is_ascii_digit() || c == b'.')
+    };
+    if numeric || value == "NULL" {
+        out.extend_from_slice(value.as_bytes());
+    } else if value.is_empty() {
+        out.extend_from_slice(b"''");
+    } else {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        out.extend_from_slice(b"_utf8mb4 X'");
+        for b in value.bytes() {
+            out.extend_from_slice(&[HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+        }
+        out.push(b'\'');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_written_as_sql_literals() {
+        let lit = |v: &str| {
+            let mut o = Vec::new();
+            set_value(&mut o, v);
+            String::from_utf8(o).unwrap()
+        };
+        assert_eq!(lit("28800"), "28800");
+        assert_eq!(lit("-1.5"), "-1.5");
+        assert_eq!(lit("NULL"), "NULL");
+        assert_eq!(lit(""), "''");
+        assert_eq!(lit("ON"), "_utf8mb4 X'4f4e'");
+        assert_eq!(lit("1.2.3"), "_utf8mb4 X'312e322e33'");
+        assert!(valid_name("sql_mode"));
+        assert!(!valid_name("a; DROP"));
+    }
+
+    #[test]
+    fn only_the_difference_is_set() {
+        let mut have = ConnState { tracking: true, ..Default::default() };
+        have.variables.insert("sql_mode".into(), "ANSI".into());
+        have.variables.insert("time_zone".into(), "+00:00".into());
+        let mut want = SessionState::default();
+        want.variables.insert("sql_mode".into(), "ANSI".into());
+        want.variables.insert("autocommit".into(), "OFF".into());
+        let set = String::from_utf8(set_statement(&have, &want).unwrap()).unwrap();
+        assert_eq!(set, "SET autocommit=_utf8mb4 X'4f4646', time_zone=DEFAULT");
+        want.variables = have.variables.clone();
+        assert!(set_statement(&have, &want).is_none(), "nothing differs");
+        want.last_insert_id = 7;
+        assert_eq!(set_statement(&have, &want).unwrap(), b"SET last_insert_id=7");
+        have.tracking = false;
+        want.last_insert_id = 0;
+        assert_eq!(set_statement(&have, &want).unwrap(), b"SET SESSION session_track_system_variables='*'");
+    }
+}

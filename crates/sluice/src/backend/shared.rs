@@ -1,0 +1,306 @@
+//! Backend connections that sessions share (multiplexing), and the cap on how many connections
+//! sluice keeps to a backend.
+//!
+//! A multiplexed session gives its connection back here at every safe point and takes one
+//! again at its next statement. A connection given back stays logged in as its user, with the
+//! session state it has ([`ConnState`]: schema, variables, statements prepared on it), and goes
+//! only to a session of the same user, capabilities and character set ([`Key`]), which brings it
+//! to its own state by sending the difference.
+//!
+//! The cap (`max_backend_connections`) is shared out among the workers, since a connection
+//! lives on the worker runtime that opened it: each worker's [`Lane`] counts the connections it
+//! opened (in use and spare) and queues, first come first served, the statements that found
+//! none free. A connection given back goes to the first waiter of its key; when the head of
+//! the queue wants another key, the connection is closed and its place given to that waiter,
+//! which opens its own. A waiter that finds only spare connections of other keys closes one
+//! and takes its place.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use super::pool::{Fit, worker};
+use crate::metrics::BackendMetrics;
+use crate::net::PacketConn;
+
+/// A statement prepared on one backend connection.
+#[derive(Debug, Clone)]
+pub struct OnConn {
+    pub id: u32,
+    pub params: u16,
+    pub columns: u16,
+    /// The parameter types this connection was last sent for it (2 bytes per parameter).
+    pub types: Vec<u8>,
+}
+
+/// Most statements kept prepared on one connection; past it, the connection closes the ones
+/// that no session holds when it is given back.
+pub const MAX_STATEMENTS: usize = 256;
+
+/// What a backend connection carries besides its socket.
+#[derive(Debug, Default)]
+pub struct ConnState {
+    pub schema: Option<String>,
+    /// Session variables changed since its login, as the backend reported them.
+    pub variables: BTreeMap<String, String>,
+    /// Statements prepared on it, by their text.
+    pub stmts: rustc_hash::FxHashMap<String, OnConn>,
+    /// Multi-statements are on (the capability, or COM_SET_OPTION).
+    pub multi_statements: bool,
+    /// Variable changes are reported (`session_track_system_variables='*'` was set).
+    pub tracking: bool,
+    /// The id `LAST_INSERT_ID()` returns on it.
+    pub last_insert_id: u64,
+    /// The thread id the backend gave it.
+    pub thread_id: u32,
+}
+
+/// Which sessions may take a connection: its user, the capabilities it was logged in with
+/// (TLS to the backend included) and its character set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Key {
+    pub user: Arc<str>,
+    pub fit: Fit,
+    pub collation: u8,
+}
+
+/// A logged-in connection that no session holds.
+pub struct Spare {
+    pub conn: PacketConn,
+    pub key: Key,
+    pub state: Box<ConnState>,
+    /// Capabilities in force between sluice and the backend.
+    pub backend_caps: u32,
+    pub mariadb: bool,
+    since: Instant,
+}
+
+impl Spare {
+    pub fn new(conn: PacketConn, key: Key, state: Box<ConnState>, backend_caps: u32, mariadb: bool) -> Spare {
+        Spare { conn, key, state, backend_caps, mariadb, since: Instant::now() }
+    }
+}
+
+/// The right to one connection under the cap, given back when dropped.
+pub struct Slot {
+    lanes: Arc<Lanes>,
+    worker: usize,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.lanes.free(self.worker);
+    }
+}
+
+/// What a waiter is given.
+enum Grant {
+    /// A spare connection of its key, with the slot it holds.
+    Conn(Spare, Slot),
+    /// A place under the cap: open a connection.
+    Open(Slot),
+}
+
+/// What a session gets from [`Lanes::take`].
+pub enum Taken {
+    /// A spare connection of the session's key.
+    Conn(Spare, Option<Slot>),
+    /// Nothing spare: open a connection (under the cap when there is one).
+    Open(Option<Slot>),
+}
+
+struct Waiter {
+    /// None: the waiter wants only a place (a passthrough login).
+    key: Option<Key>,
+    tx: oneshot::Sender<Grant>,
+}
+
+/// One worker's share of a backend's connections.
+#[derive(Default)]
+struct Lane {
+    /// Connections opened under the cap (in use and spare).
+    open: usize,
+    max: usize,
+    spare: Vec<Spare>,
+    waiters: VecDeque<Waiter>,
+}
+
+/// The shared connections of one backend, a lane per worker.
+pub struct Lanes {
+    lanes: Box<[Mutex<Lane>]>,
+    /// Whether `max_backend_connections` applies.
+    capped: bool,
+    pub queue_timeout: Duration,
+    /// A spare connection unused this long is closed by the sweeper.
+    idle_timeout: Duration,
+    metrics: BackendMetrics,
+}
+
+impl Lanes {
+    /// `max` connections shared out among `workers` (0: no cap).
+    pub fn new(max: usize, workers: usize, queue_timeout: Duration, idle_timeout: Duration, metrics: BackendMetrics) -> Arc<Lanes> {
+        let workers = workers.max(1);
+        let lanes =
+            (0..workers).map(|i| Mutex::new(Lane { max: max / workers + usize::from(i < max % workers), ..Lane::default() })).collect();
+        Arc::new(Lanes { lanes, capped: max > 0, queue_timeout, idle_timeout, metrics })
+    }
+
+    fn lane(&self, w: usize) -> &Mutex<Lane> {
+        &self.lanes[w % self.lanes.len()]
+    }
+
+    /// A place under the cap for a connection no session of a key will share (a passthrough
+    /// login), waiting in the queue when the cap is reached. None when there is no cap.
+    pub async fn place(self: &Arc<Self>) -> Result<Option<Slot>, Duration> {
+        match self.take_for(None).await? {
+            Taken::Conn(..) => unreachable!("no spare connection has no key"),
+            Taken::Open(slot) => Ok(slot),
+        }
+    }
+
+    /// A spare connection of `key` on this worker (when `reuse`), else a place to open one,
+    /// waiting at most `queue_timeout` behind the statements queued before. Err: the time waited.
+    pub async fn take(self: &Arc<Self>, key: &Key, reuse: bool) -> Result<Taken, Duration> {
+        if !reuse {
+            return self.take_for(None).await;
+        }
+        self.take_for(Some(key)).await
+    }
+
+    /// A spare connection of `key` on this worker, if one is there (no wait).
+    pub fn try_take(self: &Arc<Self>, key: &Key) -> Option<(Spare, Option<Slot>)> {
+        let w = worker();
+        let mut lane = self.lane(w).lock();
+        let at = lane.spare.iter().rposition(|s| s.key == *key)?;
+        let spare = lane.spare.swap_remove(at);
+        self.metrics.shared_spare.dec();
+        Some((spare, self.capped.then(|| Slot { lanes: self.clone(), worker: w })))
+    }
+
+    async fn take_for(self: &Arc<Self>, key: Option<&Key>) -> Result<Taken, Duration> {
+        let w = worker();
+        let rx = {
+            let mut lane = self.lane(w).lock();
+            if let Some(key) = key
+                && let Some(at) = lane.spare.iter().rposition(|s| s.key == *key)
+            {
+                let spare = lane.spare.swap_remove(at);
+                self.metrics.shared_spare.dec();
+                return Ok(Taken::Conn(spare, self.capped.then(|| Slot { lanes: self.clone(), worker: w })));
+            }
+            if !self.capped {
+                return Ok(Taken::Open(None));
+            }
+            if lane.open < lane.max {
+                lane.open += 1;
+                return Ok(Taken::Open(Some(Slot { lanes: self.clone(), worker: w })));
+            }
+            // A spare connection of another key gives its place.
+            if !lane.spare.is_empty() {
+                let oldest = lane.spare.iter().enumerate().min_by_key(|(_, s)| s.since).map(|(i, _)| i).unwrap_or(0);
+                let closing = lane.spare.swap_remove(oldest);
+                self.metrics.shared_spare.dec();
+                drop(lane);
+                drop(closing);
+                return Ok(Taken::Open(Some(Slot { lanes: self.clone(), worker: w })));
+            }
+            let (tx, rx) = oneshot::channel();
+            lane.waiters.push_back(Waiter { key: key.cloned(), tx });
+            rx
+        };
+        self.metrics.queue_waiting.inc();
+        let started = Instant::now();
+        let got = tokio::time::timeout(self.queue_timeout, rx).await;
+        let waited = started.elapsed();
+        self.metrics.queue_waiting.dec();
+        self.metrics.queue_wait.observe_nanos(waited.as_nanos() as u64);
+        match got {
+            Ok(Ok(Grant::Conn(spare, slot))) => Ok(Taken::Conn(spare, Some(slot))),
+            Ok(Ok(Grant::Open(slot))) => Ok(Taken::Open(Some(slot))),
+            // (The sender is dropped only with the lane's backend: count it as a timeout.)
+            _ => {
+                self.metrics.queue_timeouts.inc();
+                Err(waited)
+            }
+        }
+    }
+
+    /// Gives a connection back: to the first waiter of its key, else kept spare (or, when the
+    /// first waiter wants another key, closed so that its place goes to that waiter). `slot`
+    /// is the connection's place under the cap.
+    pub fn give_back(self: &Arc<Self>, mut spare: Spare, slot: Option<Slot>) {
+        let Some(slot) = slot else {
+            spare.since = Instant::now();
+            self.lane(worker()).lock().spare.push(spare);
+            self.metrics.shared_spare.inc();
+            return;
+        };
+        let w = slot.worker;
+        let mut lane = self.lane(w).lock();
+        let mut grant = Grant::Conn(spare, slot);
+        while let Some(at) = lane.waiters.iter().position(|x| matches!(&grant, Grant::Conn(s, _) if x.key.as_ref() == Some(&s.key))) {
+            let waiter = lane.waiters.remove(at).expect("position is in range");
+            match waiter.tx.send(grant) {
+                Ok(()) => return,
+                Err(back) => grant = back,
+            }
+        }
+        let Grant::Conn(mut spare, slot) = grant else { unreachable!() };
+        if lane.waiters.is_empty() {
+            spare.since = Instant::now();
+            lane.spare.push(spare);
+            self.metrics.shared_spare.inc();
+            // The place stays taken by the spare connection.
+            std::mem::forget(slot);
+            return;
+        }
+        // The queue wants other keys: close this one; dropping the slot passes its place on.
+        drop(lane);
+        drop(spare);
+        drop(slot);
+    }
+
+    /// A place freed (a connection closed): the first live waiter gets it.
+    fn free(self: &Arc<Self>, w: usize) {
+        let mut lane = self.lane(w).lock();
+        while let Some(waiter) = lane.waiters.pop_front() {
+            let slot = Slot { lanes: self.clone(), worker: w };
+            match waiter.tx.send(Grant::Open(slot)) {
+                Ok(()) => return,
+                // The waiter gave up; the slot it did not take was dropped (and came back
+                // here): forget it, since this loop still holds the place.
+                Err(Grant::Open(slot)) | Err(Grant::Conn(_, slot)) => std::mem::forget(slot),
+            }
+        }
+        lane.open = lane.open.saturating_sub(1);
+    }
+
+    /// This worker's spare connections to close: those unused for the idle timeout (all of
+    /// them with `all`). Their places under the cap are freed.
+    pub fn expired(self: &Arc<Self>, all: bool) -> Vec<Spare> {
+        let w = worker();
+        let out: Vec<Spare> = {
+            let mut lane = self.lane(w).lock();
+            let timeout = self.idle_timeout;
+            lane.spare.extract_if(.., |s| all || s.since.elapsed() >= timeout).collect()
+        };
+        self.metrics.shared_spare.dec_by(out.len() as i64);
+        if self.capped {
+            for _ in &out {
+                self.free(w);
+            }
+        }
+        out
+    }
+
+    /// Spare connections now, in use under the cap now (all workers).
+    pub fn counts(&self) -> (usize, usize) {
+        self.lanes.iter().fold((0, 0), |(s, o), l| {
+            let l = l.lock();
+            (s + l.spare.len(), o + l.open)
+        })
+    }
+}

@@ -1,0 +1,551 @@
+//! A users-mode session changing backend connections. Sluice holds the session's credentials
+//! and its state (`SessionState`), so it can log in again elsewhere and bring a connection to
+//! that state (`backend::restore`): the schema, the variables the backend reported changed, the
+//! multi-statements option, the last insert id; prepared statements are prepared again on their
+//! first use on the new connection, and the client keeps its statement ids (mapped from then on).
+//!
+//! - **Multiplexing**: at every safe point (no pin, `SessionState::detachable`) the session gives
+//!   its connection back to its backend's shared connections and takes one of the same key at
+//!   its next statement ([`Session::attach`]).
+//! - **Moves**: to another backend at a safe point, when asked (admin API), when its backend
+//!   drains, or at every safe point with `move_every_statement` (testing). A multiplexed session
+//!   between statements only changes backend; one that holds a connection opens one on the new
+//!   backend first and leaves the old one only when the new one is ready.
+//! - **Loss**: a connection lost while the session was idle is replaced at its next command.
+//!
+//! A session whose state sluice could not recreate exactly stays where it is (passthrough
+//! logins hold no credentials; see `SessionState::pins`). One that lost its connection then gets
+//! an error at its next command and a clean close.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use sluice_proto::consts::{cap, com, err as code};
+use sluice_proto::packet::frame;
+
+use super::relay::Session;
+use crate::backend::Backend;
+use crate::backend::conn as bconn;
+use crate::backend::link::{self, TRACK_ALL, backend_response, set_up_query};
+use crate::backend::restore;
+use crate::backend::shared::{ConnState, OnConn, Slot, Spare, Taken};
+use crate::error::{Error, Result, Retry, Side};
+use crate::metrics::MoveReason;
+use crate::net::PacketConn;
+
+/// A spare connection taken for a session and its place under the cap, to be brought to the
+/// session's state.
+pub(super) type Found = Box<(Spare, Option<Slot>)>;
+
+/// What a session does at a safe point.
+pub(super) enum Next {
+    Stay,
+    Move(Option<usize>, MoveReason),
+    End,
+}
+
+/// A connection ready for the session: logged in and in the session's state.
+pub(super) struct Ready {
+    conn: PacketConn,
+    state: Box<ConnState>,
+    slot: Option<Slot>,
+}
+
+impl Session<'_> {
+    /// Whether a lost backend connection could be replaced without the client noticing.
+    pub(super) fn may_move(&self) -> bool {
+        self.key.is_some() && self.state.movable()
+    }
+
+    /// Asks the backend connection to report every variable change (after a COM_RESET_CONNECTION
+    /// or a COM_CHANGE_USER, which start from the server's defaults). Only sessions sluice
+    /// could move need it.
+    pub(super) async fn track_variables(&mut self) {
+        if self.key.is_none() {
+            return;
+        }
+        match set_up_query(&mut self.backend, TRACK_ALL, self.guard.connect_timeout).await {
+            Ok(()) => {
+                if let Some(c) = self.conn.as_mut() {
+                    c.tracking = true;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(session = self.handle.id, backend = %self.guard.name, error = %e.message, "cannot track session variables; the session will not move")
+            }
+        }
+    }
+
+    /// Takes a connection for the command about to run (a multiplexed session holds none
+    /// between statements) when a spare one of its key is on its backend in its state already:
+    /// the common case, with no await. Otherwise [`Session::attach`] must run, with the spare
+    /// connection found, if any, to bring to the session's state.
+    pub(super) fn attach_at_once(&mut self) -> std::result::Result<(), Option<Found>> {
+        let Some(key) = self.key.as_deref() else { return Err(None) };
+        if self.ctx.config.proxy.move_every_statement {
+            return Err(None);
+        }
+        let b = self.guard.0.clone();
+        let Some((spare, slot)) = b.shared.try_take(key) else { return Err(None) };
+        if restore::differs(&spare.state, &self.state) || !self.spare_fits(&spare) {
+            // (One that does not fit is closed there; its place goes to a new connection.)
+            return Err(Some(Box::new((spare, slot))));
+        }
+        drop(self.install(&b, Ready { conn: spare.conn, state: spare.state, slot }));
+        Ok(())
+    }
+
+    /// A spare connection the session may take: open (its server did not close it) and of the
+    /// session's capabilities (a backend restarted in another version has others).
+    fn spare_fits(&self, spare: &Spare) -> bool {
+        spare.backend_caps == self.backend_caps() && spare.mariadb == self.mariadb && spare.conn.stream.is_quiet()
+    }
+
+    /// Takes a connection for the command about to run: `found` (a spare one of its key, not
+    /// in its state yet), or one from the backend's shared connections, else a new login,
+    /// waiting in the backend's queue at `max_backend_connections`.
+    pub(super) async fn attach(&mut self, found: Option<Found>) -> Result<()> {
+        let b = self.guard.0.clone();
+        let ready = match found {
+            Some(found) => {
+                let (spare, slot) = *found;
+                self.ready_from(&b, Taken::Conn(spare, slot)).await?
+            }
+            None => self.connection_on(&b, !self.ctx.config.proxy.move_every_statement).await?,
+        };
+        drop(self.install(&b, ready));
+        Ok(())
+    }
+
+    /// Gives the connection back to the backend's shared connections (multiplexing, at a safe
+    /// point). A KILL aimed at the session's running statement keeps it (the killer read the
+    /// thread id before it was cleared).
+    pub(super) fn detach(&mut self) {
+        self.handle.backend_thread_id.store(0, Ordering::SeqCst);
+        if self.handle.kill_pending.load(Ordering::SeqCst) || !self.backend.rbuf.is_empty() {
+            let tid = self.conn.as_ref().map_or(0, |c| c.thread_id);
+            self.handle.backend_thread_id.store(tid, Ordering::SeqCst);
+            return;
+        }
+        let (Some(key), Some(mut state)) = (self.key.as_deref(), self.conn.take()) else { return };
+        self.sync_conn_state(&mut state);
+        let conn = std::mem::replace(&mut self.backend, PacketConn::detached());
+        let spare = Spare::new(conn, key.clone(), state, self.backend_caps(), self.mariadb);
+        self.guard.shared.give_back(spare, self.slot.take());
+    }
+
+    /// The connection's state after COM_RESET_CONNECTION or COM_CHANGE_USER (the server's
+    /// defaults: no statements, no variables changed, none tracked) in the session's schema.
+    pub(super) fn conn_was_reset(&mut self) {
+        let schema = self.state.schema.clone();
+        if let Some(c) = self.conn.as_mut() {
+            **c = ConnState { schema, thread_id: c.thread_id, multi_statements: c.multi_statements, ..ConnState::default() };
+        }
+    }
+
+    /// What the session changed on its connection since it took it, recorded on the connection.
+    fn sync_conn_state(&self, c: &mut ConnState) {
+        let s = &self.state;
+        if c.schema != s.schema {
+            c.schema.clone_from(&s.schema);
+        }
+        if c.variables != s.variables {
+            c.variables.clone_from(&s.variables);
+        }
+        c.multi_statements = s.multi_statements;
+        c.last_insert_id = s.last_insert_id;
+    }
+
+    /// A connection to `b` in the session's state: a spare one of its key (when `reuse`), else
+    /// a new login with the credentials sluice holds.
+    async fn connection_on(&self, b: &Arc<Backend>, reuse: bool) -> Result<Ready> {
+        let Some(key) = self.key.as_deref() else {
+            return Err(Error::proxy(code::UNKNOWN_ERROR, "sluice holds no credentials for this session"));
+        };
+        let taken =
+            b.shared.take(key, reuse).await.map_err(|waited| queue_error(b, waited, self.ctx.config.proxy.max_backend_connections))?;
+        self.ready_from(b, taken).await
+    }
+
+    /// The connection `taken` gives (a new login when it gives a place, or a spare connection
+    /// that does not fit), brought to the session's state.
+    async fn ready_from(&self, b: &Arc<Backend>, taken: Taken) -> Result<Ready> {
+        let (mut conn, mut state, slot) = match taken {
+            Taken::Conn(spare, slot) if self.spare_fits(&spare) => (spare.conn, spare.state, slot),
+            Taken::Conn(_, slot) | Taken::Open(slot) => {
+                let (conn, state) = self.log_in_on(b).await?;
+                (conn, state, slot)
+            }
+        };
+        restore::bring(&mut conn, &mut state, &self.state, self.backend_caps(), b.connect_timeout).await?;
+        Ok(Ready { conn, state, slot })
+    }
+
+    /// Logs in to `b` as the session's user, in its schema.
+    async fn log_in_on(&self, b: &Arc<Backend>) -> Result<(PacketConn, Box<ConnState>)> {
+        let (Some(profile), Some(credential)) = (self.profile.as_ref(), self.credential.as_ref()) else {
+            return Err(Error::proxy(code::UNKNOWN_ERROR, "sluice holds no credentials for this session"));
+        };
+        let (conn, g) = bconn::open(b, b.connect_timeout).await?;
+        let client_tls = self.client.stream.is_tls();
+        let tls = b.tls.decide(client_tls, &g)?;
+        let mut bhr = backend_response(profile, &g, self.client_caps(), tls);
+        bhr.database = self.state.schema.as_ref().map(|s| s.as_bytes().to_vec());
+        bhr.capabilities |= if bhr.database.is_some() { cap::CONNECT_WITH_DB } else { 0 };
+        let mariadb = g.capabilities & cap::LONG_PASSWORD == 0;
+        // (Whether the new connection is TLS may differ: nothing after the login depends on it.)
+        if (bhr.capabilities ^ self.backend_caps()) & !(cap::CONNECT_WITH_DB | cap::SSL) != 0 || mariadb != self.mariadb {
+            return Err(Error::connect("its capabilities differ from those of the session's first backend"));
+        }
+        let multi = bhr.capabilities & cap::MULTI_STATEMENTS != 0;
+        let conn = bconn::login(b, conn, &g, bhr, credential).await?;
+        let state =
+            ConnState { schema: self.state.schema.clone(), thread_id: g.connection_id, multi_statements: multi, ..Default::default() };
+        Ok((conn, Box::new(state)))
+    }
+
+    /// Makes `ready` the session's connection, on `b`; returns the one it held (detached for
+    /// a multiplexed session between statements).
+    fn install(&mut self, b: &Arc<Backend>, ready: Ready) -> (PacketConn, Option<Box<ConnState>>, Option<Slot>) {
+        let tid = ready.state.thread_id;
+        let old_conn = std::mem::replace(&mut self.backend, ready.conn);
+        let old_state = self.conn.replace(ready.state);
+        let old_slot = std::mem::replace(&mut self.slot, ready.slot);
+        self.conn_gen = self.conn_gen.wrapping_add(1);
+        self.touched = true;
+        if !self.state.prepared.is_empty() || self.multiplex {
+            self.state.stmt_ids_mapped = true;
+            if let Some(max) = self.state.prepared.keys().max() {
+                self.state.next_stmt_id = self.state.next_stmt_id.max(max.wrapping_add(1)).max(1);
+            }
+        }
+        if b.index != self.guard.index {
+            self.guard = b.bind();
+            self.handle.bind_backend(b.index, &b.name, tid);
+        } else {
+            self.handle.backend_thread_id.store(tid, Ordering::SeqCst);
+        }
+        let client_tls = self.client.stream.is_tls();
+        self.fit.backend_tls = b.tls.wanted(client_tls);
+        if old_conn.stream.is_tls() != self.backend.stream.is_tls() {
+            self.handle.info.lock().backend_tls = self.backend.stream.is_tls();
+        }
+        (old_conn, old_state, old_slot)
+    }
+
+    /// At a safe point (after a command, or when a move is asked of an idle session): says
+    /// whether a move is due (asked through the admin API or by a drain, or forced by
+    /// `move_every_statement`), or else gives the connection back when multiplexing. `End`: a
+    /// passthrough session, which cannot move, on a backend drained for `drain_timeout`.
+    pub(super) fn safe_point(&mut self) -> Next {
+        let asked = self.handle.move_asked();
+        if self.key.is_none() {
+            return if asked && self.drained_out() { Next::End } else { Next::Stay };
+        }
+        let forced = self.ctx.config.proxy.move_every_statement;
+        if !(self.multiplex || asked || forced) || self.lost.is_some() {
+            return Next::Stay;
+        }
+        if !self.state.detachable() {
+            self.count_pins();
+            return Next::Stay;
+        }
+        self.pinned = 0;
+        if let Some((to, why)) = self.handle.take_move() {
+            return Next::Move(to, why);
+        }
+        if forced {
+            return Next::Move(None, MoveReason::Test);
+        }
+        if self.multiplex && !self.backend.is_detached() {
+            self.detach();
+        }
+        Next::Stay
+    }
+
+    /// A session that cannot move, asked to leave a backend that drained for `drain_timeout`.
+    fn drained_out(&self) -> bool {
+        let expired = self.guard.drained_for().is_some_and(|d| d >= self.ctx.config.proxy.drain_timeout);
+        if expired && self.state.at_safe_point() {
+            tracing::info!(session = self.handle.id, backend = %self.guard.name, "closing a session that cannot move off a draining backend");
+            return true;
+        }
+        false
+    }
+
+    /// Counts the pins that began since the last safe point (multiplexed sessions).
+    fn count_pins(&mut self) {
+        let pins = self.state.pins();
+        let mut mask = 0u32;
+        for p in pins {
+            let bit = 1 << (p as u32);
+            if self.pinned & bit == 0 {
+                self.ctx.metrics.pinned(p.as_str());
+            }
+            mask |= bit;
+        }
+        self.pinned = mask;
+    }
+
+    /// COM_STMT_CLOSE once statement ids are mapped: the statement is forgotten; it is closed
+    /// on the connection only when the session holds one, prepared it there, and does not
+    /// multiplex (a multiplexed session leaves it prepared there for the next session of its
+    /// key). No answer either way.
+    pub(super) async fn close_statement(&mut self, client_id: u32) -> Result<super::relay::Flow> {
+        self.skip_request().await?;
+        let Some(p) = self.state.prepared.remove(&client_id) else { return Ok(super::relay::Flow::Continue) };
+        self.handle.publish(&self.state);
+        let here = p.conn_gen == self.conn_gen && !self.backend.is_detached();
+        let shared = self.state.prepared.values().any(|q| q.conn_gen == p.conn_gen && q.backend_id == p.backend_id);
+        if here && !self.multiplex && !shared {
+            if let Some(c) = self.conn.as_mut()
+                && c.stmts.get(&p.sql).is_some_and(|on| on.id == p.backend_id)
+            {
+                c.stmts.remove(&p.sql);
+            }
+            self.close_on_backend(p.backend_id).await?;
+        }
+        Ok(super::relay::Flow::Continue)
+    }
+
+    /// Moves the session after its backend connection was lost; when it cannot move, the client
+    /// gets an error for its command and the session ends.
+    pub(super) async fn move_or_fail(&mut self, reason: &str) -> Result<()> {
+        let from = self.guard.name.clone();
+        match self.move_after_loss().await {
+            Ok(()) => {
+                self.ctx.metrics.moved(MoveReason::Failure, true);
+                tracing::info!(session = self.handle.id, from = %from, to = %self.guard.name, "session moved to a new backend connection");
+                Ok(())
+            }
+            Err(e) => {
+                self.ctx.metrics.moved(MoveReason::Failure, false);
+                let msg = format!(
+                    "sluice: the connection to backend {from} was lost ({reason}) and the session could not be recreated: {}",
+                    e.message
+                );
+                self.client_error(1, code::SERVER_LOST, b"HY000", &msg).await;
+                Err(Error::new(Side::Backend, code::SERVER_LOST, msg))
+            }
+        }
+    }
+
+    /// Logs in to a backend again (another one first) and restores the session there.
+    async fn move_after_loss(&mut self) -> Result<()> {
+        let lost = self.guard.index;
+        // The dead connection goes now (its place under the cap with it).
+        drop(self.conn.take());
+        self.backend = PacketConn::detached();
+        self.slot = None;
+        let mut tried = vec![(lost, Error::backend("the session's connection to it was lost"))];
+        loop {
+            let b = match link::pick(&self.ctx.backends, &tried) {
+                Ok(b) => b,
+                // Nothing else is usable: the lost backend itself may be back (a restart), or
+                // only the connection was closed (wait_timeout).
+                Err(_) if tried.first().is_some_and(|(i, _)| *i == lost) && self.guard.is_up() => {
+                    tried.remove(0);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match self.connection_on(&b, true).await {
+                Ok(ready) => {
+                    drop(self.install(&b, ready));
+                    self.handle.publish(&self.state);
+                    return Ok(());
+                }
+                Err(e) if e.retry == Retry::Safe => tried.push((b.index, e)),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A move at a safe point: to backend `to` (any other one when None). A session between
+    /// statements that holds no connection only changes backend; one that holds a connection
+    /// keeps it when the new one cannot be had.
+    pub(super) async fn move_now(&mut self, to: Option<usize>, why: MoveReason) {
+        let backends = &self.ctx.backends;
+        let target = match to {
+            Some(i) => backends.list.get(i).cloned().filter(|b| b.is_up()),
+            None => {
+                let mut exclude = vec![(self.guard.index, Error::backend("the session is there"))];
+                match link::pick(backends, &exclude) {
+                    Ok(b) => Some(b),
+                    // A forced move with one backend: a new connection on the same one.
+                    Err(_) if why == MoveReason::Test => {
+                        exclude.clear();
+                        link::pick(backends, &exclude).ok()
+                    }
+                    Err(_) => None,
+                }
+            }
+        };
+        let Some(target) = target else {
+            tracing::debug!(session = self.handle.id, "no backend to move the session to");
+            self.ctx.metrics.moved(why, false);
+            return;
+        };
+        self.move_to(target, why).await;
+        if self.multiplex && !self.backend.is_detached() {
+            self.detach();
+        }
+    }
+
+    async fn move_to(&mut self, target: Arc<Backend>, why: MoveReason) {
+        if self.backend.is_detached() {
+            self.guard = target.bind();
+            self.handle.bind_backend(target.index, &target.name, 0);
+            self.ctx.metrics.moved(why, true);
+            return;
+        }
+        if target.index == self.guard.index && why != MoveReason::Test {
+            return;
+        }
+        let from = self.guard.name.clone();
+        match self.connection_on(&target, why != MoveReason::Test).await {
+            Ok(ready) => {
+                let (old, _, _) = self.install(&target, ready);
+                self.ctx.metrics.moved(why, true);
+                tracing::debug!(session = self.handle.id, from = %from, to = %target.name, reason = why.as_str(), "session moved");
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), bconn::quit(old)).await;
+            }
+            Err(e) => {
+                self.ctx.metrics.moved(why, false);
+                tracing::warn!(session = self.handle.id, from = %from, to = %target.name, error = %e.message, "session could not move; it stays");
+            }
+        }
+    }
+
+    /// Makes sure the statement `client_id` names is prepared on the session's connection
+    /// (it was prepared on another one, before a move or since the session took this one), from
+    /// the statements the connection has; true when it must be prepared there first
+    /// ([`Session::prepare_again`]). Unknown ids are left to the backend.
+    pub(super) fn find_prepared(&mut self, client_id: u32) -> bool {
+        let this_conn = self.conn_gen;
+        let Some(p) = self.state.prepared.get_mut(&client_id).filter(|p| p.conn_gen != this_conn) else { return false };
+        let Some(conn) = self.conn.as_ref() else { return false };
+        match conn.stmts.get(&p.sql) {
+            Some(on) if on.params == p.params && on.columns == p.columns => {
+                p.backend_id = on.id;
+                p.conn_gen = this_conn;
+                p.types_unsent = p.params > 0 && on.types != p.param_types;
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Prepares the statement `client_id` names on the session's connection again.
+    pub(super) async fn prepare_again(&mut self, client_id: u32) -> Result<()> {
+        let this_conn = self.conn_gen;
+        let caps = self.backend_caps();
+        let Some(p) = self.state.prepared.get(&client_id) else { return Ok(()) };
+        let sql = p.sql.clone();
+        let (id, columns, params) = restore::prepare(&mut self.backend, &sql, caps, self.guard.connect_timeout).await?;
+        let Some(p) = self.state.prepared.get_mut(&client_id) else { return Ok(()) };
+        if (columns, params) != (p.columns, p.params) {
+            return Err(Error::backend(format!("re-preparing statement {client_id} ({sql}): its shape changed")));
+        }
+        p.backend_id = id;
+        p.conn_gen = this_conn;
+        p.types_unsent = p.params > 0;
+        if let Some(conn) = self.conn.as_mut() {
+            conn.stmts.insert(sql, OnConn { id, params, columns, types: Vec::new() });
+        }
+        Ok(())
+    }
+}
+
+/// The error a statement gets when no connection to `b` became free within `queue_timeout`.
+fn queue_error(b: &Backend, waited: std::time::Duration, max: usize) -> Error {
+    let msg = format!(
+        "sluice: no connection to backend {} became free within queue_timeout ({} ms waited; max_backend_connections = {max})",
+        b.name,
+        waited.as_millis()
+    );
+    let mut e = Error::new(Side::Proxy, code::CON_COUNT, msg).state(b"08004");
+    e.retry = Retry::Safe;
+    e
+}
+
+impl Session<'_> {
+    /// Remembers the parameter types an execute sends, and adds them to an execute that does
+    /// not send them when the connection has not been sent these types for the statement (it
+    /// was prepared again there, or another session bound other types). Reads the whole
+    /// execute command (its first packet), before statement ids are mapped.
+    pub(super) fn execute_types(&mut self, h: sluice_proto::packet::Header) -> Result<()> {
+        use sluice_proto::packet::HEADER;
+        let end = HEADER + h.len;
+        let Some(payload) = self.client.rbuf.get(HEADER..end) else { return Ok(()) };
+        let Some(id) = payload.get(1..5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])) else { return Ok(()) };
+        let Some(p) = self.state.prepared.get_mut(&id).filter(|p| p.params > 0) else { return Ok(()) };
+        let params = p.params as usize;
+        // Command, statement id, flags, iteration count, NULL bitmap, then the flag.
+        let flag_at = 10 + params.div_ceil(8);
+        let types = flag_at + 1..flag_at + 1 + 2 * params;
+        let on_conn = self.conn.as_mut().and_then(|c| c.stmts.get_mut(&p.sql)).filter(|on| on.id == p.backend_id);
+        match payload.get(flag_at) {
+            Some(1) if payload.len() >= types.end => {
+                if p.param_types != payload[types.clone()] {
+                    p.param_types.clear();
+                    p.param_types.extend_from_slice(&payload[types.clone()]);
+                }
+                if let Some(on) = on_conn
+                    && on.types != payload[types.clone()]
+                {
+                    on.types.clear();
+                    on.types.extend_from_slice(&payload[types]);
+                }
+                p.types_unsent = false;
+            }
+            Some(0) if p.types_unsent && p.param_types.len() == 2 * params => {
+                // The client bound its types on another connection: send them to this one.
+                let mut fixed = Vec::with_capacity(h.len + 2 * params + HEADER);
+                let mut body = Vec::with_capacity(h.len + 2 * params);
+                body.extend_from_slice(&payload[..flag_at]);
+                body.push(1);
+                body.extend_from_slice(&p.param_types);
+                body.extend_from_slice(&payload[flag_at + 1..]);
+                if body.len() >= sluice_proto::consts::MAX_PAYLOAD {
+                    return Err(Error::proxy(code::UNKNOWN_ERROR, "an execute too large to re-send its parameter types after a move"));
+                }
+                if let Some(on) = on_conn {
+                    on.types.clone_from(&p.param_types);
+                }
+                frame(&mut fixed, &body, 0);
+                let rest = self.client.rbuf.split_off(end);
+                self.client.rbuf.clear();
+                self.client.rbuf.extend_from_slice(&fixed);
+                self.client.rbuf.unsplit(rest);
+                p.types_unsent = false;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Records a statement the client prepared on the session's connection, so that other
+    /// sessions (multiplexing) or a later move find it there. Returns a statement to close: an
+    /// older one of the same text that no statement of the session uses.
+    pub(super) fn prepared_here(&mut self, client_id: u32) -> Option<u32> {
+        let this_conn = self.conn_gen;
+        let p = self.state.prepared.get_mut(&client_id)?;
+        p.conn_gen = this_conn;
+        let conn = self.conn.as_mut()?;
+        let on = OnConn { id: p.backend_id, params: p.params, columns: p.columns, types: Vec::new() };
+        let old = conn.stmts.insert(p.sql.clone(), on)?;
+        let used = self.state.prepared.values().any(|q| q.conn_gen == this_conn && q.backend_id == old.id);
+        (!used).then_some(old.id)
+    }
+
+    /// Sends COM_STMT_CLOSE for a statement on the session's connection (it has no answer).
+    pub(super) async fn close_on_backend(&mut self, backend_id: u32) -> Result<()> {
+        let mut p = [0u8; 9];
+        p[..4].copy_from_slice(&[5, 0, 0, 0]);
+        p[4] = com::STMT_CLOSE;
+        p[5..].copy_from_slice(&backend_id.to_le_bytes());
+        let limit = self.ctx.config.proxy.response_timeout;
+        self.backend.stream.write_within(limit, &p).await.map_err(|e| Error::io(Side::Backend, "closing a statement", e))
+    }
+}

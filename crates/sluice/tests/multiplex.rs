@@ -1,0 +1,192 @@
+//! Multiplexing: users-mode sessions share a few backend connections, each keeping its own
+//! state; what pins a session to its connection holds it exactly as long as it must; the cap
+//! on backend connections queues statements and says so when the wait runs out.
+
+mod common;
+
+use common::*;
+use mysql_async::prelude::*;
+
+/// A multiplexing sluice, one worker, in front of `db`, with `proxy` keys added.
+fn mux(db: &MariaDb, proxy: &str) -> SluiceProc {
+    TestConfig::new().proxy(&format!("workers = 1\nmultiplex = true\n{proxy}")).dbs(&[db]).app_users().start()
+}
+
+/// Connections the server has from user `app` now.
+fn app_threads(db: &MariaDb) -> usize {
+    db.sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'app'")
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or("0")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_sessions_share_two_connections_and_keep_their_own_state() {
+    let db = MariaDb::start();
+    db.sql("CREATE DATABASE m1; CREATE DATABASE m2; CREATE TABLE m1.t (v VARCHAR(10)); CREATE TABLE m2.t (v VARCHAR(10)); INSERT INTO m1.t VALUES ('one'); INSERT INTO m2.t VALUES ('two')");
+    let s = mux(&db, "max_backend_connections = 2\n");
+    let mut sessions = Vec::new();
+    for i in 0..12 {
+        let mut c = app(&s).await;
+        // Each session its own schema, time zone, SQL mode and prepared statement.
+        c.query_drop(format!("USE m{}", i % 2 + 1)).await.unwrap();
+        c.query_drop(format!("SET time_zone = '+{:02}:00', sql_mode = '{}'", i, if i % 3 == 0 { "ANSI_QUOTES" } else { "" }))
+            .await
+            .unwrap();
+        let stmt = c.prep(format!("SELECT v, ? + {i} FROM t")).await.unwrap();
+        sessions.push((c, stmt));
+    }
+    let mut threads = std::collections::HashSet::new();
+    for round in 0..3 {
+        for (i, (c, stmt)) in sessions.iter_mut().enumerate() {
+            let (db_name, tz, mode, tid): (String, String, String, u64) =
+                c.query_first("SELECT DATABASE(), @@time_zone, @@sql_mode, CONNECTION_ID()").await.unwrap().unwrap();
+            assert_eq!(db_name, format!("m{}", i % 2 + 1), "session {i} round {round}");
+            assert_eq!(tz, format!("+{i:02}:00"));
+            assert_eq!(mode, if i % 3 == 0 { "ANSI_QUOTES" } else { "" });
+            threads.insert(tid);
+            let (v, n): (String, i64) = c.exec_first(&*stmt, (round,)).await.unwrap().unwrap();
+            assert_eq!(v, if i % 2 == 0 { "one" } else { "two" });
+            assert_eq!(n, round + i as i64);
+        }
+    }
+    assert!(threads.len() <= 2, "12 sessions ran on {} backend connections: {threads:?}", threads.len());
+    assert!(app_threads(&db) <= 2, "the server has {} connections of app", app_threads(&db));
+    // Between statements no session holds a connection.
+    let (_, body) = admin_get(&s, "/sessions", None);
+    let all = json(&body);
+    assert!(all.as_array().unwrap().iter().all(|x| x["backend_thread_id"].is_null()), "{body}");
+    // Closed statements and sessions that end leave the shared connections usable.
+    for (mut c, stmt) in sessions {
+        c.close(stmt).await.unwrap();
+        c.disconnect().await.unwrap();
+    }
+    let mut c = app(&s).await;
+    let one: Option<i64> = c.query_first("SELECT 1").await.unwrap();
+    assert_eq!(one, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_hold_the_connection_while_they_must() {
+    let db = MariaDb::start();
+    db.sql("CREATE DATABASE p; CREATE TABLE p.t (id INT AUTO_INCREMENT PRIMARY KEY, v INT)");
+    let s = mux(&db, "max_backend_connections = 2\n");
+    let mut a = app(&s).await;
+    let mut b = app(&s).await;
+    a.query_drop("USE p").await.unwrap();
+    b.query_drop("USE p").await.unwrap();
+
+    // A transaction: its writes are visible to itself only, across other sessions' statements.
+    a.query_drop("BEGIN").await.unwrap();
+    a.query_drop("INSERT INTO t (v) VALUES (1)").await.unwrap();
+    let seen_by_b: Option<i64> = b.query_first("SELECT COUNT(*) FROM t").await.unwrap();
+    assert_eq!(seen_by_b, Some(0));
+    let seen_by_a: Option<i64> = a.query_first("SELECT COUNT(*) FROM t").await.unwrap();
+    assert_eq!(seen_by_a, Some(1));
+    let (_, body) = admin_get(&s, "/sessions", None);
+    assert!(body.contains("\"transaction\""), "/sessions shows the transaction pin: {body}");
+    a.query_drop("COMMIT").await.unwrap();
+
+    // Warnings: SHOW WARNINGS after the statement that left them, whatever ran in between.
+    a.query_drop("SELECT 1 + 'x'").await.unwrap();
+    b.query_drop("SELECT 1").await.unwrap();
+    let w: Vec<(String, u32, String)> = a.query("SHOW WARNINGS").await.unwrap();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(w[0].1, 1292);
+
+    // FOUND_ROWS() after SQL_CALC_FOUND_ROWS.
+    a.query_drop("INSERT INTO t (v) VALUES (2), (3), (4)").await.unwrap();
+    let _: Vec<i64> = a.query("SELECT SQL_CALC_FOUND_ROWS v FROM t LIMIT 1").await.unwrap();
+    b.query_drop("SELECT 1").await.unwrap();
+    let found: Option<i64> = a.query_first("SELECT FOUND_ROWS()").await.unwrap();
+    assert_eq!(found, Some(4));
+
+    // ROW_COUNT(): once the session read it, every statement is followed on its connection.
+    let _: Option<i64> = a.query_first("SELECT ROW_COUNT()").await.unwrap();
+    a.query_drop("UPDATE t SET v = v + 1 WHERE v > 2").await.unwrap();
+    b.query_drop("DO 1").await.unwrap();
+    let rc: Option<i64> = a.query_first("SELECT ROW_COUNT()").await.unwrap();
+    assert_eq!(rc, Some(2));
+
+    // Temporary tables live on their connection: the session keeps it.
+    b.query_drop("CREATE TEMPORARY TABLE tmp (x INT)").await.unwrap();
+    b.query_drop("INSERT INTO tmp VALUES (7)").await.unwrap();
+    a.query_drop("SELECT 1").await.unwrap();
+    let x: Option<i64> = b.query_first("SELECT x FROM tmp").await.unwrap();
+    assert_eq!(x, Some(7));
+    let (_, body) = admin_get(&s, "/sessions", None);
+    assert!(body.contains("\"temporary_table\""), "{body}");
+    assert!(metric(&s, "sluice_session_pins_total{reason=\"temporary_table\"}") >= 1);
+    assert!(metric(&s, "sluice_session_pins_total{reason=\"transaction\"}") >= 1);
+    assert!(metric(&s, "sluice_session_pins_total{reason=\"warnings\"}") >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_insert_id_follows_the_session() {
+    let db = MariaDb::start();
+    db.sql("CREATE DATABASE li; CREATE TABLE li.t (id INT AUTO_INCREMENT PRIMARY KEY, v INT)");
+    let s = mux(&db, "max_backend_connections = 1\n");
+    let mut a = app(&s).await;
+    let mut b = app(&s).await;
+    a.query_drop("INSERT INTO li.t (v) VALUES (1)").await.unwrap();
+    // b's insert runs on the one shared connection, whose LAST_INSERT_ID() it changes.
+    b.query_drop("INSERT INTO li.t (v) VALUES (2), (3)").await.unwrap();
+    let mine: Option<u64> = a.query_first("SELECT LAST_INSERT_ID()").await.unwrap();
+    assert_eq!(mine, Some(1));
+    let theirs: Option<u64> = b.query_first("SELECT LAST_INSERT_ID()").await.unwrap();
+    assert_eq!(theirs, Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_a_statement_waits_then_gets_an_error_naming_the_backend() {
+    let db = MariaDb::start();
+    let s = mux(&db, "max_backend_connections = 1\nqueue_timeout = \"300ms\"\n");
+    let mut a = app(&s).await;
+    let mut b = app(&s).await;
+    a.query_drop("BEGIN").await.unwrap();
+    a.query_drop("SELECT 1").await.unwrap();
+    let e = b.query_drop("SELECT 2").await.expect_err("no connection is free");
+    let text = e.to_string();
+    assert!(text.contains("1040") && text.contains("queue_timeout") && text.contains(&db.addr()), "{text}");
+    assert_eq!(metric(&s, &format!("sluice_backend_queue_timeouts_total{{backend=\"{}\"}}", db.addr())), 1);
+    // A waiter gets the connection as soon as the transaction ends.
+    let waiter = tokio::spawn(async move {
+        let r: Option<i64> = b.query_first("SELECT 3").await.unwrap();
+        r
+    });
+    wait_for("the statement waits", || metric(&s, &format!("sluice_backend_queue_waiting{{backend=\"{}\"}}", db.addr())) == 1);
+    a.query_drop("COMMIT").await.unwrap();
+    assert_eq!(waiter.await.unwrap(), Some(3));
+    assert_eq!(app_threads(&db), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_reaches_a_multiplexed_session_between_and_during_statements() {
+    let db = MariaDb::start();
+    let s = mux(&db, "max_backend_connections = 2\n");
+    let mut killer = app(&s).await;
+    let mut idle = app(&s).await;
+    let idle_id = idle.id();
+    // Between statements there is nothing to stop: KILL QUERY is an OK, KILL ends the session.
+    killer.query_drop(format!("KILL QUERY {idle_id}")).await.unwrap();
+    let one: Option<i64> = idle.query_first("SELECT 1").await.unwrap();
+    assert_eq!(one, Some(1));
+    killer.query_drop(format!("KILL {idle_id}")).await.unwrap();
+    assert!(idle.query_drop("SELECT 1").await.is_err(), "a killed session is gone");
+    // A running statement is stopped on the connection it runs on.
+    let busy = app(&s).await;
+    let busy_id = busy.id();
+    let running = run_in_background(busy, "SELECT SLEEP(30)");
+    wait_for("the sleep runs", || {
+        db.sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP%'").contains('1')
+    });
+    killer.query_drop(format!("KILL QUERY {busy_id}")).await.unwrap();
+    let (r, _) = running.await.unwrap();
+    let _ = r;
+    let still: Option<i64> = killer.query_first("SELECT 1").await.unwrap();
+    assert_eq!(still, Some(1));
+}
