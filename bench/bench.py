@@ -35,7 +35,7 @@ import suites  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling", "floor"]
+ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling", "floor", "multiplex", "idle"]
 # Not part of the default run: the comparison of sluice's two runtime flavours.
 EXTRA_SUITES = ["runtime"]
 
@@ -196,6 +196,38 @@ listen mysql
         wait_port(port, p)
         self.targets[name] = Target(name, port, socket_path=str(sock), proc=p)
 
+    def start_sluice_mux(self, name, backend_port, workers, cap, tls=True):
+        """sluice in users mode, multiplexing sessions over at most `cap` backend connections
+        (with TLS offered to clients, as by default, or not)."""
+        port = free_port()
+        sock = WORK / f"{name}.sock"
+        cfg = WORK / f"{name}.toml"
+        cfg.write_text(("" if tls else 'tls = "off"\n') + f"""[[listeners]]
+address = "127.0.0.1:{port}"
+[[listeners]]
+address = "{sock}"
+[proxy]
+workers = {workers}
+multiplex = true
+max_backend_connections = {cap}
+max_connections = 20000
+[[backends]]
+address = "127.0.0.1:{backend_port}"
+[[users]]
+name = "sbtest"
+password = "sbtest"
+""")
+        p = self.spawn([str(ROOT / "target/release/sluice"), "--config", str(cfg)], f"{name}.log")
+        wait_port(port, p)
+        self.targets[name] = Target(name, port, socket_path=str(sock), proc=p)
+
+    def backend_threads(self):
+        """Threads_connected of the MariaDB server (this query's own connection not counted)."""
+        out = subprocess.run(["mariadb", f"--socket={self.targets['direct'].socket_path}", "-uroot", "-N", "-e",
+                              "SHOW GLOBAL STATUS LIKE 'Threads_connected'"], capture_output=True, text=True)
+        m = re.search(r"(\d+)\s*$", out.stdout)
+        return int(m.group(1)) - 1 if m else None
+
     def cpu_seconds(self, pid):
         return proc_cpu_seconds(pid)
 
@@ -260,6 +292,10 @@ def prepare_tables(env):
     base = ["sysbench", "oltp_common", "--db-driver=mysql", "--mysql-user=sbtest", "--mysql-password=sbtest",
             "--mysql-db=sbtest", "--mysql-host=127.0.0.1", f"--mysql-port={env.backend_port}",
             f"--tables={a.tables}", f"--table-size={a.table_size}"]
+    # Thousands of clients preparing sysbench's statements (up to 20 each) directly or through
+    # HAProxy would pass the server's default limit of 16382.
+    subprocess.run(["mariadb", f"--socket={env.targets['direct'].socket_path}", "-uroot", "-e",
+                    "SET GLOBAL max_prepared_stmt_count = 1048576"], check=True, capture_output=True)
     subprocess.run(base + ["cleanup"], capture_output=True)
     subprocess.run(base + ["prepare"], check=True, capture_output=True)
 
@@ -267,7 +303,7 @@ def prepare_tables(env):
 # Figures taken as the largest of the rounds rather than the median: an allocator that keeps
 # freed memory for reuse (HAProxy's pools) shows no growth for the same connections again in
 # later rounds, so only the worst round measures what a connection costs.
-WORST_OF_ROUNDS = {"rss_per_idle_conn_kb"}
+WORST_OF_ROUNDS = {"rss_per_idle_conn_kb", "kb_per_idle_client"}
 
 
 def median_cells(results):
@@ -298,6 +334,9 @@ def parse_args():
     p.add_argument("--long-threads", type=int, default=32)
     p.add_argument("--idle-conns", type=int, default=0, help="idle connections for the long suite (0: from the fd limit)")
     p.add_argument("--churn-rate", type=int, default=1000, help="new connections per second for the short suite")
+    p.add_argument("--mux-clients", default="1000,2000", help="client connections of the multiplex suite")
+    p.add_argument("--mux-cap", type=int, default=32, help="max_backend_connections of the multiplexing sluice")
+    p.add_argument("--idle-clients", type=int, default=3000, help="idle driver connections of the idle suite")
     p.add_argument("--steal-limit", type=float, default=5.0,
                    help="a measurement during which the host stole more than this %% of the CPU is taken again")
     p.add_argument("--steal-retries", type=int, default=2, help="how many times at most (0: never)")
@@ -309,6 +348,7 @@ def parse_args():
     if a.smoke:
         a.duration, a.rounds, a.threads, a.table_size, a.tables = 2, 1, "4", 1000, 1
         a.range_sizes, a.idle_conns, a.churn_rate = "10,100", 50, 50
+        a.mux_clients, a.mux_cap, a.idle_clients = "40", 4, 50
         a.workloads = "oltp_point_select,oltp_read_only"
         a.steal_retries = 0
         a.name = a.name or "smoke"
@@ -317,6 +357,7 @@ def parse_args():
     a.suites = a.suites.split(",")
     a.workloads = a.workloads.split(",")
     a.range_sizes = [int(x) for x in a.range_sizes.split(",")]
+    a.mux_clients = [int(x) for x in a.mux_clients.split(",")]
     if a.idle_conns == 0:
         # Each idle client costs the proxy two descriptors, and the backend one connection.
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -371,6 +412,8 @@ def main():
         return rewrite_report(args)
     subprocess.run([str(ROOT / "scripts/setup.sh"), "sysbench", "haproxy"], check=True)
     report.ensure_matplotlib()
+    if "idle" in args.suites:
+        suites.ensure_pymysql()
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "sluice", "-p", "sluice-testkit"], cwd=ROOT, check=True)
     # A fresh work directory, except bench/work/soak: a `make soak` may be running.
     WORK.mkdir(parents=True, exist_ok=True)
@@ -385,6 +428,10 @@ def main():
         env.start_sluice("sluice", env.backend_port, args.workers)
         if "runtime" in args.suites:
             env.start_sluice("sluice-multi", env.backend_port, args.workers, "multi")
+        if "multiplex" in args.suites or "idle" in args.suites:
+            env.start_sluice_mux("sluice-mux", env.backend_port, args.workers, args.mux_cap)
+        if "idle" in args.suites:
+            env.start_sluice_mux("sluice-mux-plain", env.backend_port, args.workers, args.mux_cap, tls=False)
         if "floor" in args.suites:
             env.start_forward("forward-epoll", "epoll", env.backend_port)
             env.start_forward("forward-uring", "uring", env.backend_port)

@@ -130,6 +130,47 @@ def short_conns(med, args, lines):
     lines.append("")
 
 
+def multiplex(med, args, lines):
+    cap = getattr(args, "mux_cap", 32)
+    lines += [f"Many clients, few backend connections: sysbench with this many client connections directly to "
+              f"MariaDB, through HAProxy (one backend connection per client) and through sluice in users mode with "
+              f"`multiplex = true` and `max_backend_connections = {cap}`. Backend connections (MariaDB's "
+              "Threads_connected, health checks included) and proxy memory per client are sampled halfway "
+              "through the run.", "",
+              "| workload | clients | target | QPS | vs direct | vs HAProxy | p95 ms | errors | backend connections "
+              "| proxy µs/query | proxy KB per client |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for w in args.workloads[:2]:
+        for c in getattr(args, "mux_clients", []):
+            base = f"multiplex/{w}/{c}"
+            direct, haproxy = get(med, f"{base}/direct", "qps"), get(med, f"{base}/haproxy", "qps")
+            for x in ("direct", "haproxy", "sluice-mux"):
+                k = f"{base}/{x}"
+                if k not in med:
+                    continue
+                q = get(med, k, "qps")
+                lines.append(f"| {w} | {c} | {x} | {f(q)} | {f(ratio(q, direct), 2)} | {f(ratio(q, haproxy), 2)} "
+                             f"| {f(get(med, k, 'p95_ms'), 2)} | {f(get(med, k, 'errors'))} | {f(get(med, k, 'backend_threads'))} "
+                             f"| {f(get(med, k, 'proxy_cpu_us_per_query'), 1)} | {f(get(med, k, 'kb_per_client'), 2)} |")
+    lines.append("")
+
+
+def idle(med, args, lines):
+    n = getattr(args, "idle_clients", 0)
+    lines += [f"{n} idle client connections opened by a real driver (PyMySQL, with a schema and its connection "
+              "attributes), 64 at a time, and held: the proxy's memory per connection (RSS growth / connections) "
+              "and the backend connections they hold (MariaDB's Threads_connected, health checks included). "
+              "`sluice` is the default set-up (passthrough), `sluice-mux` users mode with multiplexing; both offer TLS "
+              "(a certificate of their own), which PyMySQL takes, while MariaDB, and so HAProxy, offer none here. "
+              "`sluice-mux-plain` is `sluice-mux` with `tls = \"off\"`.", "",
+              "| target | KB per idle client | backend connections | backend connections added |", "|---|---|---|---|"]
+    for x in ("haproxy", "sluice", "sluice-mux", "sluice-mux-plain"):
+        k = f"idle/{n}/{x}"
+        if k in med:
+            lines.append(f"| {x} | {f(get(med, k, 'kb_per_idle_client'), 2)} | {f(get(med, k, 'backend_threads'))} "
+                         f"| {f(get(med, k, 'backend_threads_added'))} |")
+    lines.append("")
+
+
 def scaling(med, args, lines):
     lines += ["In front of the minimal responder, which needs little CPU per query, so that the proxy takes the "
               "largest share of the machine; client-side statements. CPU is "
@@ -368,7 +409,9 @@ def write(med, args, out, command):
     sections = [("basic", "Basic workloads", basic), ("ranges", "Result-set size", ranges),
                 ("latency", "Added latency", latency), ("long", "Long (idle) connections", long_conns),
                 ("short", "Short connections", short_conns), ("scaling", "Worker scaling", scaling),
-                ("floor", "The floor: forwarders with no protocol work", floor), ("runtime", "Runtime flavours", runtime)]
+                ("floor", "The floor: forwarders with no protocol work", floor), ("runtime", "Runtime flavours", runtime),
+                ("multiplex", "Multiplexing: many clients over few backend connections", multiplex),
+                ("idle", "Idle clients of a real driver", idle)]
     if any(s in args.suites for s in ("basic", "ranges", "latency", "long", "short", "scaling")):
         lines += ["## Targets", ""]
         targets(med, args, lines)

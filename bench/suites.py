@@ -7,6 +7,8 @@ A cell key is "suite/variant/target"; its value per round is a dict of figures.
 import os
 import re
 import subprocess
+import sys
+import threading
 import time
 
 BASIC = ["oltp_point_select", "oltp_read_only", "oltp_write_only", "oltp_read_write"]
@@ -21,9 +23,13 @@ RANGE_ARGS = ["--skip_trx=on", "--point_selects=0", "--simple_ranges=1", "--sum_
 class Cell:
     """One measurement: a sysbench workload against a target, with optional companions."""
 
-    def __init__(self, suite, variant, workload, threads, targets, extra=(), unix=False, hold=0, churn=0, ps=True):
+    def __init__(self, suite, variant, workload, threads, targets, extra=(), unix=False, hold=0, churn=0, ps=True,
+                 sample=False, idle=0):
         self.suite, self.variant, self.workload, self.threads = suite, variant, workload, threads
         self.targets, self.extra, self.unix, self.hold, self.churn, self.ps = targets, list(extra), unix, hold, churn, ps
+        # sample: the backend's connections and the proxy's memory halfway through the run;
+        # idle: a driver's idle connections, held, instead of a workload.
+        self.sample, self.idle = sample, idle
 
     def key(self, target):
         return f"{self.suite}/{self.variant}/{target}"
@@ -66,6 +72,16 @@ def cells(env, args):
             out.append(Cell("scaling", f"responder/{threads}", "oltp_point_select", threads,
                             ["haproxy-resp", "sluice-1w-resp", "sluice-2w-resp"], ps=False))
             out.append(Cell("scaling", f"mariadb/{threads}", "oltp_point_select", threads, ["sluice-1w", "sluice-2w"]))
+    if "multiplex" in suites:
+        # Many clients over few backend connections: sluice multiplexing (users mode, at most
+        # --mux-cap backend connections) against direct and HAProxy, which hold one each.
+        mux = [t for t in ("direct", "haproxy", "sluice-mux") if t in env.targets]
+        for w in args.workloads[:2]:
+            for clients in args.mux_clients:
+                out.append(Cell("multiplex", f"{w}/{clients}", w, clients, mux, sample=True))
+    if "idle" in suites:
+        idle = [t for t in ("haproxy", "sluice", "sluice-mux", "sluice-mux-plain") if t in env.targets]
+        out.append(Cell("idle", f"{args.idle_clients}", None, 0, idle, idle=args.idle_clients))
     if "floor" in suites:
         # The cells of the CPU targets, also on two forwarders that relay bytes and do nothing
         # else (sluice-forward): what relaying costs on each event loop, with no protocol work.
@@ -77,6 +93,37 @@ def cells(env, args):
         out.append(Cell("floor", f"ranges-{size}/{args.range_threads}", "oltp_read_only", args.range_threads, floor,
                         RANGE_ARGS + [f"--range_size={size}"]))
     return out
+
+
+def ensure_pymysql():
+    try:
+        import pymysql  # noqa: F401
+    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "pymysql"], check=True)
+
+
+def idle_clients(env, cell, target):
+    """Holds --idle-clients connections of a real driver (PyMySQL: a schema, connection
+    attributes), opened 64 at a time: the proxy's memory per connection and the backend
+    connections they cost."""
+    t = env.targets[target]
+    rss0, threads0 = env.rss(t), env.backend_threads()
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "idle_clients.py")
+    p = subprocess.Popen([sys.executable, script, "127.0.0.1", str(t.port), "sbtest", "sbtest", "sbtest", str(cell.idle), "64"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if not line.startswith("held"):
+        p.kill()
+        raise RuntimeError(f"idle clients on {target}: {line.strip()}")
+    time.sleep(2)
+    rss1, threads1 = env.rss(t), env.backend_threads()
+    p.stdin.close()
+    p.wait(120)
+    figures = {"clients": float(cell.idle), "kb_per_idle_client": (rss1 - rss0) / cell.idle}
+    if threads0 is not None and threads1 is not None:
+        figures["backend_threads"] = float(threads1)
+        figures["backend_threads_added"] = float(threads1 - threads0)
+    return figures
 
 
 def connection_cost(env, cell, target, args):
@@ -103,9 +150,22 @@ def connection_cost(env, cell, target, args):
 
 def measure(env, cell, target, args):
     """Runs one cell on one target and returns its figures."""
+    if cell.idle:
+        return idle_clients(env, cell, target)
     if cell.workload is None:
         return connection_cost(env, cell, target, args)
     t = env.targets[target]
+    sampled = {}
+    if cell.sample:
+        rss0 = env.rss(t)
+
+        def sample():
+            time.sleep(args.duration / 2)
+            sampled["backend_threads"] = env.backend_threads()
+            sampled["kb_per_client"] = (env.rss(t) - rss0) / cell.threads if t.pid else None
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
     companion = None
     rss_before = env.rss(t)
     if cell.hold:
@@ -130,4 +190,7 @@ def measure(env, cell, target, args):
             companion.wait()
     if cell.hold and t.pid:
         figures["rss_per_idle_conn_kb"] = (rss_held - rss_before) / cell.hold
+    if cell.sample:
+        sampler.join()
+        figures.update({k: float(v) for k, v in sampled.items() if v is not None})
     return figures

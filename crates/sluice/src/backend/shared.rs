@@ -78,9 +78,19 @@ pub struct Spare {
     since: Instant,
 }
 
+/// A spare connection given back this recently is taken without asking its socket whether the
+/// server closed it (a system call per statement otherwise); the statement's own error tells.
+const FRESH: Duration = Duration::from_millis(200);
+
 impl Spare {
     pub fn new(conn: PacketConn, key: Key, state: Box<ConnState>, backend_caps: u32, mariadb: bool) -> Spare {
         Spare { conn, key, state, backend_caps, mariadb, since: Instant::now() }
+    }
+
+    /// Whether the server may have closed it: it was spare long enough for that to be worth a
+    /// look, and its socket has something to say.
+    pub fn closed_by_server(&self) -> bool {
+        self.since.elapsed() >= FRESH && !self.conn.stream.is_quiet()
     }
 }
 

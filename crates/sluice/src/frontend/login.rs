@@ -310,7 +310,7 @@ async fn reuse_spare(
     spare: crate::backend::shared::Spare,
     want: &SessionState,
 ) -> Result<Option<(PacketConn, Box<ConnState>, u32, bool)>> {
-    if !spare.conn.stream.is_quiet() {
+    if spare.closed_by_server() {
         return Ok(None);
     }
     let (mut conn, mut state) = (spare.conn, spare.state);

@@ -127,6 +127,10 @@ impl<'a> Session<'a> {
 
     pub async fn run(&mut self) -> Result<()> {
         self.handle.publish(&self.state);
+        // A multiplexed session holds no connection until its first statement.
+        if self.multiplex {
+            self.detach();
+        }
         loop {
             let Some(h) = self.wait_command().await? else {
                 return Ok(());

@@ -98,7 +98,7 @@ impl Session<'_> {
     /// A spare connection the session may take: open (its server did not close it) and of the
     /// session's capabilities (a backend restarted in another version has others).
     fn spare_fits(&self, spare: &Spare) -> bool {
-        spare.backend_caps == self.backend_caps() && spare.mariadb == self.mariadb && spare.conn.stream.is_quiet()
+        spare.backend_caps == self.backend_caps() && spare.mariadb == self.mariadb && !spare.closed_by_server()
     }
 
     /// Takes a connection for the command about to run: `found` (a spare one of its key, not
