@@ -35,7 +35,7 @@ import suites  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling", "floor", "multiplex", "idle"]
+ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling", "floor", "multiplex", "idle", "drain"]
 # Not part of the default run: the comparison of sluice's two runtime flavours.
 EXTRA_SUITES = ["runtime"]
 
@@ -199,27 +199,39 @@ listen mysql
     def start_sluice_mux(self, name, backend_port, workers, cap, tls=True):
         """sluice in users mode, multiplexing sessions over at most `cap` backend connections
         (with TLS offered to clients, as by default, or not)."""
+        self.start_sluice_users(name, workers, ("" if tls else 'tls = "off"\n'),
+                                f"multiplex = true\nmax_backend_connections = {cap}\n",
+                                f'[[backends]]\naddress = "127.0.0.1:{backend_port}"\n')
+
+    def start_sluice_users(self, name, workers, root, proxy, backends):
+        """sluice in users mode (user sbtest) with the given configuration pieces."""
         port = free_port()
         sock = WORK / f"{name}.sock"
         cfg = WORK / f"{name}.toml"
-        cfg.write_text(("" if tls else 'tls = "off"\n') + f"""[[listeners]]
+        admin = free_port()
+        cfg.write_text(root + f"""[[listeners]]
 address = "127.0.0.1:{port}"
 [[listeners]]
 address = "{sock}"
+[admin]
+listen = "127.0.0.1:{admin}"
 [proxy]
 workers = {workers}
-multiplex = true
-max_backend_connections = {cap}
 max_connections = 20000
-[[backends]]
-address = "127.0.0.1:{backend_port}"
-[[users]]
+{proxy}{backends}[[users]]
 name = "sbtest"
 password = "sbtest"
 """)
         p = self.spawn([str(ROOT / "target/release/sluice"), "--config", str(cfg)], f"{name}.log")
         wait_port(port, p)
         self.targets[name] = Target(name, port, socket_path=str(sock), proc=p)
+        self.targets[name].admin_port = admin
+
+    def start_sluice_two_addresses(self, name, backend_port, workers, multiplex):
+        """users mode in front of the one server reached by two addresses, "tcp" and "sock"."""
+        backends = (f'[[backends]]\naddress = "127.0.0.1:{backend_port}"\nname = "tcp"\n'
+                    f'[[backends]]\naddress = "{self.targets["direct"].socket_path}"\nname = "sock"\n')
+        self.start_sluice_users(name, workers, 'tls = "off"\n', f"multiplex = {'true' if multiplex else 'false'}\n", backends)
 
     def backend_threads(self):
         """Threads_connected of the MariaDB server (this query's own connection not counted)."""
@@ -337,6 +349,7 @@ def parse_args():
     p.add_argument("--mux-clients", default="1000,2000", help="client connections of the multiplex suite")
     p.add_argument("--mux-cap", type=int, default=32, help="max_backend_connections of the multiplexing sluice")
     p.add_argument("--idle-clients", type=int, default=3000, help="idle driver connections of the idle suite")
+    p.add_argument("--drain-sessions", default="16,1000", help="idle sessions moved by a drain in the drain suite")
     p.add_argument("--steal-limit", type=float, default=5.0,
                    help="a measurement during which the host stole more than this %% of the CPU is taken again")
     p.add_argument("--steal-retries", type=int, default=2, help="how many times at most (0: never)")
@@ -348,7 +361,7 @@ def parse_args():
     if a.smoke:
         a.duration, a.rounds, a.threads, a.table_size, a.tables = 2, 1, "4", 1000, 1
         a.range_sizes, a.idle_conns, a.churn_rate = "10,100", 50, 50
-        a.mux_clients, a.mux_cap, a.idle_clients = "40", 4, 50
+        a.mux_clients, a.mux_cap, a.idle_clients, a.drain_sessions = "40", 4, 50, "16"
         a.workloads = "oltp_point_select,oltp_read_only"
         a.steal_retries = 0
         a.name = a.name or "smoke"
@@ -358,6 +371,7 @@ def parse_args():
     a.workloads = a.workloads.split(",")
     a.range_sizes = [int(x) for x in a.range_sizes.split(",")]
     a.mux_clients = [int(x) for x in a.mux_clients.split(",")]
+    a.drain_sessions = [int(x) for x in a.drain_sessions.split(",")]
     if a.idle_conns == 0:
         # Each idle client costs the proxy two descriptors, and the backend one connection.
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -412,7 +426,7 @@ def main():
         return rewrite_report(args)
     subprocess.run([str(ROOT / "scripts/setup.sh"), "sysbench", "haproxy"], check=True)
     report.ensure_matplotlib()
-    if "idle" in args.suites:
+    if "idle" in args.suites or "drain" in args.suites:
         suites.ensure_pymysql()
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "sluice", "-p", "sluice-testkit"], cwd=ROOT, check=True)
     # A fresh work directory, except bench/work/soak: a `make soak` may be running.
@@ -432,6 +446,9 @@ def main():
             env.start_sluice_mux("sluice-mux", env.backend_port, args.workers, args.mux_cap)
         if "idle" in args.suites:
             env.start_sluice_mux("sluice-mux-plain", env.backend_port, args.workers, args.mux_cap, tls=False)
+        if "drain" in args.suites:
+            env.start_sluice_two_addresses("sluice-2addr", env.backend_port, args.workers, False)
+            env.start_sluice_two_addresses("sluice-2addr-mux", env.backend_port, args.workers, True)
         if "floor" in args.suites:
             env.start_forward("forward-epoll", "epoll", env.backend_port)
             env.start_forward("forward-uring", "uring", env.backend_port)

@@ -171,6 +171,22 @@ def idle(med, args, lines):
     lines.append("")
 
 
+def drain(med, args, lines):
+    lines += ["Idle sessions of a real driver (PyMySQL) in users mode, spread over two addresses of the one "
+              "server (TCP and its Unix socket); `POST /backends/tcp/drain`, then the time until `/backends` "
+              "shows no session left on it (polled every 5 ms). `sluice-2addr` holds a connection per "
+              "session (each move logs in on the other address and restores the session there); "
+              "`sluice-2addr-mux` multiplexes (a session between statements holds none: a move only "
+              "changes its backend).", "",
+              "| sessions open | target | moved | drain seconds |", "|---|---|---|---|"]
+    for n in getattr(args, "drain_sessions", []):
+        for x in ("sluice-2addr", "sluice-2addr-mux"):
+            k = f"drain/{n}/{x}"
+            if k in med:
+                lines.append(f"| {n} | {x} | {f(get(med, k, 'moved'))} | {f(get(med, k, 'drain_seconds'), 3)} |")
+    lines.append("")
+
+
 def scaling(med, args, lines):
     lines += ["In front of the minimal responder, which needs little CPU per query, so that the proxy takes the "
               "largest share of the machine; client-side statements. CPU is "
@@ -411,7 +427,8 @@ def write(med, args, out, command):
                 ("short", "Short connections", short_conns), ("scaling", "Worker scaling", scaling),
                 ("floor", "The floor: forwarders with no protocol work", floor), ("runtime", "Runtime flavours", runtime),
                 ("multiplex", "Multiplexing: many clients over few backend connections", multiplex),
-                ("idle", "Idle clients of a real driver", idle)]
+                ("idle", "Idle clients of a real driver", idle),
+                ("drain", "Drain: moving every session off a backend", drain)]
     if any(s in args.suites for s in ("basic", "ranges", "latency", "long", "short", "scaling")):
         lines += ["## Targets", ""]
         targets(med, args, lines)

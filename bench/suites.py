@@ -24,12 +24,12 @@ class Cell:
     """One measurement: a sysbench workload against a target, with optional companions."""
 
     def __init__(self, suite, variant, workload, threads, targets, extra=(), unix=False, hold=0, churn=0, ps=True,
-                 sample=False, idle=0):
+                 sample=False, idle=0, drain=0):
         self.suite, self.variant, self.workload, self.threads = suite, variant, workload, threads
         self.targets, self.extra, self.unix, self.hold, self.churn, self.ps = targets, list(extra), unix, hold, churn, ps
         # sample: the backend's connections and the proxy's memory halfway through the run;
         # idle: a driver's idle connections, held, instead of a workload.
-        self.sample, self.idle = sample, idle
+        self.sample, self.idle, self.drain = sample, idle, drain
 
     def key(self, target):
         return f"{self.suite}/{self.variant}/{target}"
@@ -82,6 +82,10 @@ def cells(env, args):
     if "idle" in suites:
         idle = [t for t in ("haproxy", "sluice", "sluice-mux", "sluice-mux-plain") if t in env.targets]
         out.append(Cell("idle", f"{args.idle_clients}", None, 0, idle, idle=args.idle_clients))
+    if "drain" in suites:
+        two = [t for t in ("sluice-2addr", "sluice-2addr-mux") if t in env.targets]
+        for n in args.drain_sessions:
+            out.append(Cell("drain", f"{n}", None, 0, two, drain=n))
     if "floor" in suites:
         # The cells of the CPU targets, also on two forwarders that relay bytes and do nothing
         # else (sluice-forward): what relaying costs on each event loop, with no protocol work.
@@ -126,6 +130,19 @@ def idle_clients(env, cell, target):
     return figures
 
 
+def drain_time(env, cell, target):
+    """Opens cell.drain idle sessions (half land on each address), drains one address and times
+    until none is left there (bench/drain_time.py)."""
+    t = env.targets[target]
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drain_time.py")
+    out = subprocess.run([sys.executable, script, "127.0.0.1", str(t.port), str(t.admin_port), "tcp", str(cell.drain)],
+                         capture_output=True, text=True, timeout=600)
+    m = re.search(r"drained (\d+) sessions in ([\d.]+) seconds", out.stdout)
+    if out.returncode != 0 or not m:
+        raise RuntimeError(f"drain on {target}: {out.stdout}{out.stderr}")
+    return {"moved": float(m.group(1)), "drain_seconds": float(m.group(2))}
+
+
 def connection_cost(env, cell, target, args):
     """Churns connections alone for --duration seconds: CPU µs per connection of the proxy, the
     MariaDB server and the client."""
@@ -152,6 +169,8 @@ def measure(env, cell, target, args):
     """Runs one cell on one target and returns its figures."""
     if cell.idle:
         return idle_clients(env, cell, target)
+    if cell.drain:
+        return drain_time(env, cell, target)
     if cell.workload is None:
         return connection_cost(env, cell, target, args)
     t = env.targets[target]

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
 
+use crate::backend::Backend;
 use crate::ctx::Ctx;
 use crate::metrics::MoveReason;
 
@@ -21,11 +22,13 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .route("/backends", get(backends))
+        .route("/backends", get(backends).post(add_backend))
+        .route("/backends/{name}", axum::routing::delete(remove_backend))
         .route("/sessions", get(sessions))
         .route("/sessions/{id}/move", post(move_session))
         .route("/backends/{name}/drain", post(drain))
         .route("/backends/{name}/undrain", post(undrain))
+        .route("/backends/{name}/weight", post(set_weight))
         .layer(middleware::from_fn_with_state(ctx.clone(), require_token))
         .with_state(ctx)
 }
@@ -51,8 +54,8 @@ struct Health {
 }
 
 async fn health(State(ctx): State<Arc<Ctx>>) -> Response {
-    let up = ctx.backends.list.iter().filter(|b| b.is_up()).count();
-    let total = ctx.backends.list.len();
+    let up = ctx.backends.list().iter().filter(|b| b.is_up()).count();
+    let total = ctx.backends.list().len();
     let sessions = ctx.sessions.len();
     let (code, status, reason) = if ctx.is_draining() {
         (StatusCode::SERVICE_UNAVAILABLE, "draining", Some("shutting down: finishing open transactions".to_string()))
@@ -99,7 +102,7 @@ struct BackendView {
 async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
     Json(
         ctx.backends
-            .list
+            .list()
             .iter()
             .map(|b| {
                 let h = b.health.lock().clone();
@@ -108,7 +111,7 @@ async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
                 BackendView {
                     name: b.name.clone(),
                     address: b.address.to_string(),
-                    weight: b.weight,
+                    weight: b.weight(),
                     up: b.is_up(),
                     reason: h.reason,
                     sessions: b.sessions.load(Ordering::Relaxed),
@@ -147,7 +150,7 @@ async fn move_session(State(ctx): State<Arc<Ctx>>, Path(id): Path<u32>, Query(q)
     let Some(h) = ctx.sessions.get(id) else { return not_found(format!("no session {id}")) };
     let to = match &q.to {
         None => None,
-        Some(name) => match ctx.backends.list.iter().find(|b| b.name == *name) {
+        Some(name) => match ctx.backends.by_name(name).as_ref() {
             Some(b) if b.is_usable() => Some(b.index),
             Some(b) => {
                 let why = if b.is_draining() { "draining".to_string() } else { format!("down: {}", b.out_reason()) };
@@ -166,7 +169,13 @@ async fn move_session(State(ctx): State<Arc<Ctx>>, Path(id): Path<u32>, Query(q)
 /// point; those that cannot move (passthrough) are closed at their next safe point once
 /// `drain_timeout` passed.
 async fn drain(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>) -> Response {
-    let Some(b) = ctx.backends.list.iter().find(|b| b.name == name).cloned() else { return not_found(format!("no backend {name}")) };
+    let Some(b) = ctx.backends.by_name(&name) else { return not_found(format!("no backend {name}")) };
+    let asked = start_drain(&ctx, &b);
+    (StatusCode::ACCEPTED, Json(serde_json::json!({ "backend": name, "draining": true, "sessions": asked }))).into_response()
+}
+
+/// Marks `b` draining and asks its sessions to move; returns how many were asked.
+fn start_drain(ctx: &Arc<Ctx>, b: &Arc<Backend>) -> usize {
     b.set_draining(true);
     let mut asked = 0;
     ctx.sessions.for_each(|h| {
@@ -177,23 +186,105 @@ async fn drain(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>) -> Respons
     });
     tracing::info!(backend = %b.name, sessions = asked, "draining backend");
     // Once drain_timeout passed, the sessions that could not move are woken to close.
-    let (ctx2, b2) = (ctx.clone(), b.clone());
+    let (ctx, b) = (ctx.clone(), b.clone());
     tokio::spawn(async move {
-        tokio::time::sleep(ctx2.config.proxy.drain_timeout).await;
-        if b2.is_draining() {
-            ctx2.sessions.for_each(|h| {
-                if h.backend_index.load(Ordering::Relaxed) as usize == b2.index {
+        tokio::time::sleep(ctx.config.proxy.drain_timeout).await;
+        if b.is_draining() {
+            ctx.sessions.for_each(|h| {
+                if h.backend_index.load(Ordering::Relaxed) as usize == b.index {
                     h.wake.notify();
                 }
             });
         }
     });
-    (StatusCode::ACCEPTED, Json(serde_json::json!({ "backend": name, "draining": true, "sessions": asked }))).into_response()
+    asked
+}
+
+/// A backend to add at run time, as in `[[backends]]`.
+#[derive(serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct NewBackend {
+    address: String,
+    name: Option<String>,
+    weight: Option<u32>,
+    tls: Option<String>,
+    tls_skip_verify: Option<bool>,
+}
+
+fn bad_request(what: String) -> Response {
+    (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": what }))).into_response()
+}
+
+/// Adds a backend: it takes new sessions at once (and its share of the others, by rebalancing),
+/// and is checked like the configured ones.
+async fn add_backend(State(ctx): State<Arc<Ctx>>, Json(nb): Json<NewBackend>) -> Response {
+    let text = match toml::to_string(&nb) {
+        Ok(t) => t,
+        Err(e) => return bad_request(e.to_string()),
+    };
+    let c: crate::config::BackendConfig = match toml::from_str(&text) {
+        Ok(c) => c,
+        Err(e) => return bad_request(e.message().to_string()),
+    };
+    let name = c.name.clone().unwrap_or_else(|| c.address.get_ref().clone());
+    if ctx.backends.by_name(&name).is_some() {
+        return (StatusCode::CONFLICT, Json(serde_json::json!({ "error": format!("backend {name} exists") }))).into_response();
+    }
+    if c.weight == 0 {
+        return bad_request("weight must be at least 1".into());
+    }
+    if c.tls_mode(&ctx.config.proxy) == crate::config::BackendTls::On && !c.tls_skip_verify {
+        return bad_request("TLS \"on\" needs tls_skip_verify here (a CA bundle is set in the configuration file)".into());
+    }
+    let index = ctx.backends.next_index();
+    let b = match Backend::from_config(index, &c, ctx.metrics.backend(&name), &ctx.config.proxy, ctx.config.lanes()) {
+        Ok(b) => Arc::new(b),
+        Err(e) => return bad_request(e),
+    };
+    ctx.backends.add(b.clone());
+    crate::backend::health::spawn(std::slice::from_ref(&b), &ctx.config.health);
+    tracing::info!(backend = %name, address = %b.address, "backend added");
+    (StatusCode::CREATED, Json(serde_json::json!({ "backend": name, "address": b.address.to_string() }))).into_response()
+}
+
+/// Removes a backend: drains it, and takes it out once its sessions left (or, for those that
+/// could not, once `drain_timeout` passed).
+async fn remove_backend(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>) -> Response {
+    let Some(b) = ctx.backends.by_name(&name) else { return not_found(format!("no backend {name}")) };
+    let asked = start_drain(&ctx, &b);
+    let ctx2 = ctx.clone();
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + ctx2.config.proxy.drain_timeout + std::time::Duration::from_secs(1);
+        while b.sessions.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        ctx2.backends.remove(b.index);
+        b.retire();
+        ctx2.metrics.remove_backend(&b.name);
+        tracing::info!(backend = %b.name, sessions_left = b.sessions.load(Ordering::Relaxed), "backend removed");
+    });
+    (StatusCode::ACCEPTED, Json(serde_json::json!({ "backend": name, "removing": true, "sessions": asked }))).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct Weight {
+    value: u32,
+}
+
+/// Changes a backend's weight; the rebalancer moves sessions to the new shares.
+async fn set_weight(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>, Query(w): Query<Weight>) -> Response {
+    let Some(b) = ctx.backends.by_name(&name) else { return not_found(format!("no backend {name}")) };
+    if w.value == 0 {
+        return bad_request("weight must be at least 1".into());
+    }
+    b.set_weight(w.value);
+    tracing::info!(backend = %name, weight = w.value, "backend weight changed");
+    (StatusCode::OK, Json(serde_json::json!({ "backend": name, "weight": w.value }))).into_response()
 }
 
 /// Ends a drain: the backend takes new sessions again; moves not made yet are called off.
 async fn undrain(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>) -> Response {
-    let Some(b) = ctx.backends.list.iter().find(|b| b.name == name).cloned() else { return not_found(format!("no backend {name}")) };
+    let Some(b) = ctx.backends.by_name(&name) else { return not_found(format!("no backend {name}")) };
     b.set_draining(false);
     ctx.sessions.for_each(|h| {
         if h.backend_index.load(Ordering::Relaxed) as usize == b.index {

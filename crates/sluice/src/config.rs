@@ -109,6 +109,14 @@ pub struct ProxyConfig {
     /// backend has been draining this long.
     #[serde(deserialize_with = "duration")]
     pub drain_timeout: Duration,
+    /// Sessions move from the busiest backends (by weight) until each holds its share within
+    /// one session: after a backend joins, comes back up, or is undrained.
+    pub rebalance: bool,
+    /// Most sessions the rebalancer moves per second, per worker.
+    pub rebalance_rate: u32,
+    /// A session is not moved by the rebalancer twice within this.
+    #[serde(deserialize_with = "duration")]
+    pub rebalance_interval: Duration,
     /// Testing aid: users-mode sessions move to a fresh connection on the next backend at every
     /// safe point, so that a client library's test suite runs across many connections.
     pub move_every_statement: bool,
@@ -154,6 +162,9 @@ impl Default for ProxyConfig {
             max_backend_connections: 0,
             queue_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(60),
+            rebalance: true,
+            rebalance_rate: 50,
+            rebalance_interval: Duration::from_secs(60),
             move_every_statement: false,
         }
     }

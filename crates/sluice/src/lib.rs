@@ -12,6 +12,7 @@ pub mod error;
 pub mod frontend;
 pub mod metrics;
 pub mod net;
+pub mod rebalance;
 pub mod runtime;
 pub mod session;
 pub mod tls;

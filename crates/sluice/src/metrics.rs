@@ -233,7 +233,113 @@ pub struct Metrics {
     pub session_moves: [[Counter; 2]; 5],
     /// Times a multiplexed session kept its connection at a safe point, by pin.
     session_pins: Family<Labels, Counter>,
+    /// The series of the configured backends, in order.
     pub backends: Vec<BackendMetrics>,
+    backend_families: BackendFamilies,
+}
+
+/// The per-backend families, labelled by backend name.
+struct BackendFamilies {
+    up: Family<Labels, Gauge>,
+    sessions: Family<Labels, Gauge>,
+    connect_errors: Family<Labels, Counter>,
+    latency: Family<Labels, AtomicHistogram>,
+    pool_idle: Family<Labels, Gauge>,
+    pool_reused: Family<Labels, Counter>,
+    pool_resets: Family<Labels, Counter>,
+    queue_waiting: Family<Labels, Gauge>,
+    queue_wait: Family<Labels, AtomicHistogram>,
+    queue_timeouts: Family<Labels, Counter>,
+    shared_spare: Family<Labels, Gauge>,
+}
+
+impl BackendFamilies {
+    fn register(registry: &mut Registry) -> BackendFamilies {
+        let up = Family::<Labels, Gauge>::default();
+        registry.register("backend_up", "1 when the backend passes health checks", up.clone());
+        let sessions = Family::<Labels, Gauge>::default();
+        registry.register("backend_sessions", "Client sessions on the backend now", sessions.clone());
+        let connect_errors = Family::<Labels, Counter>::default();
+        registry.register("backend_connect_errors", "Failed connection attempts to the backend", connect_errors.clone());
+        let pool_idle = Family::<Labels, Gauge>::default();
+        registry.register("backend_pool_idle", "Idle backend connections kept for reuse", pool_idle.clone());
+        let pool_reused = Family::<Labels, Counter>::default();
+        registry.register("backend_pool_reused", "Logins served by a pooled backend connection", pool_reused.clone());
+        let pool_resets = Family::<Labels, Counter>::default();
+        registry.register(
+            "backend_pool_resets",
+            "Backend connections reset on their way into the pool (sessions that ran nothing need none)",
+            pool_resets.clone(),
+        );
+        let latency = Family::<Labels, AtomicHistogram>::default();
+        registry.register(
+            "backend_query_duration_seconds",
+            "Time from a command reaching the backend to the end of its response",
+            latency.clone(),
+        );
+        let queue_waiting = Family::<Labels, Gauge>::default();
+        registry.register("backend_queue_waiting", "Statements waiting for a connection at max_backend_connections", queue_waiting.clone());
+        let queue_wait = Family::<Labels, AtomicHistogram>::default();
+        registry.register(
+            "backend_queue_wait_seconds",
+            "Time statements waited for a connection at max_backend_connections",
+            queue_wait.clone(),
+        );
+        let queue_timeouts = Family::<Labels, Counter>::default();
+        registry.register("backend_queue_timeouts", "Waits for a connection that ran out of queue_timeout", queue_timeouts.clone());
+        let shared_spare = Family::<Labels, Gauge>::default();
+        registry.register(
+            "backend_shared_spare",
+            "Connections multiplexed sessions gave back, kept for their next statements",
+            shared_spare.clone(),
+        );
+
+        BackendFamilies {
+            up,
+            sessions,
+            connect_errors,
+            latency,
+            pool_idle,
+            pool_reused,
+            pool_resets,
+            queue_waiting,
+            queue_wait,
+            queue_timeouts,
+            shared_spare,
+        }
+    }
+
+    fn series(&self, name: &str) -> BackendMetrics {
+        let l = vec![("backend", name.to_string())];
+        BackendMetrics {
+            up: self.up.get_or_create(&l).clone(),
+            sessions: self.sessions.get_or_create(&l).clone(),
+            connect_errors: self.connect_errors.get_or_create(&l).clone(),
+            latency: self.latency.get_or_create(&l).clone(),
+            pool_idle: self.pool_idle.get_or_create(&l).clone(),
+            pool_reused: self.pool_reused.get_or_create(&l).clone(),
+            pool_resets: self.pool_resets.get_or_create(&l).clone(),
+            queue_waiting: self.queue_waiting.get_or_create(&l).clone(),
+            queue_wait: self.queue_wait.get_or_create(&l).clone(),
+            queue_timeouts: self.queue_timeouts.get_or_create(&l).clone(),
+            shared_spare: self.shared_spare.get_or_create(&l).clone(),
+        }
+    }
+
+    fn remove(&self, name: &str) {
+        let l = vec![("backend", name.to_string())];
+        self.up.remove(&l);
+        self.sessions.remove(&l);
+        self.connect_errors.remove(&l);
+        self.latency.remove(&l);
+        self.pool_idle.remove(&l);
+        self.pool_reused.remove(&l);
+        self.pool_resets.remove(&l);
+        self.queue_waiting.remove(&l);
+        self.queue_wait.remove(&l);
+        self.queue_timeouts.remove(&l);
+        self.shared_spare.remove(&l);
+    }
 }
 
 impl Metrics {
@@ -275,63 +381,8 @@ impl Metrics {
             session_pins.clone(),
         );
 
-        let up = Family::<Labels, Gauge>::default();
-        registry.register("backend_up", "1 when the backend passes health checks", up.clone());
-        let sessions = Family::<Labels, Gauge>::default();
-        registry.register("backend_sessions", "Client sessions on the backend now", sessions.clone());
-        let connect_errors = Family::<Labels, Counter>::default();
-        registry.register("backend_connect_errors", "Failed connection attempts to the backend", connect_errors.clone());
-        let pool_idle = Family::<Labels, Gauge>::default();
-        registry.register("backend_pool_idle", "Idle backend connections kept for reuse", pool_idle.clone());
-        let pool_reused = Family::<Labels, Counter>::default();
-        registry.register("backend_pool_reused", "Logins served by a pooled backend connection", pool_reused.clone());
-        let pool_resets = Family::<Labels, Counter>::default();
-        registry.register(
-            "backend_pool_resets",
-            "Backend connections reset on their way into the pool (sessions that ran nothing need none)",
-            pool_resets.clone(),
-        );
-        let latency = Family::<Labels, AtomicHistogram>::default();
-        registry.register(
-            "backend_query_duration_seconds",
-            "Time from a command reaching the backend to the end of its response",
-            latency.clone(),
-        );
-        let queue_waiting = Family::<Labels, Gauge>::default();
-        registry.register("backend_queue_waiting", "Statements waiting for a connection at max_backend_connections", queue_waiting.clone());
-        let queue_wait = Family::<Labels, AtomicHistogram>::default();
-        registry.register(
-            "backend_queue_wait_seconds",
-            "Time statements waited for a connection at max_backend_connections",
-            queue_wait.clone(),
-        );
-        let queue_timeouts = Family::<Labels, Counter>::default();
-        registry.register("backend_queue_timeouts", "Waits for a connection that ran out of queue_timeout", queue_timeouts.clone());
-        let shared_spare = Family::<Labels, Gauge>::default();
-        registry.register(
-            "backend_shared_spare",
-            "Connections multiplexed sessions gave back, kept for their next statements",
-            shared_spare.clone(),
-        );
-        let backends = backend_names
-            .iter()
-            .map(|n| {
-                let l = vec![("backend", n.clone())];
-                BackendMetrics {
-                    up: up.get_or_create(&l).clone(),
-                    sessions: sessions.get_or_create(&l).clone(),
-                    connect_errors: connect_errors.get_or_create(&l).clone(),
-                    latency: latency.get_or_create(&l).clone(),
-                    pool_idle: pool_idle.get_or_create(&l).clone(),
-                    pool_reused: pool_reused.get_or_create(&l).clone(),
-                    pool_resets: pool_resets.get_or_create(&l).clone(),
-                    queue_waiting: queue_waiting.get_or_create(&l).clone(),
-                    queue_wait: queue_wait.get_or_create(&l).clone(),
-                    queue_timeouts: queue_timeouts.get_or_create(&l).clone(),
-                    shared_spare: shared_spare.get_or_create(&l).clone(),
-                }
-            })
-            .collect();
+        let backend_families = BackendFamilies::register(&mut registry);
+        let backends = backend_names.iter().map(|n| backend_families.series(n)).collect();
 
         Metrics {
             registry,
@@ -345,7 +396,18 @@ impl Metrics {
             session_moves,
             session_pins,
             backends,
+            backend_families,
         }
+    }
+
+    /// The series of a backend added at run time.
+    pub fn backend(&self, name: &str) -> BackendMetrics {
+        self.backend_families.series(name)
+    }
+
+    /// Forgets the series of a backend removed at run time.
+    pub fn remove_backend(&self, name: &str) {
+        self.backend_families.remove(name);
     }
 
     pub fn moved(&self, why: MoveReason, ok: bool) {

@@ -188,7 +188,7 @@ async fn sweep_pool(ctx: &Ctx) {
     loop {
         tokio::time::sleep(tick).await;
         let all = ctx.is_draining();
-        for b in &ctx.backends.list {
+        for b in ctx.backends.list().iter() {
             for idle in b.expired(all) {
                 crate::backend::conn::quit(idle.conn).await;
             }
@@ -266,12 +266,14 @@ fn spawn_control(
         .name("sluice-control".into())
         .spawn(move || {
             rt.block_on(async move {
-                crate::backend::health::spawn(&ctx.backends.list, &ctx.config.health);
+                crate::backend::health::spawn(&ctx.backends.list(), &ctx.config.health);
                 tokio::spawn(return_memory(ctx.clone()));
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::deadline::sweep(&c.clock, &c.sessions).await });
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::tls::keep_renewed(&c.tls).await });
+                let c = ctx.clone();
+                tokio::spawn(async move { crate::rebalance::run(&c).await });
                 if let Some(l) = admin {
                     match tokio::net::TcpListener::from_std(l) {
                         Ok(l) => {
@@ -354,7 +356,7 @@ async fn drain(ctx: &Ctx, stop_tx: &watch::Sender<bool>) {
     }
     // Each worker's sweeper closes its pooled backend connections with COM_QUIT.
     let pool_deadline = Instant::now() + Duration::from_secs(2);
-    while ctx.backends.list.iter().any(|b| b.pooled() > 0) && Instant::now() < pool_deadline {
+    while ctx.backends.list().iter().any(|b| b.pooled() > 0) && Instant::now() < pool_deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for l in &ctx.config.listeners {

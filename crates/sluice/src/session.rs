@@ -398,6 +398,11 @@ pub struct SessionHandle {
     /// index + 1; and why (a [`MoveReason`] index).
     move_to: AtomicU32,
     move_why: AtomicU8,
+    /// Sluice could move the session at its next safe point: it holds the credentials (users
+    /// mode) and nothing it cannot recreate is open (as last published).
+    pub can_move: AtomicBool,
+    /// When it last moved (milliseconds of `metrics::mono_ns`; 0: never).
+    pub moved_at_ms: AtomicU64,
     pub info: Mutex<SessionInfo>,
 }
 
@@ -421,6 +426,8 @@ impl SessionHandle {
             response_wait: AtomicU32::new(NOT_WAITING),
             move_to: AtomicU32::new(NO_MOVE),
             move_why: AtomicU8::new(0),
+            can_move: AtomicBool::new(false),
+            moved_at_ms: AtomicU64::new(0),
             info: Mutex::new(SessionInfo {
                 id,
                 client,
@@ -453,6 +460,7 @@ impl SessionHandle {
 
     /// Publishes the session's state for the admin API (after changes other than status).
     pub fn publish(&self, state: &SessionState) {
+        self.can_move.store(!state.passthrough && state.hazards == 0, Ordering::Relaxed);
         self.info.lock().state = state.clone();
         self.publish_status(state.status);
     }
@@ -489,6 +497,14 @@ impl SessionHandle {
     #[inline]
     pub fn move_asked(&self) -> bool {
         self.move_to.load(Ordering::Relaxed) != NO_MOVE
+    }
+
+    /// The backend a move asked goes to (None: none asked, or any other backend).
+    pub fn move_target(&self) -> Option<usize> {
+        match self.move_to.load(Ordering::Relaxed) {
+            NO_MOVE | MOVE_ANYWHERE => None,
+            i => Some(i as usize - 1),
+        }
     }
 
     /// Why a move was asked, if one was.

@@ -31,7 +31,8 @@ impl Balancer {
     /// Picks an up backend not in `exclude`, or None when there is none.
     pub fn pick(&self, backends: &Backends, exclude: &[usize]) -> Option<Arc<Backend>> {
         let usable = |b: &&Arc<Backend>| b.is_usable() && !exclude.contains(&b.index);
-        let n = backends.list.len();
+        let list = backends.list();
+        let n = list.len();
         if n == 0 {
             return None;
         }
@@ -41,11 +42,11 @@ impl Balancer {
                 let start = self.rr.fetch_add(1, Ordering::Relaxed);
                 let mut best: Option<&Arc<Backend>> = None;
                 for i in 0..n {
-                    let b = &backends.list[(start + i) % n];
+                    let b = &list[(start + i) % n];
                     if !usable(&b) {
                         continue;
                     }
-                    let load = |b: &Backend| b.sessions.load(Ordering::Relaxed) as u64 * 1_000_000 / b.weight as u64;
+                    let load = |b: &Backend| b.sessions.load(Ordering::Relaxed) as u64 * 1_000_000 / b.weight() as u64;
                     if best.is_none_or(|x| load(b) < load(x)) {
                         best = Some(b);
                     }
@@ -55,24 +56,24 @@ impl Balancer {
             Policy::RoundRobin => {
                 // The k-th usable backend, so that a backend that is out does not double the share
                 // of the one after it.
-                let count = backends.list.iter().filter(|b| usable(b)).count();
+                let count = list.iter().filter(|b| usable(b)).count();
                 if count == 0 {
                     return None;
                 }
                 let k = self.rr.fetch_add(1, Ordering::Relaxed) % count;
-                backends.list.iter().filter(|b| usable(b)).nth(k).cloned()
+                list.iter().filter(|b| usable(b)).nth(k).cloned()
             }
             Policy::WeightedRandom => {
-                let total: u64 = backends.list.iter().filter(|b| usable(b)).map(|b| b.weight as u64).sum();
+                let total: u64 = list.iter().filter(|b| usable(b)).map(|b| b.weight() as u64).sum();
                 if total == 0 {
                     return None;
                 }
                 let mut r = self.random() % total;
-                for b in backends.list.iter().filter(|b| usable(b)) {
-                    if r < b.weight as u64 {
+                for b in list.iter().filter(|b| usable(b)) {
+                    if r < b.weight() as u64 {
                         return Some(b.clone());
                     }
-                    r -= b.weight as u64;
+                    r -= b.weight() as u64;
                 }
                 None
             }
@@ -108,11 +109,11 @@ mod tests {
     fn least_connections_prefers_the_emptiest_and_skips_down_and_excluded() {
         let bs = backends(&[1, 1, 1]);
         let lb = Balancer::new(Policy::LeastConnections);
-        let _a = bs.list[0].bind();
-        let _b = bs.list[0].bind();
-        let _c = bs.list[1].bind();
+        let _a = bs.list()[0].bind();
+        let _b = bs.list()[0].bind();
+        let _c = bs.list()[1].bind();
         assert_eq!(lb.pick(&bs, &[]).unwrap().index, 2);
-        bs.list[2].set_up(false);
+        bs.list()[2].set_up(false);
         assert_eq!(lb.pick(&bs, &[]).unwrap().index, 1);
         assert_eq!(lb.pick(&bs, &[1]).unwrap().index, 0);
         assert!(lb.pick(&bs, &[0, 1]).is_none());
@@ -122,7 +123,7 @@ mod tests {
     fn round_robin_cycles_over_up_backends() {
         let bs = backends(&[1, 1, 1]);
         let lb = Balancer::new(Policy::RoundRobin);
-        bs.list[1].set_up(false);
+        bs.list()[1].set_up(false);
         let picks: Vec<usize> = (0..6).map(|_| lb.pick(&bs, &[]).unwrap().index).collect();
         assert_eq!(picks.iter().filter(|&&i| i == 0).count(), picks.iter().filter(|&&i| i == 2).count());
         assert!(!picks.contains(&1));

@@ -33,6 +33,9 @@ async fn check_loop(b: &Backend, cfg: &HealthConfig) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
+        if b.is_retired() {
+            return;
+        }
         let now = crate::metrics::mono_ns() / 1_000_000;
         let passive = b.is_up() && monitor.is_none() && b.activity.since_ms(now) < cfg.interval.as_millis() as u64;
         let result = if passive { Ok(()) } else { probe(b, cfg, monitor.as_ref()).await };

@@ -69,7 +69,7 @@ pub fn pick(backends: &Backends, tried: &[(usize, Error)]) -> Result<Arc<Backend
         err.sql_state = e.sql_state;
         return Err(err);
     }
-    let what = if backends.list.is_empty() { "no backends are configured".to_string() } else { backends.describe_unusable(tried) };
+    let what = if backends.list().is_empty() { "no backends are configured".to_string() } else { backends.describe_unusable(tried) };
     Err(Error::proxy(code::NO_BACKEND, format!("sluice: no backend available: {what}")).state(b"08S01"))
 }
 

@@ -10,7 +10,7 @@ pub mod shared;
 mod tls;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -71,7 +71,8 @@ pub struct Backend {
     pub index: usize,
     pub name: String,
     pub address: Address,
-    pub weight: u32,
+    /// Its share of sessions, relative to the others (changed through the admin API).
+    weight: AtomicU32,
     /// When and how sluice's connections to this backend use TLS.
     pub tls: BackendTls,
     /// Bound on connecting (TCP and greeting) and on each login exchange after it
@@ -82,6 +83,8 @@ pub struct Backend {
     draining: AtomicBool,
     /// When the drain began (milliseconds of [`crate::metrics::mono_ns`]).
     drain_since_ms: AtomicU64,
+    /// Removed at run time: its health checks stop.
+    retired: AtomicBool,
     /// Client sessions currently bound to this backend.
     pub sessions: AtomicUsize,
     pub metrics: BackendMetrics,
@@ -105,12 +108,13 @@ impl Backend {
             index,
             name: c.name.clone().unwrap_or_else(|| c.address.get_ref().clone()),
             address,
-            weight: c.weight.max(1),
+            weight: AtomicU32::new(c.weight.max(1)),
             tls,
             connect_timeout: p.connect_timeout,
             up: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             drain_since_ms: AtomicU64::new(0),
+            retired: AtomicBool::new(false),
             sessions: AtomicUsize::new(0),
             activity: Activity::since(crate::metrics::mono_ns() / 1_000_000),
             health: Mutex::new(HealthState {
@@ -177,6 +181,22 @@ impl Backend {
         self.up.load(Ordering::Relaxed)
     }
 
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
+    }
+
+    pub fn set_weight(&self, w: u32) {
+        self.weight.store(w.max(1), Ordering::Relaxed);
+    }
+
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
+    }
+
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }
@@ -241,23 +261,64 @@ impl std::ops::Deref for BackendGuard {
     }
 }
 
-/// All configured backends.
+/// The backends: those configured, and those added at run time (admin API).
 pub struct Backends {
-    pub list: Vec<Arc<Backend>>,
+    /// Swapped whole when a backend is added or removed; readers take a snapshot.
+    list: arc_swap::ArcSwap<Vec<Arc<Backend>>>,
+    /// The index the next backend added gets (indexes are never reused).
+    next_index: std::sync::atomic::AtomicUsize,
     /// Chooses among them for each new session.
     pub balancer: balance::Balancer,
 }
 
 impl Backends {
     pub fn new(list: Vec<Backend>, policy: crate::config::Policy) -> Backends {
-        Backends { list: list.into_iter().map(Arc::new).collect(), balancer: balance::Balancer::new(policy) }
+        let n = list.len();
+        Backends {
+            list: arc_swap::ArcSwap::from_pointee(list.into_iter().map(Arc::new).collect()),
+            next_index: std::sync::atomic::AtomicUsize::new(n),
+            balancer: balance::Balancer::new(policy),
+        }
+    }
+
+    /// The backends now.
+    pub fn list(&self) -> arc_swap::Guard<Arc<Vec<Arc<Backend>>>> {
+        self.list.load()
+    }
+
+    /// The backend of `index`, if it is still there.
+    pub fn get(&self, index: usize) -> Option<Arc<Backend>> {
+        self.list().iter().find(|b| b.index == index).cloned()
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<Arc<Backend>> {
+        self.list().iter().find(|b| b.name == name).cloned()
+    }
+
+    /// The index a backend added now gets.
+    pub fn next_index(&self) -> usize {
+        self.next_index.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Adds a backend (its name must be new: checked by the caller).
+    pub fn add(&self, b: Arc<Backend>) {
+        self.list.rcu(|l| {
+            let mut l = Vec::clone(l);
+            l.push(b.clone());
+            l
+        });
+    }
+
+    /// Removes a backend: no session is sent there any more; sessions still on it keep it.
+    pub fn remove(&self, index: usize) {
+        self.list.rcu(|l| l.iter().filter(|b| b.index != index).cloned().collect::<Vec<_>>());
     }
 
     /// The server facts sluice's own greeting repeats: those of an up backend if one has been
     /// seen, else of any backend that has greeted once.
     pub fn server_info(&self) -> Option<ServerInfo> {
         let mut fallback = None;
-        for b in &self.list {
+        for b in self.list().iter() {
             if let Some(i) = b.info.lock().clone() {
                 if b.is_up() {
                     return Some(i);
@@ -270,7 +331,7 @@ impl Backends {
 
     /// One line per backend saying why it is not usable (for "no backend" errors).
     pub fn describe_unusable(&self, tried: &[(usize, crate::error::Error)]) -> String {
-        self.list
+        self.list()
             .iter()
             .map(|b| {
                 let why = tried

@@ -196,7 +196,7 @@ impl Session<'_> {
     /// Runs a KILL on another backend over a fresh connection with this session's credentials
     /// (users mode) and relays the answer.
     async fn kill_elsewhere(&mut self, backend_index: usize, query: &[u8]) -> Result<bool> {
-        let Some(b) = self.ctx.backends.list.get(backend_index).cloned() else {
+        let Some(b) = self.ctx.backends.get(backend_index) else {
             self.client_error(1, code::NO_SUCH_THREAD, b"HY000", "Unknown thread id").await;
             return Ok(false);
         };

@@ -247,6 +247,9 @@ impl Session<'_> {
             return Next::Stay;
         }
         if !self.state.detachable() {
+            if asked {
+                tracing::debug!(session = self.handle.id, pins = ?self.state.pins(), "a move waits for the session's pins to end");
+            }
             self.count_pins();
             return Next::Stay;
         }
@@ -367,7 +370,7 @@ impl Session<'_> {
     pub(super) async fn move_now(&mut self, to: Option<usize>, why: MoveReason) {
         let backends = &self.ctx.backends;
         let target = match to {
-            Some(i) => backends.list.get(i).cloned().filter(|b| b.is_up()),
+            Some(i) => backends.get(i).filter(|b| b.is_up()),
             None => {
                 let mut exclude = vec![(self.guard.index, Error::backend("the session is there"))];
                 match link::pick(backends, &exclude) {
@@ -397,6 +400,7 @@ impl Session<'_> {
             self.guard = target.bind();
             self.handle.bind_backend(target.index, &target.name, 0);
             self.ctx.metrics.moved(why, true);
+            self.handle.moved_at_ms.store(crate::metrics::mono_ns() / 1_000_000, Ordering::Relaxed);
             return;
         }
         if target.index == self.guard.index && why != MoveReason::Test {
@@ -407,6 +411,7 @@ impl Session<'_> {
             Ok(ready) => {
                 let (old, _, _) = self.install(&target, ready);
                 self.ctx.metrics.moved(why, true);
+                self.handle.moved_at_ms.store(crate::metrics::mono_ns() / 1_000_000, Ordering::Relaxed);
                 tracing::debug!(session = self.handle.id, from = %from, to = %target.name, reason = why.as_str(), "session moved");
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(1), bconn::quit(old)).await;
             }

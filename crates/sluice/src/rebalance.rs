@@ -1,0 +1,86 @@
+//! Rebalancing: sessions move from the backends that hold more than their weighted share to
+//! those that hold less, until each holds its share within one session. It runs on the control
+//! thread once a second, so it follows a backend that joined, came back up or was undrained.
+//! Moves are asked of the sessions (`SessionHandle::ask_move`) and made at their next safe
+//! point; at most `rebalance_rate` per second per worker, and a session that moved is left
+//! alone for `rebalance_interval`. Sessions sluice cannot move (passthrough) stay, but count.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::ctx::Ctx;
+use crate::metrics::MoveReason;
+
+/// Runs until the process ends.
+pub async fn run(ctx: &Ctx) {
+    let p = &ctx.config.proxy;
+    if !p.rebalance {
+        return std::future::pending().await;
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !ctx.is_draining() {
+            once(ctx, p.rebalance_rate as usize * ctx.config.lanes());
+        }
+    }
+}
+
+/// Asks at most `budget` moves; returns how many it asked.
+pub fn once(ctx: &Ctx, budget: usize) -> usize {
+    let list = ctx.backends.list();
+    let usable: Vec<_> = list.iter().filter(|b| b.is_usable()).collect();
+    if usable.len() < 2 || budget == 0 {
+        return 0;
+    }
+    // Sessions per backend as they will be once the moves already asked are made.
+    let mut count: Vec<i64> = usable.iter().map(|b| b.sessions.load(Ordering::Relaxed) as i64).collect();
+    let slot = |index: usize| usable.iter().position(|b| b.index == index);
+    let now_ms = crate::metrics::mono_ns() / 1_000_000;
+    let interval_ms = ctx.config.proxy.rebalance_interval.as_millis() as u64;
+    let mut candidates: Vec<(usize, std::sync::Arc<crate::session::SessionHandle>)> = Vec::new();
+    for h in ctx.sessions.all() {
+        let Some(at) = slot(h.backend_index.load(Ordering::Relaxed) as usize) else { continue };
+        let can_move = h.can_move.load(Ordering::Relaxed);
+        if !can_move && h.move_reason() == Some(MoveReason::Rebalance) {
+            // Pinned since it was asked: another session goes instead.
+            h.cancel_move(MoveReason::Rebalance);
+        }
+        if let Some(to) = h.move_target().and_then(slot) {
+            count[at] -= 1;
+            count[to] += 1;
+            continue;
+        }
+        let moved = h.moved_at_ms.load(Ordering::Relaxed);
+        let rested = moved == 0 || now_ms.saturating_sub(moved) >= interval_ms;
+        if can_move && !h.move_asked() && rested {
+            candidates.push((at, h));
+        }
+    }
+    let total: i64 = count.iter().sum();
+    let weights: i64 = usable.iter().map(|b| b.weight() as i64).sum();
+    // A backend's share, in sessions times the total weight (no rounding).
+    let excess = |i: usize, count: &[i64]| count[i] * weights - total * usable[i].weight() as i64;
+    let mut asked = 0;
+    while asked < budget {
+        // The most loaded and the least loaded, by share.
+        let from = (0..usable.len()).max_by_key(|&i| excess(i, &count)).unwrap_or(0);
+        let to = (0..usable.len()).min_by_key(|&i| excess(i, &count)).unwrap_or(0);
+        // A move takes one session from one and gives it to the other: worth it while they
+        // are more than one session apart from their shares.
+        if excess(from, &count) - excess(to, &count) <= weights {
+            break;
+        }
+        let Some(pos) = candidates.iter().position(|(at, _)| *at == from) else { break };
+        let (_, h) = candidates.swap_remove(pos);
+        h.ask_move(Some(usable[to].index), MoveReason::Rebalance);
+        count[from] -= 1;
+        count[to] += 1;
+        asked += 1;
+    }
+    if asked > 0 {
+        tracing::info!(moves = asked, "rebalancing sessions");
+    }
+    asked
+}
