@@ -233,6 +233,8 @@ pub struct Metrics {
     pub session_moves: [[Counter; 2]; 5],
     /// Times a multiplexed session kept its connection at a safe point, by pin.
     session_pins: Family<Labels, Counter>,
+    /// Passes of the rebalancer.
+    pub rebalance_runs: Counter,
     /// The series of the configured backends, in order.
     pub backends: Vec<BackendMetrics>,
     backend_families: BackendFamilies,
@@ -374,6 +376,8 @@ impl Metrics {
         registry.register("session_moves", "Sessions moved to another backend connection, by reason and outcome", moves.clone());
         let session_moves = MoveReason::ALL
             .map(|m| ["moved", "failed"].map(|r| moves.get_or_create(&vec![("reason", m.as_str().into()), ("result", r.into())]).clone()));
+        let rebalance_runs = Counter::default();
+        registry.register("rebalance_runs", "Passes of the rebalancer over the sessions", rebalance_runs.clone());
         let session_pins = Family::<Labels, Counter>::default();
         registry.register(
             "session_pins",
@@ -395,6 +399,7 @@ impl Metrics {
             errors,
             session_moves,
             session_pins,
+            rebalance_runs,
             backends,
             backend_families,
         }

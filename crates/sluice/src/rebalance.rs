@@ -23,6 +23,7 @@ pub async fn run(ctx: &Ctx) {
         tick.tick().await;
         if !ctx.is_draining() {
             once(ctx, p.rebalance_rate as usize * ctx.config.lanes());
+            ctx.metrics.rebalance_runs.inc();
         }
     }
 }

@@ -217,7 +217,8 @@ async fn a_backend_added_at_run_time_takes_its_share_and_leaves_when_removed() {
     }
     assert_eq!(backend_of(&s, sessions[0].id()), "tcp", "the pinned session stays");
     assert_eq!(metric(&s, "sluice_session_moves_total{reason=\"rebalance\",result=\"moved\"}"), 4);
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let runs = metric(&s, "sluice_rebalance_runs_total");
+    wait_for("two more passes of the rebalancer", || metric(&s, "sluice_rebalance_runs_total") >= runs + 2);
     assert_eq!(metric(&s, "sluice_session_moves_total{reason=\"rebalance\",result=\"moved\"}"), 4, "balanced: no more moves");
     // Three times the weight: six of the eight (two more move, none of those that moved).
     assert_eq!(admin_post(&s, "/backends/sock/weight?value=3").0, 200);

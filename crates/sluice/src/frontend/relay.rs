@@ -70,6 +70,28 @@ pub struct Session<'a> {
     pub(super) pinned: u32,
 }
 
+/// Where a command goes.
+enum Route {
+    Relay(Expect),
+    Quit,
+    Unsupported,
+    Kill(super::commands::KillPlan),
+    ChangeUser,
+}
+
+/// What a relayed command left to record once its response is through.
+#[derive(Default)]
+struct Done {
+    preparing: Option<Vec<u8>>,
+    init_db: Option<String>,
+    multi_option: Option<bool>,
+    next_pins: u16,
+    error: Option<u16>,
+    changed: bool,
+    prepared_id: Option<u32>,
+    warnings: u16,
+}
+
 /// What to do after a command.
 pub(crate) enum Flow {
     Continue,
@@ -261,8 +283,65 @@ impl<'a> Session<'a> {
 
     /// Handles one command whose first packet header is `h`.
     async fn command(&mut self, h: Header) -> Result<Flow> {
+        let cmd = self.check_command(h).await?;
+        self.ctx.metrics.command(cmd);
+        self.handle.queries.fetch_add(1, Ordering::Relaxed);
+        let body_end = HEADER + h.len.min(INSPECT_LIMIT);
+        if cmd != com::QUIT
+            && let Err(e) = self.take_connection(cmd).await?
+        {
+            return self.refuse_command(e).await;
+        }
         // What this statement leaves for the next one only (its hazards, its warnings).
         let mut next_pins = 0;
+        let expect = match self.route(cmd, body_end, &mut next_pins) {
+            Route::Relay(expect) => expect,
+            // The backend connection is pooled or closed when the session ends.
+            Route::Quit => return Ok(Flow::Close),
+            Route::Unsupported => {
+                self.skip_request().await?;
+                let msg = format!("sluice does not relay this command ({} / 0x{cmd:02x})", com::name(cmd));
+                self.client_error(1, code::UNKNOWN_COM, b"08S01", &msg).await;
+                return Ok(Flow::Continue);
+            }
+            // Rare paths are boxed: their state stays out of every idle session's task.
+            Route::Kill(plan) => return Box::pin(self.run_kill(plan)).await,
+            Route::ChangeUser => return Box::pin(self.change_user(h)).await,
+        };
+        let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        if let Some(flow) = self.statement_ids(cmd, h, stmt_id).await? {
+            return Ok(flow);
+        }
+        let done = Done {
+            // The statement text is kept for COM_STMT_PREPARE (re-preparing elsewhere needs it).
+            preparing: (cmd == com::STMT_PREPARE).then(|| self.client.rbuf[HEADER + 1..body_end].to_vec()),
+            init_db: (cmd == com::INIT_DB).then(|| String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into_owned()),
+            // COM_SET_OPTION: 0 turns multi-statements on, 1 off.
+            multi_option: (cmd == com::SET_OPTION).then(|| self.client.rbuf.get(HEADER + 1) == Some(&0)),
+            next_pins,
+            ..Done::default()
+        };
+        self.before_command(cmd, stmt_id);
+        let started = mono_ns();
+        let request_seq = self.forward_request().await?;
+        let mut sink = StateSink::new(&mut self.state);
+        sink.preparing = done.preparing.as_deref();
+        // Only an execute that asked for a cursor, or a fetch from one, moves its state.
+        sink.executing = matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten();
+        sink.conn_gen = self.conn_gen;
+        let watch = Watch { clock: &self.ctx.clock, handle: self.handle, waker: &mut self.waker };
+        self.tracker.start(expect, request_seq);
+        relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, self.ctx, watch).await?;
+        let done = Done { error: sink.error, changed: sink.changed, prepared_id: sink.prepared_id, warnings: sink.warnings, ..done };
+        let now = mono_ns();
+        self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
+        self.guard.activity.record(now / 1_000_000);
+        self.after_response(cmd, done).await?;
+        Ok(Flow::Continue)
+    }
+
+    /// The checks every command passes first; returns its command byte.
+    async fn check_command(&mut self, h: Header) -> Result<u8> {
         if h.seq != 0 {
             self.client_error(h.seq.wrapping_add(1), code::NET_PACKETS_OUT_OF_ORDER, b"08S01", "Got packets out of order").await;
             return Err(Error::client(format!("command packet with sequence id {}", h.seq)));
@@ -277,29 +356,34 @@ impl<'a> Session<'a> {
             self.client_error(1, code::NET_READ_ERROR, b"08S01", "Empty command packet").await;
             return Err(Error::client("empty command packet"));
         };
-        self.ctx.metrics.command(cmd);
-        self.handle.queries.fetch_add(1, Ordering::Relaxed);
-        let body_end = HEADER + h.len.min(INSPECT_LIMIT);
-        if cmd != com::QUIT {
-            // COM_PING changes nothing on the server.
-            self.touched |= cmd != com::PING;
-            if let Some(reason) = self.lost.take() {
-                Box::pin(self.move_or_fail(&reason)).await?;
-            }
-            if self.backend.is_detached()
-                && !(cmd == com::STMT_CLOSE && self.multiplex)
-                && let Err(found) = self.attach_at_once()
-            {
-                // Boxed: a new login, a state to bring or a wait for a connection is the rare
-                // path, and its future large.
-                if let Err(e) = Box::pin(self.attach(found)).await {
-                    return self.refuse_command(e).await;
-                }
-            }
+        Ok(cmd)
+    }
+
+    /// Makes sure the session holds a backend connection for a command: a lost one replaced
+    /// (or the session ends), and a multiplexed session's taken. The inner error is the
+    /// command's: no connection could be had for it.
+    async fn take_connection(&mut self, cmd: u8) -> Result<std::result::Result<(), Error>> {
+        // COM_PING changes nothing on the server.
+        self.touched |= cmd != com::PING;
+        if let Some(reason) = self.lost.take() {
+            Box::pin(self.move_or_fail(&reason)).await?;
         }
+        if self.backend.is_detached()
+            && !(cmd == com::STMT_CLOSE && self.multiplex)
+            && let Err(found) = self.attach_at_once()
+        {
+            // Boxed: a new login, a state to bring or a wait for a connection is the rare path,
+            // and its future large.
+            return Ok(Box::pin(self.attach(found)).await);
+        }
+        Ok(Ok(()))
+    }
+
+    /// What to do with a command: relay it expecting a response of some shape, or handle it
+    /// apart. Notes the hazards of a query (`next_pins`: those that last one statement).
+    fn route(&mut self, cmd: u8, body_end: usize, next_pins: &mut u16) -> Route {
         let expect = match cmd {
-            // The backend connection is pooled or closed when the session ends.
-            com::QUIT => return Ok(Flow::Close),
+            com::QUIT => return Route::Quit,
             com::BINLOG_DUMP
             | com::BINLOG_DUMP_GTID
             | com::REGISTER_SLAVE
@@ -309,24 +393,17 @@ impl<'a> Session<'a> {
             | com::CONNECT
             | com::DELAYED_INSERT
             | com::TIME
-            | com::SLEEP => {
-                self.skip_request().await?;
-                let name = com::name(cmd);
-                let msg = format!("sluice does not relay this command ({name} / 0x{cmd:02x})");
-                self.client_error(1, code::UNKNOWN_COM, b"08S01", &msg).await;
-                return Ok(Flow::Continue);
-            }
+            | com::SLEEP => return Route::Unsupported,
             com::PROCESS_KILL | com::QUERY | com::STMT_PREPARE => {
                 if self.credential.is_some() && cmd == com::QUERY {
-                    next_pins = self.note_hazards(sluice_proto::sql::hazards(&self.client.rbuf[HEADER + 1..body_end]));
+                    *next_pins = self.note_hazards(sluice_proto::sql::hazards(&self.client.rbuf[HEADER + 1..body_end]));
                 }
                 if let Some(plan) = self.kill_in(cmd, body_end) {
-                    // Rare paths are boxed: their state stays out of every idle session's task.
-                    return Box::pin(self.run_kill(plan)).await;
+                    return Route::Kill(plan);
                 }
                 if cmd == com::STMT_PREPARE { Expect::Prepare } else { Expect::Results }
             }
-            com::CHANGE_USER => return Box::pin(self.change_user(h)).await,
+            com::CHANGE_USER => return Route::ChangeUser,
             com::STMT_FETCH => Expect::Rows,
             com::FIELD_LIST => Expect::FieldList,
             com::STATISTICS => Expect::Single,
@@ -345,19 +422,27 @@ impl<'a> Session<'a> {
             | com::DROP_DB => Expect::Reply,
             _ => Expect::Results,
         };
-        let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        Route::Relay(expect)
+    }
+
+    /// A command naming a prepared statement, once ids are mapped (the session took another
+    /// connection, or multiplexes): the statement prepared on this connection if it is not yet,
+    /// its parameter types sent again if needed, and the id the backend knows written into the
+    /// command. Some: the command was answered here (COM_STMT_CLOSE, or an error).
+    async fn statement_ids(&mut self, cmd: u8, h: Header, stmt_id: Option<u32>) -> Result<Option<Flow>> {
         let names_statement = matches!(
             cmd,
             com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_CLOSE | com::STMT_RESET | com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE
         );
-        if let (true, Some(id)) = (self.state.stmt_ids_mapped && names_statement, stmt_id) {
+        let mapped = self.state.stmt_ids_mapped && names_statement;
+        if let (true, Some(id)) = (mapped, stmt_id) {
             if cmd == com::STMT_CLOSE {
-                return Box::pin(self.close_statement(id)).await;
+                return Box::pin(self.close_statement(id)).await.map(Some);
             }
             if self.find_prepared(id)
                 && let Err(e) = Box::pin(self.prepare_again(id)).await
             {
-                return self.refuse_command(e).await;
+                return self.refuse_command(e).await.map(Some);
             }
         }
         // (With MySQL's query attributes the execute layout differs; those sessions are not helped.)
@@ -368,41 +453,26 @@ impl<'a> Session<'a> {
         {
             self.execute_types(h)?;
         }
-        if let (true, Some(id)) = (self.state.stmt_ids_mapped && names_statement, stmt_id) {
+        if let (true, Some(id)) = (mapped, stmt_id) {
             let backend_id = self.state.backend_stmt_id(id);
             self.client.rbuf[HEADER + 1..HEADER + 5].copy_from_slice(&backend_id.to_le_bytes());
         }
-        // The statement text is kept for COM_STMT_PREPARE (re-preparing elsewhere needs it).
-        let preparing = (cmd == com::STMT_PREPARE).then(|| self.client.rbuf[HEADER + 1..body_end].to_vec());
-        let init_db = (cmd == com::INIT_DB).then(|| String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into_owned());
-        // COM_SET_OPTION: 0 turns multi-statements on, 1 off.
-        let multi_option = (cmd == com::SET_OPTION).then(|| self.client.rbuf.get(HEADER + 1) == Some(&0));
-        self.before_command(cmd, stmt_id);
-        let started = mono_ns();
-        let request_seq = self.forward_request().await?;
-        let mut sink = StateSink::new(&mut self.state);
-        sink.preparing = preparing.as_deref();
-        // Only an execute that asked for a cursor, or a fetch from one, moves its state.
-        sink.executing = matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten();
-        sink.conn_gen = self.conn_gen;
-        let watch = Watch { clock: &self.ctx.clock, handle: self.handle, waker: &mut self.waker };
-        self.tracker.start(expect, request_seq);
-        relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, self.ctx, watch).await?;
-        let (error, changed, prepared_id) = (sink.error, sink.changed, sink.prepared_id);
-        if sink.warnings > 0 {
-            next_pins |= crate::session::WARNINGS;
-        }
-        let now = mono_ns();
-        self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
-        self.guard.activity.record(now / 1_000_000);
-        if let (Some(on), None) = (multi_option, error) {
+        Ok(None)
+    }
+
+    /// What a relayed command changed, once its response is through.
+    async fn after_response(&mut self, cmd: u8, done: Done) -> Result<()> {
+        let error = done.error;
+        if let (Some(on), None) = (done.multi_option, error) {
             self.state.multi_statements = on;
         }
-        if let Some(old) = prepared_id.and_then(|id| self.prepared_here(id)) {
+        if let Some(old) = done.prepared_id.and_then(|id| self.prepared_here(id)) {
             Box::pin(self.close_on_backend(old)).await?;
         }
-        self.state.pin_next = next_pins | if self.state.reads_row_count { sluice_proto::sql::hazard::ROW_COUNT } else { 0 };
-        if let (Some(db), None) = (init_db, error) {
+        let warnings = if done.warnings > 0 { crate::session::WARNINGS } else { 0 };
+        let row_count = if self.state.reads_row_count { sluice_proto::sql::hazard::ROW_COUNT } else { 0 };
+        self.state.pin_next = done.next_pins | warnings | row_count;
+        if let (Some(db), None) = (done.init_db, error) {
             self.state.schema = Some(db);
         }
         if cmd == com::RESET_CONNECTION && error.is_none() {
@@ -410,12 +480,12 @@ impl<'a> Session<'a> {
             // The reset also put the backend's variable tracking back to its default.
             Box::pin(self.track_variables()).await;
         }
-        if self.after_command(cmd, error.is_none()) || changed {
+        if self.after_command(cmd, error.is_none()) || done.changed {
             self.handle.publish(&self.state);
         } else {
             self.handle.publish_status(self.state.status);
         }
-        Ok(Flow::Continue)
+        Ok(())
     }
 
     /// Records what the lexer found in a statement: lasting hazards on the session, `ROW_COUNT()`
