@@ -146,6 +146,10 @@ pub fn sql(data: &[u8]) {
         }
     }
     let _ = crate::sql::hazards(data);
+    // A PREPARE sluice follows is one of the hazards the lexer reports.
+    if crate::sql::sql_prepare(data).is_some() {
+        assert!(crate::sql::hazards(data) & crate::sql::hazard::SQL_PREPARE != 0);
+    }
 }
 
 #[cfg(test)]

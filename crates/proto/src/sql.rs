@@ -148,6 +148,46 @@ fn prepared_text(sql: &[u8], st: &[Token]) -> Option<Vec<u8>> {
     lexer::unquote(literal.text(sql))
 }
 
+/// What a query does to a statement prepared with SQL, when sluice can follow it: a
+/// `PREPARE name FROM '...'` of a literal text (the query itself prepares it again on another
+/// connection), or a `DEALLOCATE | DROP PREPARE name`. The name is lowercased (names are not
+/// case-sensitive).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SqlPrepare {
+    Prepare(Vec<u8>),
+    Deallocate(Vec<u8>),
+}
+
+/// The [`SqlPrepare`] a query is, if it is one statement of that form (None otherwise: a
+/// PREPARE from a variable, among other statements, ...).
+pub fn sql_prepare(sql: &[u8]) -> Option<SqlPrepare> {
+    let mut st = lexer::statements(sql);
+    let first = st.next()?;
+    if st.next().is_some() {
+        return None;
+    }
+    let name = |t: &Token| -> Option<Vec<u8>> {
+        let raw = match t.kind {
+            lexer::Kind::Word => t.text(sql).to_vec(),
+            lexer::Kind::Quoted if t.text(sql).first() == Some(&b'`') => {
+                let body = &t.text(sql)[1..];
+                String::from_utf8_lossy(body.strip_suffix(b"`").unwrap_or(body)).replace("``", "`").into_bytes()
+            }
+            _ => return None,
+        };
+        Some(raw.to_ascii_lowercase())
+    };
+    match first.as_slice() {
+        [p, n, f, lit] if p.is_word(sql, "PREPARE") && f.is_word(sql, "FROM") && lit.kind == lexer::Kind::Quoted => {
+            matches!(lit.text(sql).first(), Some(b'\'' | b'"')).then(|| name(n).map(SqlPrepare::Prepare)).flatten()
+        }
+        [d, p, n] if (d.is_word(sql, "DEALLOCATE") || d.is_word(sql, "DROP")) && p.is_word(sql, "PREPARE") => {
+            name(n).map(SqlPrepare::Deallocate)
+        }
+        _ => None,
+    }
+}
+
 /// Writes a KILL statement for `id` with the same modifiers.
 pub fn write_kill(k: &Kill, id: u64, out: &mut Vec<u8>) {
     out.extend_from_slice(b"KILL ");
@@ -349,5 +389,16 @@ mod tests {
         assert_eq!(hazards(b"SET SESSION TRANSACTION READ ONLY"), 0);
         assert_eq!(hazards(b"SELECT SQL_CALC_FOUND_ROWS * FROM t LIMIT 1"), FOUND_ROWS);
         assert_eq!(hazards(b"SELECT ROW_COUNT()"), ROW_COUNT);
+    }
+
+    #[test]
+    fn sql_prepares_that_can_be_followed() {
+        assert_eq!(sql_prepare(b"PREPARE S1 FROM 'SELECT ? + 1'"), Some(SqlPrepare::Prepare(b"s1".to_vec())));
+        assert_eq!(sql_prepare(b"/* x */ prepare `My s` from \"SELECT 1\";"), Some(SqlPrepare::Prepare(b"my s".to_vec())));
+        assert_eq!(sql_prepare(b"DEALLOCATE PREPARE s1"), Some(SqlPrepare::Deallocate(b"s1".to_vec())));
+        assert_eq!(sql_prepare(b"DROP PREPARE s1"), Some(SqlPrepare::Deallocate(b"s1".to_vec())));
+        assert_eq!(sql_prepare(b"PREPARE s FROM @q"), None, "a text sluice does not know");
+        assert_eq!(sql_prepare(b"PREPARE s FROM 'SELECT 1'; SELECT 2"), None, "among other statements");
+        assert_eq!(sql_prepare(b"SELECT 'PREPARE s FROM x'"), None);
     }
 }

@@ -144,6 +144,9 @@ pub struct SessionState {
     pub reads_row_count: bool,
     /// What `LAST_INSERT_ID()` returns: the last id an insert generated (0: none yet).
     pub last_insert_id: u64,
+    /// Statements prepared with SQL `PREPARE name FROM '...'`, by lowercased name: the query
+    /// that prepared each, which prepares it again on another connection.
+    pub sql_prepared: BTreeMap<String, String>,
     /// Statement ids as the client knows them differ from the backend's (the session moved).
     pub stmt_ids_mapped: bool,
     /// The next client-side statement id, once ids are mapped.
@@ -242,6 +245,7 @@ impl SessionState {
         self.hazards = 0;
         self.pin_next = 0;
         self.last_insert_id = 0;
+        self.sql_prepared.clear();
         self.status &= !status::IN_TRANS;
     }
 }

@@ -190,3 +190,33 @@ async fn kill_reaches_a_multiplexed_session_between_and_during_statements() {
     let still: Option<i64> = killer.query_first("SELECT 1").await.unwrap();
     assert_eq!(still, Some(1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_prepared_statements_follow_their_session_and_no_other() {
+    let db = MariaDb::start();
+    let s = mux(&db, "max_backend_connections = 1\n");
+    let mut a = app(&s).await;
+    let mut b = app(&s).await;
+    a.query_drop("PREPARE plus FROM 'SELECT ? + 1'").await.unwrap();
+    let (_, body) = admin_get(&s, "/sessions", None);
+    assert!(!body.contains("\"sql_prepare\""), "a PREPARE of a literal text pins nothing: {body}");
+    // b takes the one connection, which a's statement is on: b must not see it.
+    let e = b.query_drop("EXECUTE plus USING 1").await.expect_err("b prepared nothing");
+    assert!(e.to_string().contains("1243"), "{e}");
+    // a gets the connection back, its statement prepared there again.
+    let r: Option<i64> = a.query_first("EXECUTE plus USING 41").await.unwrap();
+    assert_eq!(r, Some(42));
+    b.query_drop("PREPARE plus FROM 'SELECT ? * 2'").await.unwrap();
+    let r: Option<i64> = a.query_first("EXECUTE plus USING 41").await.unwrap();
+    assert_eq!(r, Some(42), "a's own statement, not b's of the same name");
+    let r: Option<i64> = b.query_first("EXECUTE plus USING 41").await.unwrap();
+    assert_eq!(r, Some(82));
+    a.query_drop("DEALLOCATE PREPARE plus").await.unwrap();
+    b.query_drop("DO 1").await.unwrap();
+    assert!(a.query_drop("EXECUTE plus USING 1").await.is_err(), "deallocated");
+    // A PREPARE from a variable cannot be repeated elsewhere: it pins.
+    a.query_drop("SET @q = 'SELECT 7'").await.unwrap();
+    a.query_drop("PREPARE seven FROM @q").await.unwrap();
+    let (_, body) = admin_get(&s, "/sessions", None);
+    assert!(body.contains("\"sql_prepare\""), "{body}");
+}

@@ -44,6 +44,14 @@ pub async fn bring(conn: &mut PacketConn, have: &mut ConnState, want: &SessionSt
         frame(&mut out, &[com::SET_OPTION, u8::from(!want.multi_statements), 0], 0);
         expect.push(Expect::Reply);
     }
+    // SQL-prepared statements last: they resolve names in the schema and variables above.
+    for query in sql_prepare_statements(have, want) {
+        payload.clear();
+        payload.push(com::QUERY);
+        payload.extend_from_slice(&query);
+        frame(&mut out, &payload, 0);
+        expect.push(Expect::Results);
+    }
     if out.is_empty() {
         return Ok(());
     }
@@ -71,7 +79,28 @@ pub async fn bring(conn: &mut PacketConn, have: &mut ConnState, want: &SessionSt
     have.tracking = true;
     have.multi_statements = want.multi_statements;
     have.last_insert_id = want.last_insert_id;
+    if have.sql_prepared != want.sql_prepared {
+        have.sql_prepared.clone_from(&want.sql_prepared);
+    }
     Ok(())
+}
+
+/// The queries that make `have`'s SQL-prepared statements `want`'s: each `PREPARE` the session
+/// ran that the connection does not have, and a `DEALLOCATE PREPARE` for each one it has that
+/// the session does not (another session's, which this one must not see).
+fn sql_prepare_statements(have: &ConnState, want: &SessionState) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for (name, query) in &want.sql_prepared {
+        if have.sql_prepared.get(name) != Some(query) {
+            out.push(query.as_bytes().to_vec());
+        }
+    }
+    for name in have.sql_prepared.keys() {
+        if !want.sql_prepared.contains_key(name) {
+            out.push(format!("DEALLOCATE PREPARE `{}`", name.replace('`', "``")).into_bytes());
+        }
+    }
+    out
 }
 
 /// Whether [`bring`] has anything to send.
@@ -81,6 +110,7 @@ pub fn differs(have: &ConnState, want: &SessionState) -> bool {
         || have.variables != want.variables
         || have.last_insert_id != want.last_insert_id
         || have.multi_statements != want.multi_statements
+        || have.sql_prepared != want.sql_prepared
 }
 
 /// The `SET` that makes `have`'s variables `want`'s (a variable the session never changed goes

@@ -54,6 +54,8 @@ pub struct ConnState {
     pub tracking: bool,
     /// The id `LAST_INSERT_ID()` returns on it.
     pub last_insert_id: u64,
+    /// Statements prepared on it with SQL `PREPARE` (as in `SessionState::sql_prepared`).
+    pub sql_prepared: BTreeMap<String, String>,
     /// The thread id the backend gave it.
     pub thread_id: u32,
 }
@@ -238,12 +240,11 @@ impl Lanes {
         }
     }
 
-    /// Gives a connection back: to the first waiter of its key, else kept spare (or, when the
-    /// first waiter wants another key, closed so that its place goes to that waiter). `slot`
-    /// is the connection's place under the cap.
-    pub fn give_back(self: &Arc<Self>, mut spare: Spare, slot: Option<Slot>) {
+    /// Gives a connection back (made into a [`Spare`] just now, which dates it): to the first
+    /// waiter of its key, else kept spare (or, when the first waiter wants another key, closed
+    /// so that its place goes to that waiter). `slot` is the connection's place under the cap.
+    pub fn give_back(self: &Arc<Self>, spare: Spare, slot: Option<Slot>) {
         let Some(slot) = slot else {
-            spare.since = Instant::now();
             self.lane(worker()).lock().spare.push(spare);
             self.metrics.shared_spare.inc();
             return;
@@ -258,9 +259,8 @@ impl Lanes {
                 Err(back) => grant = back,
             }
         }
-        let Grant::Conn(mut spare, slot) = grant else { unreachable!() };
+        let Grant::Conn(spare, slot) = grant else { unreachable!() };
         if lane.waiters.is_empty() {
-            spare.since = Instant::now();
             lane.spare.push(spare);
             self.metrics.shared_spare.inc();
             // The place stays taken by the spare connection.

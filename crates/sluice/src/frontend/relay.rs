@@ -22,6 +22,7 @@ use crate::error::{Error, Result, Side};
 use crate::metrics::mono_ns;
 use crate::net::{BUF_SIZE, LARGE_BUF_SIZE, PacketConn, buffers};
 use crate::session::{SessionHandle, SessionState, StateSink};
+use sluice_proto::sql::SqlPrepare;
 
 /// Commands up to this size are read whole before being forwarded; larger ones are streamed.
 const INSPECT_LIMIT: usize = 1 << 20;
@@ -79,6 +80,9 @@ enum Route {
     ChangeUser,
 }
 
+/// A SQL PREPARE or DEALLOCATE and the query that ran it.
+type SqlPrepareQuery = (SqlPrepare, String);
+
 /// What a relayed command left to record once its response is through.
 #[derive(Default)]
 struct Done {
@@ -86,6 +90,7 @@ struct Done {
     init_db: Option<String>,
     multi_option: Option<bool>,
     next_pins: u16,
+    sql_prepare: Option<SqlPrepareQuery>,
     error: Option<u16>,
     changed: bool,
     prepared_id: Option<u32>,
@@ -294,7 +299,8 @@ impl<'a> Session<'a> {
         }
         // What this statement leaves for the next one only (its hazards, its warnings).
         let mut next_pins = 0;
-        let expect = match self.route(cmd, body_end, &mut next_pins) {
+        let mut sql_prepare = None;
+        let expect = match self.route(cmd, body_end, &mut next_pins, &mut sql_prepare) {
             Route::Relay(expect) => expect,
             // The backend connection is pooled or closed when the session ends.
             Route::Quit => return Ok(Flow::Close),
@@ -319,6 +325,7 @@ impl<'a> Session<'a> {
             // COM_SET_OPTION: 0 turns multi-statements on, 1 off.
             multi_option: (cmd == com::SET_OPTION).then(|| self.client.rbuf.get(HEADER + 1) == Some(&0)),
             next_pins,
+            sql_prepare,
             ..Done::default()
         };
         self.before_command(cmd, stmt_id);
@@ -380,8 +387,9 @@ impl<'a> Session<'a> {
     }
 
     /// What to do with a command: relay it expecting a response of some shape, or handle it
-    /// apart. Notes the hazards of a query (`next_pins`: those that last one statement).
-    fn route(&mut self, cmd: u8, body_end: usize, next_pins: &mut u16) -> Route {
+    /// apart. Notes the hazards of a query (`next_pins`: those that last one statement), and
+    /// a SQL PREPARE or DEALLOCATE it is (`sql_prepare`, recorded once it succeeded).
+    fn route(&mut self, cmd: u8, body_end: usize, next_pins: &mut u16, sql_prepare: &mut Option<SqlPrepareQuery>) -> Route {
         let expect = match cmd {
             com::QUIT => return Route::Quit,
             com::BINLOG_DUMP
@@ -396,7 +404,16 @@ impl<'a> Session<'a> {
             | com::SLEEP => return Route::Unsupported,
             com::PROCESS_KILL | com::QUERY | com::STMT_PREPARE => {
                 if self.credential.is_some() && cmd == com::QUERY {
-                    *next_pins = self.note_hazards(sluice_proto::sql::hazards(&self.client.rbuf[HEADER + 1..body_end]));
+                    let sql = &self.client.rbuf[HEADER + 1..body_end];
+                    let mut found = sluice_proto::sql::hazards(sql);
+                    if found & sluice_proto::sql::hazard::SQL_PREPARE != 0
+                        && let Some(op) = sluice_proto::sql::sql_prepare(sql)
+                    {
+                        // A PREPARE sluice can repeat elsewhere (or a DEALLOCATE) pins nothing.
+                        found &= !sluice_proto::sql::hazard::SQL_PREPARE;
+                        *sql_prepare = Some((op, String::from_utf8_lossy(sql).into_owned()));
+                    }
+                    *next_pins = self.note_hazards(found);
                 }
                 if let Some(plan) = self.kill_in(cmd, body_end) {
                     return Route::Kill(plan);
@@ -475,12 +492,19 @@ impl<'a> Session<'a> {
         if let (Some(db), None) = (done.init_db, error) {
             self.state.schema = Some(db);
         }
+        let sql_prepared = done.sql_prepare.is_some() && error.is_none();
+        if let (Some((op, query)), None) = (done.sql_prepare, error) {
+            match op {
+                SqlPrepare::Prepare(name) => self.state.sql_prepared.insert(String::from_utf8_lossy(&name).into_owned(), query),
+                SqlPrepare::Deallocate(name) => self.state.sql_prepared.remove(String::from_utf8_lossy(&name).as_ref()),
+            };
+        }
         if cmd == com::RESET_CONNECTION && error.is_none() {
             self.conn_was_reset();
             // The reset also put the backend's variable tracking back to its default.
             Box::pin(self.track_variables()).await;
         }
-        if self.after_command(cmd, error.is_none()) || done.changed {
+        if self.after_command(cmd, error.is_none()) || done.changed || sql_prepared {
             self.handle.publish(&self.state);
         } else {
             self.handle.publish_status(self.state.status);

@@ -154,6 +154,9 @@ impl Session<'_> {
         }
         c.multi_statements = s.multi_statements;
         c.last_insert_id = s.last_insert_id;
+        if c.sql_prepared != s.sql_prepared {
+            c.sql_prepared.clone_from(&s.sql_prepared);
+        }
     }
 
     /// A connection to `b` in the session's state: a spare one of its key (when `reuse`), else
