@@ -53,6 +53,11 @@ pub fn server_packet(data: &[u8]) {
     let _ = basic::terminator_status(data, false);
     let _ = basic::strip_session_track(data, true);
     let _ = basic::strip_session_track(data, false);
+    // A user variable read back: a column definition, a row, the literal made of them.
+    let _ = crate::uservar::column_type(data);
+    if let Some(v) = crate::uservar::row_values(data, crate::uservar::COLUMNS) {
+        let _ = crate::uservar::literal(data[0], 0, v[0], v[1], v[2], v[3]);
+    }
 }
 
 /// A response stream as the relay sees it: the first byte picks the command's response shape
@@ -145,10 +150,16 @@ pub fn sql(data: &[u8]) {
             assert!(t.at.start < t.at.end && t.at.end <= data.len());
         }
     }
-    let _ = crate::sql::hazards(data);
+    let hazards = crate::sql::hazards(data);
     // A PREPARE sluice follows is one of the hazards the lexer reports.
     if crate::sql::sql_prepare(data).is_some() {
-        assert!(crate::sql::hazards(data) & crate::sql::hazard::SQL_PREPARE != 0);
+        assert!(hazards & crate::sql::hazard::SQL_PREPARE != 0);
+    }
+    // A user variable named is one the hazards report (so that it is read back).
+    let names = crate::sql::user_variables(data);
+    if !names.is_empty() {
+        assert!(hazards & crate::sql::hazard::USER_VARIABLE != 0, "{names:?}");
+        let _ = crate::uservar::read_back_query(&names);
     }
 }
 

@@ -15,5 +15,6 @@ pub mod lexer;
 pub mod packet;
 pub mod response;
 pub mod sql;
+pub mod uservar;
 
 pub use packet::Malformed;

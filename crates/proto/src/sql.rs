@@ -5,13 +5,6 @@ use std::ops::Range;
 
 use crate::lexer::{self, Kind, Token};
 
-fn skip_line(s: &[u8]) -> &[u8] {
-    match s.iter().position(|&c| c == b'\n') {
-        Some(p) => &s[p + 1..],
-        None => &[],
-    }
-}
-
 /// `KILL [HARD | SOFT] [CONNECTION | QUERY] <n>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kill {
@@ -225,52 +218,27 @@ pub mod hazard {
     pub const ROW_COUNT: u16 = 256;
 }
 
-/// Scans SQL text once for the [`hazard`] bits: words and `@` outside string literals, quoted
-/// identifiers and comments. It errs towards reporting (a hazard only stops a session from
-/// moving to another backend connection).
+/// Scans SQL text once for the [`hazard`] bits: words and user variables outside string
+/// literals, quoted identifiers and comments (executable comments are code), and in the SQL
+/// text that `EXECUTE IMMEDIATE` or `PREPARE ... FROM` is given literally. It errs towards
+/// reporting (a hazard only stops a session from moving to another backend connection).
 pub fn hazards(sql: &[u8]) -> u16 {
     let mut found = 0;
-    let mut prev_lock = false;
-    let mut prev_set = false;
-    let mut i = 0;
-    while i < sql.len() {
-        let c = sql[i];
-        match c {
-            b'\'' | b'"' | b'`' => i = lexer::skip_quoted(sql, i + 1, c),
-            b'#' => i = sql.len() - skip_line(&sql[i..]).len(),
-            b'-' if sql.get(i + 1) == Some(&b'-') && sql.get(i + 2).is_some_and(u8::is_ascii_whitespace) => {
-                i = sql.len() - skip_line(&sql[i..]).len()
-            }
-            b'/' if sql.get(i + 1) == Some(&b'*') && !matches!(sql.get(i + 2), Some(b'!' | b'M')) => {
-                i = match sql[i + 2..].windows(2).position(|w| w == b"*/") {
-                    Some(p) => i + 2 + p + 2,
-                    None => sql.len(),
+    let mut prev = Prev::default();
+    for t in lexer::Lexer::new(sql) {
+        let text = t.text(sql);
+        match t.kind {
+            Kind::Variable if text.len() > 1 && text[1] != b'@' => found |= hazard::USER_VARIABLE,
+            Kind::Quoted if prev.code_next => {
+                if let Some(inner) = lexer::unquote(text) {
+                    found |= hazards(&inner);
                 }
             }
-            b'@' => {
-                match sql.get(i + 1) {
-                    Some(b'@') => i += 2,
-                    Some(n) if n.is_ascii_alphanumeric() || matches!(n, b'_' | b'$' | b'.' | b'\'' | b'"' | b'`') => {
-                        found |= hazard::USER_VARIABLE;
-                        i += 1;
-                    }
-                    _ => i += 1,
-                }
-                // The name of a system variable or user variable is not a keyword.
-                while i < sql.len() && lexer::is_word_byte(sql[i]) {
-                    i += 1;
-                }
-            }
-            c if lexer::is_word_byte(c) => {
-                let start = i;
-                while i < sql.len() && lexer::is_word_byte(sql[i]) {
-                    i += 1;
-                }
-                let w = &sql[start..i];
-                let eq = |k: &[u8]| w.eq_ignore_ascii_case(k);
+            Kind::Word => {
+                let eq = |k: &[u8]| text.eq_ignore_ascii_case(k);
                 if eq(b"TEMPORARY") {
                     found |= hazard::TEMPORARY_TABLE;
-                } else if eq(b"GET_LOCK") || (prev_lock && (eq(b"TABLE") || eq(b"TABLES"))) {
+                } else if eq(b"GET_LOCK") || (prev.lock && (eq(b"TABLE") || eq(b"TABLES"))) {
                     found |= hazard::LOCK;
                 } else if eq(b"PREPARE") {
                     found |= hazard::SQL_PREPARE;
@@ -278,25 +246,82 @@ pub fn hazards(sql: &[u8]) -> u16 {
                     found |= hazard::HANDLER;
                 } else if eq(b"XA") {
                     found |= hazard::XA;
-                } else if prev_set && eq(b"TRANSACTION") {
+                } else if prev.set && eq(b"TRANSACTION") {
                     found |= hazard::SET_TRANSACTION;
                 } else if eq(b"SQL_CALC_FOUND_ROWS") {
                     found |= hazard::FOUND_ROWS;
                 } else if eq(b"ROW_COUNT") {
                     found |= hazard::ROW_COUNT;
                 }
-                prev_lock = eq(b"LOCK");
-                prev_set = eq(b"SET");
-                continue;
             }
-            _ => i += 1,
+            _ => {}
         }
-        if !c.is_ascii_whitespace() {
-            prev_lock = false;
-            prev_set = false;
-        }
+        prev.after(&t, sql);
     }
     found
+}
+
+/// What the tokens before the current one were, as [`hazards`] and [`user_variables`] need.
+#[derive(Default)]
+struct Prev {
+    lock: bool,
+    set: bool,
+    execute: bool,
+    /// The statement is a `PREPARE`.
+    prepare: bool,
+    /// The next string literal is SQL that runs (after `EXECUTE IMMEDIATE`, `PREPARE s FROM`).
+    code_next: bool,
+}
+
+impl Prev {
+    fn after(&mut self, t: &Token, sql: &[u8]) {
+        let word = |kw: &str| t.is_word(sql, kw);
+        self.prepare = (self.prepare || word("PREPARE")) && !t.is_punct(sql, b';');
+        self.code_next = (self.execute && word("IMMEDIATE")) || (self.prepare && word("FROM"));
+        self.lock = word("LOCK");
+        self.set = word("SET");
+        self.execute = word("EXECUTE");
+    }
+}
+
+/// The user variables (`@name`) a query names, lowercased (their names are not
+/// case-sensitive), each once, in the order they first appear: outside literals and comments,
+/// and in the SQL text that `EXECUTE IMMEDIATE` or `PREPARE ... FROM` is given literally.
+pub fn user_variables(sql: &[u8]) -> Vec<String> {
+    let mut names = Vec::new();
+    collect_user_variables(sql, &mut names);
+    names
+}
+
+fn collect_user_variables(sql: &[u8], names: &mut Vec<String>) {
+    let mut prev = Prev::default();
+    for t in lexer::Lexer::new(sql) {
+        let text = t.text(sql);
+        match t.kind {
+            Kind::Variable if text.get(1) != Some(&b'@') => {
+                let raw = &text[1..];
+                let name = match raw.first() {
+                    Some(b'\'' | b'"') => lexer::unquote(raw).unwrap_or_default(),
+                    Some(b'`') => {
+                        let body = raw[1..].strip_suffix(b"`").unwrap_or(&raw[1..]);
+                        String::from_utf8_lossy(body).replace("``", "`").into_bytes()
+                    }
+                    _ => raw.to_vec(),
+                };
+                let name = String::from_utf8_lossy(&name).to_lowercase();
+                if !name.is_empty() && !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            Kind::Quoted if prev.code_next => {
+                if let Some(inner) = lexer::unquote(text) {
+                    collect_user_variables(&inner, names);
+                }
+            }
+            _ => {}
+        }
+        prev.after(&t, sql);
+    }
 }
 
 #[cfg(test)]
@@ -389,6 +414,22 @@ mod tests {
         assert_eq!(hazards(b"SET SESSION TRANSACTION READ ONLY"), 0);
         assert_eq!(hazards(b"SELECT SQL_CALC_FOUND_ROWS * FROM t LIMIT 1"), FOUND_ROWS);
         assert_eq!(hazards(b"SELECT ROW_COUNT()"), ROW_COUNT);
+        // SQL given as a literal to run is looked into.
+        assert_eq!(hazards(b"EXECUTE IMMEDIATE 'CREATE TEMPORARY TABLE t (a INT)'"), TEMPORARY_TABLE);
+        assert_eq!(hazards(b"execute immediate \"SET @x = ?\" USING 1"), USER_VARIABLE);
+        assert_eq!(hazards(b"PREPARE s FROM 'SELECT GET_LOCK(?, 1)'"), SQL_PREPARE | LOCK);
+        assert_eq!(hazards(b"SELECT 'CREATE TEMPORARY TABLE' FROM t"), 0);
+    }
+
+    #[test]
+    fn user_variable_names() {
+        let v = |sql: &str| user_variables(sql.as_bytes());
+        assert_eq!(v("SET @a = 1, @B := @a + @@session.x"), ["a", "b"]);
+        assert_eq!(v("SELECT 1 INTO @`x``y`, @'q r', @\"z\""), ["x`y", "q r", "z"]);
+        assert_eq!(v("SELECT 'a@b.c', `@d` -- @e\n"), Vec::<String>::new());
+        assert_eq!(v("EXECUTE IMMEDIATE 'SET @in = ?' USING @out"), ["in", "out"]);
+        assert_eq!(v("PREPARE s FROM 'SELECT @p'"), ["p"]);
+        assert_eq!(v("SELECT @v.w:=1"), ["v.w"]);
     }
 
     #[test]

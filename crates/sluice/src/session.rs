@@ -44,6 +44,10 @@ pub struct Prepared {
     /// connections taken when it was prepared there).
     #[serde(skip)]
     pub conn_gen: u32,
+    /// What the lexer finds in its text (`sluice_proto::sql::hazard` bits): each execute
+    /// leaves them as a query would.
+    #[serde(skip)]
+    pub hazards: u16,
 }
 
 /// Why a session cannot leave its backend connection right now.
@@ -58,7 +62,8 @@ pub enum Pin {
     LongData,
     /// Sluice relays the client's login and holds no credentials to log in elsewhere.
     PassthroughAuth,
-    /// A user variable was used (`@name`); its value is not known to sluice.
+    /// User variables were set and not read back yet (a session that does not multiplex reads
+    /// them back only when it moves on purpose), or hold a value sluice cannot write back.
     UserVariables,
     /// A temporary table may exist.
     TemporaryTable,
@@ -78,10 +83,14 @@ pub enum Pin {
     RowCount,
     /// The last statement left warnings: `SHOW WARNINGS` may follow (until the next statement).
     Warnings,
+    /// The server reported a change of session state that the statement's text does not
+    /// explain: a stored routine ran that may have set user variables, created a temporary
+    /// table, taken a lock or changed the role.
+    HiddenState,
 }
 
 impl Pin {
-    pub const ALL: [Pin; 14] = [
+    pub const ALL: [Pin; 15] = [
         Pin::Transaction,
         Pin::Cursor,
         Pin::LongData,
@@ -96,6 +105,7 @@ impl Pin {
         Pin::FoundRows,
         Pin::RowCount,
         Pin::Warnings,
+        Pin::HiddenState,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -114,12 +124,26 @@ impl Pin {
             Pin::FoundRows => "found_rows",
             Pin::RowCount => "row_count",
             Pin::Warnings => "warnings",
+            Pin::HiddenState => "hidden_state",
         }
     }
 }
 
 /// A [`SessionState::pin_next`] bit beside the `hazard` ones: the last statement left warnings.
 pub const WARNINGS: u16 = 1 << 15;
+
+/// A [`SessionState::hazards`] bit beside the lexer's: the server reported a state change that
+/// the statement's text does not explain ([`Pin::HiddenState`]).
+pub const HIDDEN_STATE: u16 = 1 << 14;
+
+/// Most user variables a session may have sluice carry between connections; past it the
+/// session stays on its connection.
+pub const MAX_USER_VARIABLES: usize = 64;
+
+/// Serializes a map's keys only (user variables: their values may be secrets).
+fn names_only<S: serde::Serializer>(m: &BTreeMap<String, String>, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_seq(m.keys())
+}
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct SessionState {
@@ -147,6 +171,13 @@ pub struct SessionState {
     /// Statements prepared with SQL `PREPARE name FROM '...'`, by lowercased name: the query
     /// that prepared each, which prepares it again on another connection.
     pub sql_prepared: BTreeMap<String, String>,
+    /// User variables by lowercased name, each as the SQL literal that sets its value again
+    /// (read back from the connection at a safe point). Only the names are shown.
+    #[serde(serialize_with = "names_only")]
+    pub user_variables: BTreeMap<String, String>,
+    /// User variables that statements named since the last read-back: their values on the
+    /// connection may differ from `user_variables`.
+    pub unread_variables: Vec<String>,
     /// Statement ids as the client knows them differ from the backend's (the session moved).
     pub stmt_ids_mapped: bool,
     /// The next client-side statement id, once ids are mapped.
@@ -174,6 +205,9 @@ impl SessionState {
             v.push(Pin::PassthroughAuth);
         }
         use sluice_proto::sql::hazard;
+        if !self.unread_variables.is_empty() && self.hazards & hazard::USER_VARIABLE == 0 {
+            v.push(Pin::UserVariables);
+        }
         for (bit, pin) in [
             (hazard::USER_VARIABLE, Pin::UserVariables),
             (hazard::TEMPORARY_TABLE, Pin::TemporaryTable),
@@ -181,6 +215,7 @@ impl SessionState {
             (hazard::SQL_PREPARE, Pin::SqlPrepare),
             (hazard::HANDLER, Pin::Handler),
             (hazard::XA, Pin::Xa),
+            (HIDDEN_STATE, Pin::HiddenState),
         ] {
             if self.hazards & bit != 0 {
                 v.push(pin);
@@ -226,16 +261,28 @@ impl SessionState {
         !self.in_transaction() && !self.prepared.values().any(|p| p.cursor || p.long_data)
     }
 
-    pub fn apply_ok(&mut self, ok: &basic::Ok<'_>) {
+    /// Applies the session-state block of an OK. Returns what it reported: a state change, and
+    /// a change of schema or of a variable (which explains a state change).
+    pub fn apply_ok(&mut self, ok: &basic::Ok<'_>) -> Reported {
+        let mut r = Reported::default();
         for change in basic::state_changes(ok.session_state) {
             match change {
-                StateChange::Schema(s) => self.schema = Some(String::from_utf8_lossy(s).into_owned()),
+                StateChange::Schema(s) => {
+                    let s = String::from_utf8_lossy(s);
+                    // A stored routine of another schema reports the schema it returns to.
+                    r.variables |= self.schema.as_deref() != Some(&*s);
+                    // (No schema at all is reported as an empty one.)
+                    self.schema = (!s.is_empty()).then(|| s.into_owned());
+                }
                 StateChange::SystemVariable { name, value } => {
+                    r.variables = true;
                     self.variables.insert(String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned());
                 }
+                StateChange::StateChanged => r.state_changed = true,
                 _ => {}
             }
         }
+        r
     }
 
     /// Forgets what COM_RESET_CONNECTION or COM_CHANGE_USER resets on the server.
@@ -246,7 +293,25 @@ impl SessionState {
         self.pin_next = 0;
         self.last_insert_id = 0;
         self.sql_prepared.clear();
+        self.user_variables.clear();
+        self.unread_variables.clear();
         self.status &= !status::IN_TRANS;
+    }
+}
+
+/// What the session-state blocks of a response reported.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reported {
+    /// The server's session state changed (`session_track_state_change`).
+    pub state_changed: bool,
+    /// The schema changed, or a system variable.
+    pub variables: bool,
+}
+
+impl std::ops::BitOrAssign for Reported {
+    fn bitor_assign(&mut self, o: Reported) {
+        self.state_changed |= o.state_changed;
+        self.variables |= o.variables;
     }
 }
 
@@ -267,6 +332,8 @@ pub struct StateSink<'a> {
     pub conn_gen: u32,
     /// The client id of the statement the PREPARE_OK just parsed made.
     pub prepared_id: Option<u32>,
+    /// What the OKs' session-state blocks reported.
+    pub reported: Reported,
 }
 
 impl<'a> StateSink<'a> {
@@ -281,6 +348,7 @@ impl<'a> StateSink<'a> {
             warnings: 0,
             conn_gen: 0,
             prepared_id: None,
+            reported: Reported::default(),
         }
     }
 }
@@ -304,7 +372,7 @@ impl Sink for StateSink<'_> {
     fn ok(&mut self, ok: &basic::Ok<'_>) {
         if !ok.session_state.is_empty() {
             self.changed = true;
-            self.state.apply_ok(ok);
+            self.reported |= self.state.apply_ok(ok);
         }
         if ok.last_insert_id != 0 {
             self.state.last_insert_id = ok.last_insert_id;
@@ -332,6 +400,7 @@ impl Sink for StateSink<'_> {
         } else {
             id
         };
+        let hazards = sluice_proto::sql::hazards(sql.as_bytes());
         let p = Prepared {
             backend_id: id,
             sql,
@@ -342,6 +411,7 @@ impl Sink for StateSink<'_> {
             param_types: Vec::new(),
             types_unsent: false,
             conn_gen: self.conn_gen,
+            hazards,
         };
         self.state.prepared.insert(client_id, p);
         self.prepared_id = Some(client_id);

@@ -44,6 +44,8 @@ async fn a_session_moves_on_request_with_its_state_after_its_transaction() {
     let id = c.id();
     c.query_drop("USE mv").await.unwrap();
     c.query_drop("SET time_zone = '+05:00', sql_mode = 'ANSI_QUOTES'").await.unwrap();
+    // User variables: read back from the old connection when the session moves.
+    c.query_drop("SET @greeting = 'hello', @n = 42").await.unwrap();
     let stmt = c.prep("SELECT v FROM t WHERE id = ?").await.unwrap();
     let before = state_of(&mut c).await;
     let thread_before: u64 = c.query_first("SELECT CONNECTION_ID()").await.unwrap().unwrap();
@@ -64,6 +66,8 @@ async fn a_session_moves_on_request_with_its_state_after_its_transaction() {
 
     // Everything it had came along; the client's statement still works.
     assert_eq!(state_of(&mut c).await, before);
+    let vars: Option<(String, i64)> = c.query_first("SELECT @greeting, @n").await.unwrap();
+    assert_eq!(vars, Some(("hello".to_string(), 42)));
     let thread_after: u64 = c.query_first("SELECT CONNECTION_ID()").await.unwrap().unwrap();
     assert_ne!(thread_after, thread_before, "a new backend connection");
     let v: Option<String> = c.exec_first(&stmt, (1,)).await.unwrap();

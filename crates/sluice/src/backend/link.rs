@@ -103,8 +103,15 @@ pub fn backend_response(hr: &HandshakeResponse, g: &Greeting, client_caps: u32, 
 }
 
 /// Makes the backend report every session variable a statement changes (SESSION_TRACK), so
-/// that a session can be recreated with them. Sent once after a users-mode login.
-pub const TRACK_ALL: &[u8] = b"SET SESSION session_track_system_variables='*'";
+/// that a session can be recreated with them, and every change of session state (so that one
+/// sluice cannot see in a statement's text, a stored routine's, is known). Sent once after a
+/// users-mode login.
+pub const TRACK_ALL: &[u8] = b"SET SESSION session_track_system_variables='*', session_track_state_change=ON";
+
+/// Variables that [`TRACK_ALL`] sets, which sluice keeps as they are on every connection.
+pub fn sluice_owns(variable: &str) -> bool {
+    matches!(variable, "session_track_system_variables" | "session_track_state_change")
+}
 
 /// Runs one statement that answers with OK or ERR during session set-up, within `limit`.
 pub async fn set_up_query(conn: &mut PacketConn, sql: &[u8], limit: std::time::Duration) -> Result<()> {

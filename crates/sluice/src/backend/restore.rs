@@ -11,11 +11,12 @@ use sluice_proto::packet::frame;
 use sluice_proto::response::{Expect, ResponseTracker, Sink, State};
 use tokio::io::AsyncReadExt;
 
-use super::link::TRACK_ALL;
+use super::link::{TRACK_ALL, sluice_owns};
 use super::shared::ConnState;
 use crate::error::{Error, Result, Side};
 use crate::net::{BUF_SIZE, PacketConn};
 use crate::session::SessionState;
+use sluice_proto::uservar;
 
 /// Sends `conn` what differs between its state (`have`) and the session's (`want`, with
 /// `multi`: whether the session runs multi-statements), and reads the answers, within `limit`.
@@ -82,6 +83,9 @@ pub async fn bring(conn: &mut PacketConn, have: &mut ConnState, want: &SessionSt
     if have.sql_prepared != want.sql_prepared {
         have.sql_prepared.clone_from(&want.sql_prepared);
     }
+    if have.user_variables != want.user_variables {
+        have.user_variables = want.user_variables.clone();
+    }
     Ok(())
 }
 
@@ -111,6 +115,7 @@ pub fn differs(have: &ConnState, want: &SessionState) -> bool {
         || have.last_insert_id != want.last_insert_id
         || have.multi_statements != want.multi_statements
         || have.sql_prepared != want.sql_prepared
+        || have.user_variables != want.user_variables
 }
 
 /// The `SET` that makes `have`'s variables `want`'s (a variable the session never changed goes
@@ -121,19 +126,30 @@ fn set_statement(have: &ConnState, want: &SessionState) -> Option<Vec<u8>> {
         parts.push(TRACK_ALL.strip_prefix(b"SET ").unwrap_or(TRACK_ALL).to_vec());
     }
     for (name, value) in &want.variables {
-        if name != "session_track_system_variables" && valid_name(name) && have.variables.get(name) != Some(value) {
+        if !sluice_owns(name) && valid_name(name) && have.variables.get(name) != Some(value) {
             let mut p = format!("{name}=").into_bytes();
             set_value(&mut p, value);
             parts.push(p);
         }
     }
     for name in have.variables.keys() {
-        if !want.variables.contains_key(name) && name != "session_track_system_variables" && valid_name(name) {
+        if !want.variables.contains_key(name) && !sluice_owns(name) && valid_name(name) {
             parts.push(format!("{name}=DEFAULT").into_bytes());
         }
     }
     if want.last_insert_id != have.last_insert_id {
         parts.push(format!("last_insert_id={}", want.last_insert_id).into_bytes());
+    }
+    // User variables: the session's values, and NULL for another session's.
+    for (name, value) in &want.user_variables {
+        if have.user_variables.get(name) != Some(value) {
+            parts.push(user_variable(name, value));
+        }
+    }
+    for name in have.user_variables.keys() {
+        if !want.user_variables.contains_key(name) {
+            parts.push(user_variable(name, "NULL"));
+        }
     }
     if parts.is_empty() {
         return None;
@@ -141,6 +157,85 @@ fn set_statement(have: &ConnState, want: &SessionState) -> Option<Vec<u8>> {
     let mut set = b"SET ".to_vec();
     set.extend_from_slice(&parts.join(&b", "[..]));
     Some(set)
+}
+
+fn user_variable(name: &str, value: &str) -> Vec<u8> {
+    let mut p = Vec::with_capacity(name.len() + value.len() + 4);
+    uservar::write_name(&mut p, name);
+    p.push(b'=');
+    p.extend_from_slice(value.as_bytes());
+    p
+}
+
+/// Reads the values of user variables `names` on `conn` (in the session's state), each as the
+/// literal that sets it again. None: a value sluice cannot write back exactly, or the server
+/// refused the query; the session then stays on its connection.
+pub async fn read_variables(conn: &mut PacketConn, names: &[String], caps: u32, limit: Duration) -> Result<Option<Vec<(String, String)>>> {
+    let what = "reading user variables back";
+    super::conn::bounded(limit, what, async {
+        let mut payload = vec![com::QUERY];
+        payload.extend_from_slice(&uservar::read_back_query(names));
+        conn.write_packet(&payload, 0).await.map_err(|e| Error::io(Side::Backend, what, e))?;
+        let packets = read_text_result(conn, caps).await?;
+        let columns = names.len() * uservar::COLUMNS;
+        let refused = |why: &str| {
+            tracing::debug!(variables = ?names, why, "user variables cannot be carried to another connection");
+            Ok(None)
+        };
+        let [_, defs @ .., row] = &packets[..] else { return refused("the server refused the query") };
+        if defs.len() != columns {
+            return refused("unexpected columns");
+        }
+        let Some(values) = uservar::row_values(row, columns) else { return refused("malformed row") };
+        let mut out = Vec::with_capacity(names.len());
+        for (i, name) in names.iter().enumerate() {
+            let v = &values[i * uservar::COLUMNS..(i + 1) * uservar::COLUMNS];
+            let Some((ty, flags)) = uservar::column_type(&defs[i * uservar::COLUMNS]) else { return refused("malformed column") };
+            match uservar::literal(ty, flags, v[0], v[1], v[2], v[3]) {
+                Some(lit) => out.push((name.clone(), lit)),
+                None => return refused("a value sluice cannot write back"),
+            }
+        }
+        Ok(Some(out))
+    })
+    .await
+}
+
+/// Reads a whole text result off `conn`: the first packet (an OK or ERR, or the column count),
+/// then the column definitions and the rows (EOF packets left out), or the ERR that ended it.
+/// A row too large for one packet is read to the end and the result given as an ERR: no user
+/// variable value worth carrying is that large.
+async fn read_text_result(conn: &mut PacketConn, caps: u32) -> Result<Vec<Vec<u8>>> {
+    use sluice_proto::consts::MAX_PAYLOAD;
+    use sluice_proto::packet::Reader;
+    let what = "reading user variables back";
+    let io = |e| Error::io(Side::Backend, what, e);
+    let (_, first) = conn.read_packet(MAX_PAYLOAD).await.map_err(io)?;
+    if matches!(first.first(), Some(0x00 | 0xff)) {
+        return Ok(vec![first]);
+    }
+    let columns = Reader::new(&first).lenenc("column count").map_err(|e| Error::malformed(Side::Backend, e))?;
+    let mut out = vec![first];
+    for _ in 0..columns {
+        out.push(conn.read_packet(MAX_PAYLOAD).await.map_err(io)?.1);
+    }
+    if caps & cap::DEPRECATE_EOF == 0 {
+        conn.read_packet(MAX_PAYLOAD).await.map_err(io)?;
+    }
+    let mut too_large = false;
+    loop {
+        let (_, p) = conn.read_packet(MAX_PAYLOAD).await.map_err(io)?;
+        let continued = too_large;
+        too_large = p.len() == MAX_PAYLOAD;
+        match p.first() {
+            _ if continued => {}
+            Some(0xff) => return Ok(vec![p]),
+            Some(0xfe) if p.len() < MAX_PAYLOAD => break,
+            _ if too_large => out.push(vec![0xff]),
+            _ => out.push(p),
+        }
+    }
+    Ok(if out.iter().any(|p| p == &[0xff]) { vec![vec![0xff]] } else { out })
 }
 
 /// Prepares `sql` on `conn`: its statement id, column and parameter counts.
@@ -269,6 +364,6 @@ mod tests {
         assert_eq!(set_statement(&have, &want).unwrap(), b"SET last_insert_id=7");
         have.tracking = false;
         want.last_insert_id = 0;
-        assert_eq!(set_statement(&have, &want).unwrap(), b"SET SESSION session_track_system_variables='*'");
+        assert_eq!(set_statement(&have, &want).unwrap(), b"SET SESSION session_track_system_variables='*', session_track_state_change=ON");
     }
 }

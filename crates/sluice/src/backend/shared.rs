@@ -56,6 +56,9 @@ pub struct ConnState {
     pub last_insert_id: u64,
     /// Statements prepared on it with SQL `PREPARE` (as in `SessionState::sql_prepared`).
     pub sql_prepared: BTreeMap<String, String>,
+    /// User variables set on it, as in `SessionState::user_variables` (a session that takes it
+    /// sets those it does not have to NULL).
+    pub user_variables: BTreeMap<String, String>,
     /// The thread id the backend gave it.
     pub thread_id: u32,
 }

@@ -12,7 +12,6 @@ use tokio::io::AsyncReadExt;
 
 use super::client::ClientConn;
 use super::login::LoggedIn;
-use super::switch::Next;
 use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
 use crate::backend::shared::{ConnState, Key, Slot};
@@ -95,6 +94,23 @@ struct Done {
     changed: bool,
     prepared_id: Option<u32>,
     warnings: u16,
+    /// The statement's text explains a change of session state the server reports: the lexer
+    /// found what changes it, or it is one `SET` or `USE` (whose changes are reported).
+    explained: bool,
+    reported: crate::session::Reported,
+}
+
+/// Whether a query is one `SET` or `USE` statement, whose changes of session state the server
+/// reports one by one (a `SET` of user variables is found by the lexer).
+fn is_plain_set(sql: &[u8]) -> bool {
+    // Most queries are told apart by their first byte (a comment may come first).
+    let first = sql.iter().find(|c| !c.is_ascii_whitespace()).map_or(0, |c| c | 0x20);
+    if !matches!(first, b's' | b'u' | b'/' | b'-' | b'#') {
+        return false;
+    }
+    let mut statements = sluice_proto::lexer::statements(sql);
+    let first = statements.next();
+    statements.next().is_none() && first.and_then(|st| st.first().cloned()).is_some_and(|t| t.is_word(sql, "SET") || t.is_word(sql, "USE"))
 }
 
 /// What to do after a command.
@@ -169,12 +185,8 @@ impl<'a> Session<'a> {
                 Flow::Continue => {}
                 Flow::Close => return Ok(()),
             }
-            if self.key.is_some() || self.handle.move_asked() {
-                match self.safe_point() {
-                    Next::Stay => {}
-                    Next::End => return Ok(()),
-                    Next::Move(to, why) => Box::pin(self.move_now(to, why)).await,
-                }
+            if (self.key.is_some() || self.handle.move_asked()) && self.settle().await? {
+                return Ok(());
             }
             if self.ctx.is_draining() && !self.state.in_transaction() {
                 return Ok(());
@@ -191,12 +203,8 @@ impl<'a> Session<'a> {
         // Whether to wait without read buffers (until the first readiness).
         let mut may_park = self.client.can_wait_unbuffered() && self.backend.stream.can_wait_unbuffered();
         loop {
-            if self.handle.move_asked() && self.client.rbuf.is_empty() {
-                match self.safe_point() {
-                    Next::Stay => {}
-                    Next::End => return Ok(None),
-                    Next::Move(to, why) => Box::pin(self.move_now(to, why)).await,
-                }
+            if self.handle.move_asked() && self.client.rbuf.is_empty() && self.settle().await? {
+                return Ok(None);
             }
             if let Some(h) = Header::parse(&self.client.rbuf) {
                 let want = HEADER + h.len.min(INSPECT_LIMIT);
@@ -297,10 +305,10 @@ impl<'a> Session<'a> {
         {
             return self.refuse_command(e).await;
         }
-        // What this statement leaves for the next one only (its hazards, its warnings).
-        let mut next_pins = 0;
-        let mut sql_prepare = None;
-        let expect = match self.route(cmd, body_end, &mut next_pins, &mut sql_prepare) {
+        // What this statement leaves for the next one only (its hazards), and what it does to
+        // the session's state.
+        let mut done = Done::default();
+        let expect = match self.route(cmd, body_end, &mut done) {
             Route::Relay(expect) => expect,
             // The backend connection is pooled or closed when the session ends.
             Route::Quit => return Ok(Flow::Close),
@@ -318,16 +326,11 @@ impl<'a> Session<'a> {
         if let Some(flow) = self.statement_ids(cmd, h, stmt_id).await? {
             return Ok(flow);
         }
-        let done = Done {
-            // The statement text is kept for COM_STMT_PREPARE (re-preparing elsewhere needs it).
-            preparing: (cmd == com::STMT_PREPARE).then(|| self.client.rbuf[HEADER + 1..body_end].to_vec()),
-            init_db: (cmd == com::INIT_DB).then(|| String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into_owned()),
-            // COM_SET_OPTION: 0 turns multi-statements on, 1 off.
-            multi_option: (cmd == com::SET_OPTION).then(|| self.client.rbuf.get(HEADER + 1) == Some(&0)),
-            next_pins,
-            sql_prepare,
-            ..Done::default()
-        };
+        // The statement text is kept for COM_STMT_PREPARE (re-preparing elsewhere needs it).
+        done.preparing = (cmd == com::STMT_PREPARE).then(|| self.client.rbuf[HEADER + 1..body_end].to_vec());
+        done.init_db = (cmd == com::INIT_DB).then(|| String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into_owned());
+        // COM_SET_OPTION: 0 turns multi-statements on, 1 off.
+        done.multi_option = (cmd == com::SET_OPTION).then(|| self.client.rbuf.get(HEADER + 1) == Some(&0));
         self.before_command(cmd, stmt_id);
         let started = mono_ns();
         let request_seq = self.forward_request().await?;
@@ -339,7 +342,14 @@ impl<'a> Session<'a> {
         let watch = Watch { clock: &self.ctx.clock, handle: self.handle, waker: &mut self.waker };
         self.tracker.start(expect, request_seq);
         relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, self.ctx, watch).await?;
-        let done = Done { error: sink.error, changed: sink.changed, prepared_id: sink.prepared_id, warnings: sink.warnings, ..done };
+        let done = Done {
+            error: sink.error,
+            changed: sink.changed,
+            prepared_id: sink.prepared_id,
+            warnings: sink.warnings,
+            reported: sink.reported,
+            ..done
+        };
         let now = mono_ns();
         self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
         self.guard.activity.record(now / 1_000_000);
@@ -387,9 +397,10 @@ impl<'a> Session<'a> {
     }
 
     /// What to do with a command: relay it expecting a response of some shape, or handle it
-    /// apart. Notes the hazards of a query (`next_pins`: those that last one statement), and
-    /// a SQL PREPARE or DEALLOCATE it is (`sql_prepare`, recorded once it succeeded).
-    fn route(&mut self, cmd: u8, body_end: usize, next_pins: &mut u16, sql_prepare: &mut Option<SqlPrepareQuery>) -> Route {
+    /// apart. Notes in `done` what a query or an execute leaves (the pins that last one
+    /// statement, user variables named, a SQL PREPARE or DEALLOCATE, recorded once it
+    /// succeeded).
+    fn route(&mut self, cmd: u8, body_end: usize, done: &mut Done) -> Route {
         let expect = match cmd {
             com::QUIT => return Route::Quit,
             com::BINLOG_DUMP
@@ -404,16 +415,7 @@ impl<'a> Session<'a> {
             | com::SLEEP => return Route::Unsupported,
             com::PROCESS_KILL | com::QUERY | com::STMT_PREPARE => {
                 if self.credential.is_some() && cmd == com::QUERY {
-                    let sql = &self.client.rbuf[HEADER + 1..body_end];
-                    let mut found = sluice_proto::sql::hazards(sql);
-                    if found & sluice_proto::sql::hazard::SQL_PREPARE != 0
-                        && let Some(op) = sluice_proto::sql::sql_prepare(sql)
-                    {
-                        // A PREPARE sluice can repeat elsewhere (or a DEALLOCATE) pins nothing.
-                        found &= !sluice_proto::sql::hazard::SQL_PREPARE;
-                        *sql_prepare = Some((op, String::from_utf8_lossy(sql).into_owned()));
-                    }
-                    *next_pins = self.note_hazards(found);
+                    self.note_query(body_end, done);
                 }
                 if let Some(plan) = self.kill_in(cmd, body_end) {
                     return Route::Kill(plan);
@@ -426,7 +428,7 @@ impl<'a> Session<'a> {
             com::STATISTICS => Expect::Single,
             com::STMT_CLOSE | com::STMT_SEND_LONG_DATA => Expect::Nothing,
             // The flags byte after the statement id: a cursor type other than none.
-            com::STMT_EXECUTE if self.client.rbuf.get(HEADER + 5).is_some_and(|f| f & 7 != 0) => Expect::Cursor,
+            com::STMT_EXECUTE if self.note_execute(done) && self.client.rbuf.get(HEADER + 5).is_some_and(|f| f & 7 != 0) => Expect::Cursor,
             com::PING
             | com::INIT_DB
             | com::REFRESH
@@ -492,6 +494,11 @@ impl<'a> Session<'a> {
         if let (Some(db), None) = (done.init_db, error) {
             self.state.schema = Some(db);
         }
+        if done.reported.state_changed && !done.explained && matches!(cmd, com::QUERY | com::STMT_EXECUTE) && self.credential.is_some() {
+            // A stored routine, most likely: what it left is unknown.
+            self.state.hazards |= crate::session::HIDDEN_STATE;
+            self.handle.publish(&self.state);
+        }
         let sql_prepared = done.sql_prepare.is_some() && error.is_none();
         if let (Some((op, query)), None) = (done.sql_prepare, error) {
             match op {
@@ -512,12 +519,67 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Records what the lexer found in a statement: lasting hazards on the session, `ROW_COUNT()`
-    /// readers; returns the bits that pin the session for the next statement only.
+    /// Notes what a query does that sluice follows: its hazards, the user variables it names,
+    /// a SQL PREPARE sluice can repeat elsewhere.
+    fn note_query(&mut self, body_end: usize, done: &mut Done) {
+        use sluice_proto::sql::{self, hazard};
+        let text = &self.client.rbuf[HEADER + 1..body_end];
+        let mut found = sql::hazards(text);
+        done.explained = found != 0 || is_plain_set(text);
+        // A PREPARE sluice can repeat elsewhere (or a DEALLOCATE) pins nothing, unless its text
+        // names user variables (each EXECUTE would set or read them unseen).
+        if found & hazard::SQL_PREPARE != 0
+            && found & hazard::USER_VARIABLE == 0
+            && let Some(op) = sql::sql_prepare(text)
+        {
+            found &= !hazard::SQL_PREPARE;
+            done.sql_prepare = Some((op, String::from_utf8_lossy(text).into_owned()));
+        }
+        if found & hazard::USER_VARIABLE != 0 {
+            let names = sql::user_variables(text);
+            self.note_variables(names);
+        }
+        done.next_pins = self.note_hazards(found);
+    }
+
+    /// Notes what an execute leaves, as its statement's text says (as for a query). Always
+    /// true (a guard for `route`'s match).
+    fn note_execute(&mut self, done: &mut Done) -> bool {
+        let id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let Some(p) = id.and_then(|id| self.state.prepared.get(&id)) else { return true };
+        let found = p.hazards;
+        if found != 0 && self.credential.is_some() {
+            if found & sluice_proto::sql::hazard::USER_VARIABLE != 0 {
+                let names = sluice_proto::sql::user_variables(p.sql.as_bytes());
+                self.note_variables(names);
+            }
+            done.explained = true;
+            done.next_pins = self.note_hazards(found);
+        }
+        true
+    }
+
+    /// User variables a statement named: their values are read back at the next safe point.
+    fn note_variables(&mut self, names: Vec<String>) {
+        let unread = &mut self.state.unread_variables;
+        for n in names {
+            if !unread.contains(&n) {
+                unread.push(n);
+            }
+        }
+        if unread.len() + self.state.user_variables.len() > crate::session::MAX_USER_VARIABLES {
+            self.state.hazards |= sluice_proto::sql::hazard::USER_VARIABLE;
+        }
+    }
+
+    /// Records what the lexer found in a statement: lasting hazards on the session (user
+    /// variables are read back instead), `ROW_COUNT()` readers; returns the bits that pin the
+    /// session for the next statement only.
     fn note_hazards(&mut self, found: u16) -> u16 {
         use sluice_proto::sql::hazard;
-        if found & hazard::LASTING & !self.state.hazards != 0 {
-            self.state.hazards |= found & hazard::LASTING;
+        let lasting = found & hazard::LASTING & !hazard::USER_VARIABLE;
+        if lasting & !self.state.hazards != 0 {
+            self.state.hazards |= lasting;
             self.handle.publish(&self.state);
         }
         if found & hazard::ROW_COUNT != 0 {

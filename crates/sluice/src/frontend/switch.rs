@@ -42,6 +42,8 @@ pub(super) enum Next {
     Stay,
     Move(Option<usize>, MoveReason),
     End,
+    /// Read the user variables its last statements named back first.
+    ReadBack,
 }
 
 /// A connection ready for the session: logged in and in the session's state.
@@ -54,7 +56,53 @@ pub(super) struct Ready {
 impl Session<'_> {
     /// Whether a lost backend connection could be replaced without the client noticing.
     pub(super) fn may_move(&self) -> bool {
-        self.key.is_some() && self.state.movable()
+        self.key.is_some() && self.state.movable() && self.state.unread_variables.is_empty()
+    }
+
+    /// At a safe point: moves, reads user variables back, gives the connection back, as
+    /// [`Session::safe_point`] says. True: the session ends.
+    pub(super) async fn settle(&mut self) -> Result<bool> {
+        loop {
+            match self.safe_point() {
+                Next::Stay => return Ok(false),
+                Next::End => return Ok(true),
+                Next::Move(to, why) => {
+                    Box::pin(self.move_now(to, why)).await;
+                    return Ok(false);
+                }
+                Next::ReadBack => Box::pin(self.read_back()).await?,
+            }
+        }
+    }
+
+    /// Reads back the user variables that statements named since the last time, so that
+    /// another connection can be given them. Values sluice cannot write back exactly pin the
+    /// session instead.
+    async fn read_back(&mut self) -> Result<()> {
+        use sluice_proto::sql::hazard;
+        let names = std::mem::take(&mut self.state.unread_variables);
+        let caps = self.backend_caps();
+        match restore::read_variables(&mut self.backend, &names, caps, self.guard.connect_timeout).await? {
+            Some(values) => {
+                for (name, value) in values {
+                    // A variable never set is NULL: nothing to carry.
+                    if value != "NULL" || self.state.user_variables.contains_key(&name) {
+                        self.state.user_variables.insert(name, value);
+                    }
+                }
+                if self.state.user_variables.len() > crate::session::MAX_USER_VARIABLES {
+                    self.state.hazards |= hazard::USER_VARIABLE;
+                }
+            }
+            None => self.state.hazards |= hazard::USER_VARIABLE,
+        }
+        if let Some(c) = self.conn.as_mut()
+            && c.user_variables != self.state.user_variables
+        {
+            c.user_variables.clone_from(&self.state.user_variables);
+        }
+        self.handle.publish(&self.state);
+        Ok(())
     }
 
     /// Asks the backend connection to report every variable change (after a COM_RESET_CONNECTION
@@ -157,6 +205,9 @@ impl Session<'_> {
         if c.sql_prepared != s.sql_prepared {
             c.sql_prepared.clone_from(&s.sql_prepared);
         }
+        if c.user_variables != s.user_variables {
+            c.user_variables.clone_from(&s.user_variables);
+        }
     }
 
     /// A connection to `b` in the session's state: a spare one of its key (when `reuse`), else
@@ -257,6 +308,9 @@ impl Session<'_> {
             return Next::Stay;
         }
         self.pinned = 0;
+        if !self.state.unread_variables.is_empty() && !self.backend.is_detached() {
+            return Next::ReadBack;
+        }
         if let Some((to, why)) = self.handle.take_move() {
             return Next::Move(to, why);
         }
