@@ -16,3 +16,4 @@ pub mod rebalance;
 pub mod runtime;
 pub mod session;
 pub mod tls;
+pub mod vars;

@@ -7,7 +7,9 @@
 //! A copy is published to the session's [`SessionHandle`] after each command that changed it,
 //! which is what the admin API shows.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+
+use crate::vars::Vars;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
@@ -141,7 +143,7 @@ pub const HIDDEN_STATE: u16 = 1 << 14;
 pub const MAX_USER_VARIABLES: usize = 64;
 
 /// Serializes a map's keys only (user variables: their values may be secrets).
-fn names_only<S: serde::Serializer>(m: &BTreeMap<String, String>, s: S) -> std::result::Result<S::Ok, S::Error> {
+fn names_only<S: serde::Serializer>(m: &Vars, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.collect_seq(m.keys())
 }
 
@@ -153,7 +155,7 @@ pub struct SessionState {
     /// Server status flags from the last OK/EOF.
     pub status: u16,
     /// Session variables the backend reported as changed (SESSION_TRACK).
-    pub variables: BTreeMap<String, String>,
+    pub variables: Vars,
     /// By statement id; FxHash, since it is looked up on every execute.
     pub prepared: HashMap<u32, Prepared, rustc_hash::FxBuildHasher>,
     pub multi_statements: bool,
@@ -170,11 +172,11 @@ pub struct SessionState {
     pub last_insert_id: u64,
     /// Statements prepared with SQL `PREPARE name FROM '...'`, by lowercased name: the query
     /// that prepared each, which prepares it again on another connection.
-    pub sql_prepared: BTreeMap<String, String>,
+    pub sql_prepared: Vars,
     /// User variables by lowercased name, each as the SQL literal that sets its value again
     /// (read back from the connection at a safe point). Only the names are shown.
     #[serde(serialize_with = "names_only")]
-    pub user_variables: BTreeMap<String, String>,
+    pub user_variables: Vars,
     /// User variables that statements named since the last read-back: their values on the
     /// connection may differ from `user_variables`.
     pub unread_variables: Vec<String>,

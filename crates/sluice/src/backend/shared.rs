@@ -15,7 +15,7 @@
 //! which opens its own. A waiter that finds only spare connections of other keys closes one
 //! and takes its place.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,7 +45,7 @@ pub const MAX_STATEMENTS: usize = 256;
 pub struct ConnState {
     pub schema: Option<String>,
     /// Session variables changed since its login, as the backend reported them.
-    pub variables: BTreeMap<String, String>,
+    pub variables: crate::vars::Vars,
     /// Statements prepared on it, by their text.
     pub stmts: rustc_hash::FxHashMap<String, OnConn>,
     /// Multi-statements are on (the capability, or COM_SET_OPTION).
@@ -55,10 +55,10 @@ pub struct ConnState {
     /// The id `LAST_INSERT_ID()` returns on it.
     pub last_insert_id: u64,
     /// Statements prepared on it with SQL `PREPARE` (as in `SessionState::sql_prepared`).
-    pub sql_prepared: BTreeMap<String, String>,
+    pub sql_prepared: crate::vars::Vars,
     /// User variables set on it, as in `SessionState::user_variables` (a session that takes it
     /// sets those it does not have to NULL).
-    pub user_variables: BTreeMap<String, String>,
+    pub user_variables: crate::vars::Vars,
     /// The thread id the backend gave it.
     pub thread_id: u32,
 }
