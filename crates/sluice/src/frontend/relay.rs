@@ -545,10 +545,13 @@ impl<'a> Session<'a> {
     /// Notes what an execute leaves, as its statement's text says (as for a query). Always
     /// true (a guard for `route`'s match).
     fn note_execute(&mut self, done: &mut Done) -> bool {
+        if self.credential.is_none() {
+            return true;
+        }
         let id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         let Some(p) = id.and_then(|id| self.state.prepared.get(&id)) else { return true };
         let found = p.hazards;
-        if found != 0 && self.credential.is_some() {
+        if found != 0 {
             if found & sluice_proto::sql::hazard::USER_VARIABLE != 0 {
                 let names = sluice_proto::sql::user_variables(p.sql.as_bytes());
                 self.note_variables(names);
