@@ -270,11 +270,9 @@ impl SessionState {
         for change in basic::state_changes(ok.session_state) {
             match change {
                 StateChange::Schema(s) => {
-                    let s = String::from_utf8_lossy(s);
-                    // A stored routine of another schema reports the schema it returns to.
-                    r.variables |= self.schema.as_deref() != Some(&*s);
+                    r.variables = true;
                     // (No schema at all is reported as an empty one.)
-                    self.schema = (!s.is_empty()).then(|| s.into_owned());
+                    self.schema = (!s.is_empty()).then(|| String::from_utf8_lossy(s).into_owned());
                 }
                 StateChange::SystemVariable { name, value } => {
                     r.variables = true;
@@ -306,7 +304,8 @@ impl SessionState {
 pub struct Reported {
     /// The server's session state changed (`session_track_state_change`).
     pub state_changed: bool,
-    /// The schema changed, or a system variable.
+    /// A schema or a system variable was reported (a stored routine of another schema
+    /// reports the schema it returns to).
     pub variables: bool,
 }
 

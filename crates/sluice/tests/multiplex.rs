@@ -123,8 +123,10 @@ async fn pins_hold_the_connection_while_they_must() {
     // A stored routine may leave state sluice cannot see (here a user variable): the server
     // reports a change of state the statement's text does not explain, and the session stays.
     a.query_drop("CALL quiet()").await.unwrap();
+    a.query_drop("USE p").await.unwrap();
+    a.query_drop("SET time_zone = '+01:00'").await.unwrap();
     let (_, body) = admin_get(&s, "/sessions", None);
-    assert!(!body.contains("\"hidden_state\""), "a routine that changes nothing pins nothing: {body}");
+    assert!(!body.contains("\"hidden_state\""), "a routine that changes nothing, USE and SET pin nothing: {body}");
     a.query_drop("CALL setter()").await.unwrap();
     b.query_drop("DO 1").await.unwrap();
     let y: Option<i64> = a.query_first("SELECT @y").await.unwrap();

@@ -95,8 +95,11 @@ struct Done {
     prepared_id: Option<u32>,
     warnings: u16,
     /// The statement's text explains a change of session state the server reports: the lexer
-    /// found what changes it, or it is one `SET` or `USE` (whose changes are reported).
+    /// found what changes it.
     explained: bool,
+    /// The statement is one `SET` or `USE`: a change of state is explained by the variables or
+    /// schema reported with it (`SET ROLE` reports none).
+    plain_set: bool,
     reported: crate::session::Reported,
 }
 
@@ -494,7 +497,8 @@ impl<'a> Session<'a> {
         if let (Some(db), None) = (done.init_db, error) {
             self.state.schema = Some(db);
         }
-        if done.reported.state_changed && !done.explained && matches!(cmd, com::QUERY | com::STMT_EXECUTE) && self.credential.is_some() {
+        let explained = done.explained || (done.plain_set && done.reported.variables);
+        if done.reported.state_changed && !explained && matches!(cmd, com::QUERY | com::STMT_EXECUTE) && self.credential.is_some() {
             // A stored routine, most likely: what it left is unknown.
             self.state.hazards |= crate::session::HIDDEN_STATE;
             self.handle.publish(&self.state);
@@ -525,7 +529,8 @@ impl<'a> Session<'a> {
         use sluice_proto::sql::{self, hazard};
         let text = &self.client.rbuf[HEADER + 1..body_end];
         let mut found = sql::hazards(text);
-        done.explained = found != 0 || is_plain_set(text);
+        done.explained = found != 0;
+        done.plain_set = !done.explained && is_plain_set(text);
         // A PREPARE sluice can repeat elsewhere (or a DEALLOCATE) pins nothing, unless its text
         // names user variables (each EXECUTE would set or read them unseen).
         if found & hazard::SQL_PREPARE != 0
