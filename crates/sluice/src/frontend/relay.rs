@@ -116,6 +116,14 @@ fn is_plain_set(sql: &[u8]) -> bool {
     statements.next().is_none() && first.and_then(|st| st.first().cloned()).is_some_and(|t| t.is_word(sql, "SET") || t.is_word(sql, "USE"))
 }
 
+/// What [`Session::after_response`] leaves to do on the backend connection: a statement to
+/// close there (the client's id now names another), variable tracking to turn on again (after
+/// COM_RESET_CONNECTION).
+struct Later {
+    close: Option<u32>,
+    track: bool,
+}
+
 /// What to do after a command.
 pub(crate) enum Flow {
     Continue,
@@ -299,11 +307,18 @@ impl<'a> Session<'a> {
 
     /// Handles one command whose first packet header is `h`.
     async fn command(&mut self, h: Header) -> Result<Flow> {
-        let cmd = self.check_command(h).await?;
+        // The common path is synchronous: steps that may wait are entered only when they must.
+        let cmd = match self.command_byte(h) {
+            Some(cmd) => cmd,
+            None => return Err(Box::pin(self.bad_command(h)).await),
+        };
         self.ctx.metrics.command(cmd);
         self.handle.queries.fetch_add(1, Ordering::Relaxed);
         let body_end = HEADER + h.len.min(INSPECT_LIMIT);
+        // COM_PING changes nothing on the server.
+        self.touched |= cmd != com::PING && cmd != com::QUIT;
         if cmd != com::QUIT
+            && (self.lost.is_some() || self.backend.is_detached())
             && let Err(e) = self.take_connection(cmd).await?
         {
             return self.refuse_command(e).await;
@@ -326,7 +341,9 @@ impl<'a> Session<'a> {
             Route::ChangeUser => return Box::pin(self.change_user(h)).await,
         };
         let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        if let Some(flow) = self.statement_ids(cmd, h, stmt_id).await? {
+        if (self.state.stmt_ids_mapped || (cmd == com::STMT_EXECUTE && self.credential.is_some()))
+            && let Some(flow) = self.statement_ids(cmd, h, stmt_id).await?
+        {
             return Ok(flow);
         }
         // The statement text is kept for COM_STMT_PREPARE (re-preparing elsewhere needs it).
@@ -356,35 +373,42 @@ impl<'a> Session<'a> {
         let now = mono_ns();
         self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
         self.guard.activity.record(now / 1_000_000);
-        self.after_response(cmd, done).await?;
+        let later = self.after_response(cmd, done);
+        if later.close.is_some() || later.track {
+            Box::pin(self.after_response_on_backend(later)).await?;
+        }
         Ok(Flow::Continue)
     }
 
     /// The checks every command passes first; returns its command byte.
-    async fn check_command(&mut self, h: Header) -> Result<u8> {
+    fn command_byte(&self, h: Header) -> Option<u8> {
+        if h.seq != 0 || h.len as u64 > self.ctx.config.proxy.max_packet_size {
+            return None;
+        }
+        self.client.rbuf.get(HEADER).copied()
+    }
+
+    /// A command that fails [`Session::command_byte`]'s checks: the client gets the server's
+    /// error for it, and the session ends with the returned error.
+    async fn bad_command(&mut self, h: Header) -> Error {
         if h.seq != 0 {
             self.client_error(h.seq.wrapping_add(1), code::NET_PACKETS_OUT_OF_ORDER, b"08S01", "Got packets out of order").await;
-            return Err(Error::client(format!("command packet with sequence id {}", h.seq)));
+            return Error::client(format!("command packet with sequence id {}", h.seq));
         }
         if h.len as u64 > self.ctx.config.proxy.max_packet_size {
             self.ctx.metrics.reject(crate::metrics::Reject::PacketTooLarge);
             let msg = "Got a packet bigger than 'max_allowed_packet' bytes";
             self.client_error(1, code::NET_PACKET_TOO_LARGE, b"08S01", msg).await;
-            return Err(Error::client(format!("command of {} bytes exceeds max_packet_size", h.len)));
+            return Error::client(format!("command of {} bytes exceeds max_packet_size", h.len));
         }
-        let Some(&cmd) = self.client.rbuf.get(HEADER) else {
-            self.client_error(1, code::NET_READ_ERROR, b"08S01", "Empty command packet").await;
-            return Err(Error::client("empty command packet"));
-        };
-        Ok(cmd)
+        self.client_error(1, code::NET_READ_ERROR, b"08S01", "Empty command packet").await;
+        Error::client("empty command packet")
     }
 
     /// Makes sure the session holds a backend connection for a command: a lost one replaced
     /// (or the session ends), and a multiplexed session's taken. The inner error is the
     /// command's: no connection could be had for it.
     async fn take_connection(&mut self, cmd: u8) -> Result<std::result::Result<(), Error>> {
-        // COM_PING changes nothing on the server.
-        self.touched |= cmd != com::PING;
         if let Some(reason) = self.lost.take() {
             Box::pin(self.move_or_fail(&reason)).await?;
         }
@@ -483,14 +507,12 @@ impl<'a> Session<'a> {
     }
 
     /// What a relayed command changed, once its response is through.
-    async fn after_response(&mut self, cmd: u8, done: Done) -> Result<()> {
+    fn after_response(&mut self, cmd: u8, done: Done) -> Later {
         let error = done.error;
         if let (Some(on), None) = (done.multi_option, error) {
             self.state.multi_statements = on;
         }
-        if let Some(old) = done.prepared_id.and_then(|id| self.prepared_here(id)) {
-            Box::pin(self.close_on_backend(old)).await?;
-        }
+        let mut later = Later { close: done.prepared_id.and_then(|id| self.prepared_here(id)), track: false };
         let warnings = if done.warnings > 0 { crate::session::WARNINGS } else { 0 };
         let row_count = if self.state.reads_row_count { sluice_proto::sql::hazard::ROW_COUNT } else { 0 };
         self.state.pin_next = done.next_pins | warnings | row_count;
@@ -513,12 +535,23 @@ impl<'a> Session<'a> {
         if cmd == com::RESET_CONNECTION && error.is_none() {
             self.conn_was_reset();
             // The reset also put the backend's variable tracking back to its default.
-            Box::pin(self.track_variables()).await;
+            later.track = true;
         }
         if self.after_command(cmd, error.is_none()) || done.changed || sql_prepared {
             self.handle.publish(&self.state);
         } else {
             self.handle.publish_status(self.state.status);
+        }
+        later
+    }
+
+    /// What a response leaves to do on the backend connection.
+    async fn after_response_on_backend(&mut self, later: Later) -> Result<()> {
+        if let Some(old) = later.close {
+            self.close_on_backend(old).await?;
+        }
+        if later.track {
+            self.track_variables().await;
         }
         Ok(())
     }
