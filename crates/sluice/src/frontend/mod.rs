@@ -4,6 +4,7 @@ mod client;
 mod commands;
 mod login;
 mod relay;
+mod statement;
 mod switch;
 mod verify;
 

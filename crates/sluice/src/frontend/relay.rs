@@ -12,6 +12,7 @@ use tokio::io::AsyncReadExt;
 
 use super::client::ClientConn;
 use super::login::LoggedIn;
+use super::statement::Done;
 use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
 use crate::backend::shared::{ConnState, Key, Slot};
@@ -77,43 +78,6 @@ enum Route {
     Unsupported,
     Kill(super::commands::KillPlan),
     ChangeUser,
-}
-
-/// A SQL PREPARE or DEALLOCATE and the query that ran it.
-type SqlPrepareQuery = (SqlPrepare, String);
-
-/// What a relayed command left to record once its response is through.
-#[derive(Default)]
-struct Done {
-    preparing: Option<Vec<u8>>,
-    init_db: Option<String>,
-    multi_option: Option<bool>,
-    next_pins: u16,
-    sql_prepare: Option<SqlPrepareQuery>,
-    error: Option<u16>,
-    changed: bool,
-    prepared_id: Option<u32>,
-    warnings: u16,
-    /// The statement's text explains a change of session state the server reports: the lexer
-    /// found what changes it.
-    explained: bool,
-    /// The statement is one `SET` or `USE`: a change of state is explained by the variables or
-    /// schema reported with it (`SET ROLE` reports none).
-    plain_set: bool,
-    reported: crate::session::Reported,
-}
-
-/// Whether a query is one `SET` or `USE` statement, whose changes of session state the server
-/// reports one by one (a `SET` of user variables is found by the lexer).
-fn is_plain_set(sql: &[u8]) -> bool {
-    // Most queries are told apart by their first byte (a comment may come first).
-    let first = sql.iter().find(|c| !c.is_ascii_whitespace()).map_or(0, |c| c | 0x20);
-    if !matches!(first, b's' | b'u' | b'/' | b'-' | b'#') {
-        return false;
-    }
-    let mut statements = sluice_proto::lexer::statements(sql);
-    let first = statements.next();
-    statements.next().is_none() && first.and_then(|st| st.first().cloned()).is_some_and(|t| t.is_word(sql, "SET") || t.is_word(sql, "USE"))
 }
 
 /// What [`Session::after_response`] leaves to do on the backend connection: a statement to
@@ -554,79 +518,6 @@ impl<'a> Session<'a> {
             self.track_variables().await;
         }
         Ok(())
-    }
-
-    /// Notes what a query does that sluice follows: its hazards, the user variables it names,
-    /// a SQL PREPARE sluice can repeat elsewhere.
-    fn note_query(&mut self, body_end: usize, done: &mut Done) {
-        use sluice_proto::sql::{self, hazard};
-        let text = &self.client.rbuf[HEADER + 1..body_end];
-        let mut found = sql::hazards(text);
-        done.explained = found != 0;
-        done.plain_set = !done.explained && is_plain_set(text);
-        // A PREPARE sluice can repeat elsewhere (or a DEALLOCATE) pins nothing, unless its text
-        // names user variables (each EXECUTE would set or read them unseen).
-        if found & hazard::SQL_PREPARE != 0
-            && found & hazard::USER_VARIABLE == 0
-            && let Some(op) = sql::sql_prepare(text)
-        {
-            found &= !hazard::SQL_PREPARE;
-            done.sql_prepare = Some((op, String::from_utf8_lossy(text).into_owned()));
-        }
-        if found & hazard::USER_VARIABLE != 0 {
-            let names = sql::user_variables(text);
-            self.note_variables(names);
-        }
-        done.next_pins = self.note_hazards(found);
-    }
-
-    /// Notes what an execute leaves, as its statement's text says (as for a query). Always
-    /// true (a guard for `route`'s match).
-    fn note_execute(&mut self, done: &mut Done) -> bool {
-        if self.credential.is_none() {
-            return true;
-        }
-        let id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        let Some(p) = id.and_then(|id| self.state.prepared.get(&id)) else { return true };
-        let found = p.hazards;
-        if found != 0 {
-            if found & sluice_proto::sql::hazard::USER_VARIABLE != 0 {
-                let names = sluice_proto::sql::user_variables(p.sql.as_bytes());
-                self.note_variables(names);
-            }
-            done.explained = true;
-            done.next_pins = self.note_hazards(found);
-        }
-        true
-    }
-
-    /// User variables a statement named: their values are read back at the next safe point.
-    fn note_variables(&mut self, names: Vec<String>) {
-        let unread = &mut self.state.unread_variables;
-        for n in names {
-            if !unread.contains(&n) {
-                unread.push(n);
-            }
-        }
-        if unread.len() + self.state.user_variables.len() > crate::session::MAX_USER_VARIABLES {
-            self.state.hazards |= sluice_proto::sql::hazard::USER_VARIABLE;
-        }
-    }
-
-    /// Records what the lexer found in a statement: lasting hazards on the session (user
-    /// variables are read back instead), `ROW_COUNT()` readers; returns the bits that pin the
-    /// session for the next statement only.
-    fn note_hazards(&mut self, found: u16) -> u16 {
-        use sluice_proto::sql::hazard;
-        let lasting = found & hazard::LASTING & !hazard::USER_VARIABLE;
-        if lasting & !self.state.hazards != 0 {
-            self.state.hazards |= lasting;
-            self.handle.publish(&self.state);
-        }
-        if found & hazard::ROW_COUNT != 0 {
-            self.state.reads_row_count = true;
-        }
-        found & (hazard::SET_TRANSACTION | hazard::FOUND_ROWS)
     }
 
     /// A command that cannot run (no connection could be had, a statement could not be
