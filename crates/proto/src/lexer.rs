@@ -190,6 +190,26 @@ pub fn unquote(raw: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// The name a word, a backquoted identifier or a quoted string (as a user variable's name may
+/// be written) stands for: quotes taken off, doubled quotes and escapes undone.
+pub fn name(raw: &[u8]) -> Vec<u8> {
+    match raw.first() {
+        Some(b'`') => {
+            let body = &raw[1..];
+            let body = body.strip_suffix(b"`").unwrap_or(body);
+            let mut out = Vec::with_capacity(body.len());
+            let mut i = 0;
+            while i < body.len() {
+                out.push(body[i]);
+                i += if body[i] == b'`' && body.get(i + 1) == Some(&b'`') { 2 } else { 1 };
+            }
+            out
+        }
+        Some(b'\'' | b'"') => unquote(raw).unwrap_or_default(),
+        _ => raw.to_vec(),
+    }
+}
+
 /// Splits a COM_QUERY into its statements (the ranges between top-level `;`), as the server
 /// does with CLIENT_MULTI_STATEMENTS. A compound statement (a stored program's definition,
 /// `BEGIN NOT ATOMIC`, IF/CASE/LOOP/WHILE/REPEAT/FOR, a labelled block) contains `;` of its

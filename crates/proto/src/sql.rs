@@ -160,15 +160,8 @@ pub fn sql_prepare(sql: &[u8]) -> Option<SqlPrepare> {
         return None;
     }
     let name = |t: &Token| -> Option<Vec<u8>> {
-        let raw = match t.kind {
-            lexer::Kind::Word => t.text(sql).to_vec(),
-            lexer::Kind::Quoted if t.text(sql).first() == Some(&b'`') => {
-                let body = &t.text(sql)[1..];
-                String::from_utf8_lossy(body.strip_suffix(b"`").unwrap_or(body)).replace("``", "`").into_bytes()
-            }
-            _ => return None,
-        };
-        Some(raw.to_ascii_lowercase())
+        let ident = t.kind == lexer::Kind::Word || (t.kind == lexer::Kind::Quoted && t.text(sql).first() == Some(&b'`'));
+        ident.then(|| lexer::name(t.text(sql)).to_ascii_lowercase())
     };
     match first.as_slice() {
         [p, n, f, lit] if p.is_word(sql, "PREPARE") && f.is_word(sql, "FROM") && lit.kind == lexer::Kind::Quoted => {
@@ -299,16 +292,7 @@ fn collect_user_variables(sql: &[u8], names: &mut Vec<String>) {
         let text = t.text(sql);
         match t.kind {
             Kind::Variable if text.get(1) != Some(&b'@') => {
-                let raw = &text[1..];
-                let name = match raw.first() {
-                    Some(b'\'' | b'"') => lexer::unquote(raw).unwrap_or_default(),
-                    Some(b'`') => {
-                        let body = raw[1..].strip_suffix(b"`").unwrap_or(&raw[1..]);
-                        String::from_utf8_lossy(body).replace("``", "`").into_bytes()
-                    }
-                    _ => raw.to_vec(),
-                };
-                let name = String::from_utf8_lossy(&name).to_lowercase();
+                let name = String::from_utf8_lossy(&lexer::name(&text[1..])).to_lowercase();
                 if !name.is_empty() && !names.contains(&name) {
                     names.push(name);
                 }

@@ -401,7 +401,8 @@ impl Sink for StateSink<'_> {
         } else {
             id
         };
-        let hazards = sluice_proto::sql::hazards(sql.as_bytes());
+        // (Only a session that may change connections acts on them.)
+        let hazards = if self.state.passthrough { 0 } else { sluice_proto::sql::hazards(sql.as_bytes()) };
         let p = Prepared {
             backend_id: id,
             sql,

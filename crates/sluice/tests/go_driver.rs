@@ -133,18 +133,6 @@ fn go_cmd(go_root: &Path) -> Command {
     c
 }
 
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("create source dir");
-    for e in std::fs::read_dir(from).expect("read module dir").map(|e| e.expect("dir entry")) {
-        let (src, dst) = (e.path(), to.join(e.file_name()));
-        if e.file_type().expect("file type").is_dir() {
-            copy_tree(&src, &dst);
-        } else {
-            std::fs::write(&dst, std::fs::read(&src).expect("read module file")).expect("write source file");
-        }
-    }
-}
-
 /// Downloads the latest v1 release of the driver and returns a writable copy of its source
 /// (with the TLS hook added) and its version.
 fn fetch_driver(go_root: &Path) -> (PathBuf, String) {

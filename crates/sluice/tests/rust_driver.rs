@@ -25,6 +25,11 @@ use common::*;
 const PER_CONNECTION_COUNTERS: [&str; 2] =
     ["conn::test::should_hold_stmt_cache_size_bound", "conn::test::should_not_cache_statements_if_stmt_cache_size_is_zero"];
 
+/// A test that changes a global default (`SET GLOBAL wait_timeout`) and expects the next login
+/// to have it as its session value: a multiplexed session takes a connection that logged in
+/// earlier, with the defaults of that time (as with ProxySQL's connection pool).
+const GLOBAL_DEFAULT_AT_LOGIN: &str = "conn::pool::test::zz_should_check_wait_timeout_on_get_conn";
+
 /// Database the suite works in; recreated before every run.
 const DB_NAME: &str = "rusttest";
 
@@ -42,18 +47,6 @@ fn driver_source() -> PathBuf {
         meta["packages"].as_array().unwrap().iter().find(|p| p["name"] == "mysql_async").expect("mysql_async in the dependency graph");
     let manifest = PathBuf::from(pkg["manifest_path"].as_str().unwrap());
     manifest.parent().unwrap().to_path_buf()
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("create source dir");
-    for e in std::fs::read_dir(from).expect("read crate dir").map(|e| e.expect("dir entry")) {
-        let (src, dst) = (e.path(), to.join(e.file_name()));
-        if e.file_type().expect("file type").is_dir() {
-            copy_tree(&src, &dst);
-        } else {
-            std::fs::write(&dst, std::fs::read(&src).expect("read crate file")).expect("write source file");
-        }
-    }
 }
 
 /// Builds the driver's unit tests (in a copy of the crate, with its own lock file and a
@@ -198,14 +191,16 @@ fn mysql_async_suite_directly_and_through_sluice() {
     // Users mode in front of two addresses of the one server (TCP and its Unix socket, so that
     // the data is shared): sessions moved to a fresh connection on the other address at every
     // safe point, then multiplexed.
-    for (label, keys, moves) in [
-        ("through sluice moving sessions at every safe point", "move_every_statement = true\n", "test"),
-        ("through sluice multiplexing", "multiplex = true\n", ""),
+    let moving = PER_CONNECTION_COUNTERS;
+    let multiplexing = [PER_CONNECTION_COUNTERS[0], PER_CONNECTION_COUNTERS[1], GLOBAL_DEFAULT_AT_LOGIN];
+    for (label, keys, moves, expected) in [
+        ("through sluice moving sessions at every safe point", "move_every_statement = true\n", "test", &moving[..]),
+        ("through sluice multiplexing", "multiplex = true\n", "", &multiplexing[..]),
     ] {
         let socket = db.socket.display().to_string();
         let s = TestConfig::new().proxy(keys).backend(&addr).backend(&socket).app_users().start();
         let run = suite.run(label, &s.listen, None);
-        problems.extend(suite.lost_passes(&direct, &run, label, &s.listen, &PER_CONNECTION_COUNTERS));
+        problems.extend(suite.lost_passes(&direct, &run, label, &s.listen, expected));
         if !moves.is_empty() {
             let n = metric(&s, &format!("sluice_session_moves_total{{reason=\"{moves}\",result=\"moved\"}}"));
             assert!(n > 100, "only {n} sessions moved in the run {label}");

@@ -71,21 +71,8 @@ pub async fn bring(conn: &mut PacketConn, have: &mut ConnState, want: &SessionSt
         }
     })
     .await?;
-    if schema {
-        have.schema = want.schema.clone();
-    }
-    if have.variables != want.variables {
-        have.variables = want.variables.clone();
-    }
+    have.take_on(want);
     have.tracking = true;
-    have.multi_statements = want.multi_statements;
-    have.last_insert_id = want.last_insert_id;
-    if have.sql_prepared != want.sql_prepared {
-        have.sql_prepared.clone_from(&want.sql_prepared);
-    }
-    if have.user_variables != want.user_variables {
-        have.user_variables = want.user_variables.clone();
-    }
     Ok(())
 }
 

@@ -63,6 +63,27 @@ pub struct ConnState {
     pub thread_id: u32,
 }
 
+impl ConnState {
+    /// Records that the connection is in the session's state now (after bringing it there, or
+    /// when the session gives it back). A session without a schema leaves the connection's.
+    pub fn take_on(&mut self, s: &crate::session::SessionState) {
+        if s.schema.is_some() && self.schema != s.schema {
+            self.schema.clone_from(&s.schema);
+        }
+        if self.variables != s.variables {
+            self.variables.clone_from(&s.variables);
+        }
+        self.multi_statements = s.multi_statements;
+        self.last_insert_id = s.last_insert_id;
+        if self.sql_prepared != s.sql_prepared {
+            self.sql_prepared.clone_from(&s.sql_prepared);
+        }
+        if self.user_variables != s.user_variables {
+            self.user_variables.clone_from(&s.user_variables);
+        }
+    }
+}
+
 /// Which sessions may take a connection: its user, the capabilities it was logged in with
 /// (TLS to the backend included) and its character set.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -34,14 +34,12 @@ pub(super) struct Done {
 /// Whether a query is one `SET` or `USE` statement, whose changes of session state the server
 /// reports one by one (a `SET` of user variables is found by the lexer).
 fn is_plain_set(sql: &[u8]) -> bool {
-    // Most queries are told apart by their first byte (a comment may come first).
-    let first = sql.iter().find(|c| !c.is_ascii_whitespace()).map_or(0, |c| c | 0x20);
-    if !matches!(first, b's' | b'u' | b'/' | b'-' | b'#') {
+    // The first word, without allocating: most queries end here.
+    let Some(first) = sluice_proto::lexer::Lexer::new(sql).next() else { return false };
+    if !(first.is_word(sql, "SET") || first.is_word(sql, "USE")) {
         return false;
     }
-    let mut statements = sluice_proto::lexer::statements(sql);
-    let first = statements.next();
-    statements.next().is_none() && first.and_then(|st| st.first().cloned()).is_some_and(|t| t.is_word(sql, "SET") || t.is_word(sql, "USE"))
+    sluice_proto::lexer::statements(sql).nth(1).is_none()
 }
 
 impl Session<'_> {

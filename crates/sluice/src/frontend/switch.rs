@@ -94,12 +94,8 @@ impl Session<'_> {
                     self.state.hazards |= hazard::USER_VARIABLE;
                 }
             }
+            // (The connection is told what it carries when it is given back.)
             None => self.state.hazards |= hazard::USER_VARIABLE,
-        }
-        if let Some(c) = self.conn.as_mut()
-            && c.user_variables != self.state.user_variables
-        {
-            c.user_variables.clone_from(&self.state.user_variables);
         }
         self.handle.publish(&self.state);
         Ok(())
@@ -176,7 +172,7 @@ impl Session<'_> {
             return;
         }
         let (Some(key), Some(mut state)) = (self.key.as_deref(), self.conn.take()) else { return };
-        self.sync_conn_state(&mut state);
+        state.take_on(&self.state);
         let conn = std::mem::replace(&mut self.backend, PacketConn::detached());
         let spare = Spare::new(conn, key.clone(), state, self.backend_caps(), self.mariadb);
         self.guard.shared.give_back(spare, self.slot.take());
@@ -188,25 +184,6 @@ impl Session<'_> {
         let schema = self.state.schema.clone();
         if let Some(c) = self.conn.as_mut() {
             **c = ConnState { schema, thread_id: c.thread_id, multi_statements: c.multi_statements, ..ConnState::default() };
-        }
-    }
-
-    /// What the session changed on its connection since it took it, recorded on the connection.
-    fn sync_conn_state(&self, c: &mut ConnState) {
-        let s = &self.state;
-        if c.schema != s.schema {
-            c.schema.clone_from(&s.schema);
-        }
-        if c.variables != s.variables {
-            c.variables.clone_from(&s.variables);
-        }
-        c.multi_statements = s.multi_statements;
-        c.last_insert_id = s.last_insert_id;
-        if c.sql_prepared != s.sql_prepared {
-            c.sql_prepared.clone_from(&s.sql_prepared);
-        }
-        if c.user_variables != s.user_variables {
-            c.user_variables.clone_from(&s.user_variables);
         }
     }
 

@@ -288,3 +288,16 @@ pub fn run_in_background(mut c: Conn, sql: &'static str) -> tokio::task::JoinHan
         (r, c)
     })
 }
+
+/// Copies a directory tree (a driver's source, to build and run its tests in a copy).
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create source dir");
+    for e in std::fs::read_dir(from).expect("read source dir").map(|e| e.expect("dir entry")) {
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type().expect("file type").is_dir() {
+            copy_tree(&src, &dst);
+        } else {
+            std::fs::write(&dst, std::fs::read(&src).expect("read source file")).expect("write source file");
+        }
+    }
+}
