@@ -13,6 +13,7 @@ pub mod fuzzing;
 pub mod handshake;
 pub mod lexer;
 pub mod packet;
+pub mod replication;
 pub mod response;
 pub mod sql;
 pub mod uservar;

@@ -97,6 +97,42 @@ struct BackendView {
     tls: &'static str,
     /// Whether the backend's last greeting offered TLS.
     offers_tls: Option<bool>,
+    /// Its configured part in replication: "auto", "primary" or "replica".
+    role: &'static str,
+    /// The part it plays now: "primary" or "replica".
+    serves_as: &'static str,
+    /// What the health checks' monitor user last read (absent without one).
+    replication: Option<ReplicationView>,
+}
+
+#[derive(Serialize)]
+struct ReplicationView {
+    read_only: Option<bool>,
+    gtid_binlog_pos: String,
+    /// Both replication threads run (absent: it replicates from nobody, or the status is
+    /// unreadable).
+    replicating: Option<bool>,
+    /// `Seconds_Behind_Master`.
+    lag_seconds: Option<u64>,
+    /// The server it replicates from, `HOST:PORT`.
+    source: Option<String>,
+    /// The last replication error, or why the status could not be read.
+    error: Option<String>,
+}
+
+fn replication_view(r: crate::backend::Replication) -> Option<ReplicationView> {
+    if r.read_only.is_none() && r.unreadable.is_none() {
+        return None; // never observed: no monitor user, or no check yet
+    }
+    let error = r.unreadable.or_else(|| r.replica.as_ref().map(|s| s.last_error.clone()).filter(|e| !e.is_empty()));
+    Some(ReplicationView {
+        read_only: r.read_only,
+        gtid_binlog_pos: r.gtid_binlog_pos,
+        replicating: r.replica.as_ref().map(|s| s.running),
+        lag_seconds: r.replica.as_ref().and_then(|s| s.seconds_behind),
+        source: r.replica.map(|s| s.source),
+        error,
+    })
 }
 
 async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
@@ -126,6 +162,9 @@ async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
                     server_version: info.as_ref().map(|i| String::from_utf8_lossy(&i.version).into_owned()),
                     tls: b.tls.mode.as_str(),
                     offers_tls: info.map(|i| i.capabilities & sluice_proto::consts::cap::SSL != 0),
+                    role: b.role.name(),
+                    serves_as: b.serves_as().name(),
+                    replication: replication_view(b.replication.lock().clone()),
                 }
             })
             .collect(),
@@ -209,6 +248,7 @@ struct NewBackend {
     weight: Option<u32>,
     tls: Option<String>,
     tls_skip_verify: Option<bool>,
+    role: Option<crate::config::Role>,
 }
 
 fn bad_request(what: String) -> Response {

@@ -24,6 +24,10 @@ pub struct Cli {
     /// Admin HTTP API address, e.g. 127.0.0.1:6034.
     #[arg(long)]
     pub admin: Option<String>,
+    /// The health checks' monitor user, USER:PASSWORD: checks log in as it, and with it they
+    /// read each backend's replication role and lag (`[health] user`/`password`).
+    #[arg(long, value_name = "USER:PASSWORD")]
+    pub monitor: Option<String>,
     /// Runtime flavour: per-core or multi.
     #[arg(long, value_parser = parse_flavor)]
     pub runtime: Option<RuntimeFlavor>,
@@ -68,7 +72,15 @@ impl Cli {
             cfg.backends = self
                 .backend
                 .iter()
-                .map(|a| BackendConfig { address: spanned(a), name: None, weight: 1, tls: None, tls_ca: None, tls_skip_verify: false })
+                .map(|a| BackendConfig {
+                    address: spanned(a),
+                    name: None,
+                    weight: 1,
+                    tls: None,
+                    tls_ca: None,
+                    tls_skip_verify: false,
+                    role: Default::default(),
+                })
                 .collect();
         }
         if let Some(w) = self.workers {
@@ -76,6 +88,11 @@ impl Cli {
         }
         if let Some(r) = self.runtime {
             cfg.proxy.runtime = r;
+        }
+        if let Some(m) = &self.monitor {
+            let (user, password) = m.split_once(':').ok_or_else(|| flag_err("--monitor: expected USER:PASSWORD".into()))?;
+            cfg.health.user = Some(user.to_string());
+            cfg.health.password = Some(password.to_string());
         }
         if let Some(a) = &self.admin {
             cfg.admin = AdminConfig { listen: Some(spanned(a)), token: cfg.admin.token.clone() };

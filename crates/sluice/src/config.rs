@@ -199,6 +199,31 @@ pub struct BackendConfig {
     /// Skip certificate verification when TLS is "on" without tls_ca.
     #[serde(default)]
     pub tls_skip_verify: bool,
+    /// Its part in replication: "auto" (read from `@@read_only` by the health checks' monitor
+    /// user; writable until read), "primary" or "replica".
+    #[serde(default)]
+    pub role: Role,
+}
+
+/// A backend's part in a replication topology.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// What the backend says: a replica when `@@read_only` is on, else the primary.
+    #[default]
+    Auto,
+    Primary,
+    Replica,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Auto => "auto",
+            Role::Primary => "primary",
+            Role::Replica => "replica",
+        }
+    }
 }
 
 impl BackendConfig {

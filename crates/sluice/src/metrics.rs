@@ -150,6 +150,10 @@ pub struct BackendMetrics {
     pub queue_timeouts: Counter,
     /// Logged-in connections that multiplexed sessions gave back, kept for the next statement.
     pub shared_spare: Gauge,
+    /// 1 while the backend serves as the primary, 0 as a replica.
+    pub primary: Gauge,
+    /// A replica's `Seconds_Behind_Master` (-1: unknown, or not replicating).
+    pub replica_lag: Gauge,
 }
 
 /// Why a session moved to another backend connection.
@@ -253,12 +257,22 @@ struct BackendFamilies {
     queue_wait: Family<Labels, AtomicHistogram>,
     queue_timeouts: Family<Labels, Counter>,
     shared_spare: Family<Labels, Gauge>,
+    primary: Family<Labels, Gauge>,
+    replica_lag: Family<Labels, Gauge>,
 }
 
 impl BackendFamilies {
     fn register(registry: &mut Registry) -> BackendFamilies {
         let up = Family::<Labels, Gauge>::default();
         registry.register("backend_up", "1 when the backend passes health checks", up.clone());
+        let primary = Family::<Labels, Gauge>::default();
+        registry.register("backend_primary", "1 when the backend serves as the primary, 0 as a replica", primary.clone());
+        let replica_lag = Family::<Labels, Gauge>::default();
+        registry.register(
+            "backend_replica_lag_seconds",
+            "A replica's Seconds_Behind_Master as the health checks last read it (-1: unknown or not replicating)",
+            replica_lag.clone(),
+        );
         let sessions = Family::<Labels, Gauge>::default();
         registry.register("backend_sessions", "Client sessions on the backend now", sessions.clone());
         let connect_errors = Family::<Labels, Counter>::default();
@@ -308,6 +322,8 @@ impl BackendFamilies {
             queue_wait,
             queue_timeouts,
             shared_spare,
+            primary,
+            replica_lag,
         }
     }
 
@@ -325,6 +341,8 @@ impl BackendFamilies {
             queue_wait: self.queue_wait.get_or_create(&l).clone(),
             queue_timeouts: self.queue_timeouts.get_or_create(&l).clone(),
             shared_spare: self.shared_spare.get_or_create(&l).clone(),
+            primary: self.primary.get_or_create(&l).clone(),
+            replica_lag: self.replica_lag.get_or_create(&l).clone(),
         }
     }
 
@@ -341,6 +359,8 @@ impl BackendFamilies {
         self.queue_wait.remove(&l);
         self.queue_timeouts.remove(&l);
         self.shared_spare.remove(&l);
+        self.primary.remove(&l);
+        self.replica_lag.remove(&l);
     }
 }
 

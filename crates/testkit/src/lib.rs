@@ -1,13 +1,16 @@
 //! Test harness shared by sluice's integration tests and benchmarks: real MariaDB servers on
-//! loopback ports with their own data directories, and a sluice process under test.
+//! loopback ports with their own data directories (alone, or a primary and replicas), and a
+//! sluice process under test.
 
 pub mod fault;
 pub mod mariadb;
 pub mod raw;
+pub mod replication;
 pub mod sluice;
 pub mod sysbench;
 
 pub use mariadb::MariaDb;
+pub use replication::Topology;
 pub use sluice::SluiceProc;
 
 /// A process-unique number for naming files.

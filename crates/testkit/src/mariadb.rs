@@ -100,7 +100,9 @@ pub fn work_root() -> PathBuf {
     base
 }
 
-fn server_args(bin: &Path, datadir: &Path, socket: &Path, port: Option<u16>) -> Command {
+/// The options of every test server; `binlog`: it writes a binary log (a replication topology's
+/// servers), else none.
+fn server_args(bin: &Path, datadir: &Path, socket: &Path, port: Option<u16>, binlog: bool) -> Command {
     let mut c = Command::new(bin);
     c.arg("--no-defaults")
         .arg(format!("--datadir={}", datadir.display()))
@@ -111,13 +113,15 @@ fn server_args(bin: &Path, datadir: &Path, socket: &Path, port: Option<u16>) -> 
         .arg("--innodb-buffer-pool-size=64M")
         .arg("--innodb-log-file-size=16M")
         .arg("--innodb-flush-log-at-trx-commit=2")
-        .arg("--skip-log-bin")
         .arg("--skip-name-resolve")
         .arg("--max-connections=4000")
         .arg("--max-allowed-packet=256M")
         .arg("--plugin-load-add=auth_ed25519")
         .arg("--local-infile=1")
         .arg("--performance-schema=OFF");
+    if !binlog {
+        c.arg("--skip-log-bin");
+    }
     match port {
         Some(p) => c.arg(format!("--port={p}")).arg("--bind-address=127.0.0.1"),
         None => c.arg("--skip-networking"),
@@ -190,7 +194,7 @@ fn template(bin: &Path) -> PathBuf {
         .expect("run mariadb-install-db");
     assert!(out.status.success(), "mariadb-install-db failed: {}", String::from_utf8_lossy(&out.stderr));
     let socket = root.join("template.sock");
-    let mut child = spawn(server_args(bin, &dir, &socket, None)).expect("start template server");
+    let mut child = spawn(server_args(bin, &dir, &socket, None, false)).expect("start template server");
     wait_socket(&socket, &mut child, &dir);
     run_sql(&socket, SETUP_SQL).expect("template setup SQL");
     run_sql(&socket, "SHUTDOWN").ok();
@@ -282,7 +286,8 @@ impl MariaDb {
     fn launch(&mut self, port: u16) {
         self.port = port;
         for attempt in 1..=3 {
-            let mut cmd = server_args(&self.bin, &self.dir, &self.socket, Some(port));
+            let binlog = self.extra.iter().any(|a| a.starts_with("--log-bin"));
+            let mut cmd = server_args(&self.bin, &self.dir, &self.socket, Some(port), binlog);
             cmd.args(&self.extra);
             let mut child = spawn(cmd).expect("spawn mariadbd");
             wait_socket(&self.socket, &mut child, &self.dir);

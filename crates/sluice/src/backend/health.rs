@@ -5,16 +5,23 @@
 //! reads the greeting and closes; MariaDB logs such a pre-authentication close as an aborted
 //! connection, so a backend that served a session successfully since the last probe is counted
 //! healthy without being probed at all (passive check), and only idle backends are probed.
+//!
+//! The monitor user also reads the backend's place in replication at each probe: `@@read_only`
+//! (which makes a backend of role "auto" the primary or a replica), its GTID position and, for a
+//! replica, its replication status and lag.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_proto::consts::{cap, com};
 use sluice_proto::handshake::HandshakeResponse;
+use sluice_proto::packet::Reader;
+use sluice_proto::replication;
 
-use super::Backend;
 use super::conn::{self as bconn, Credential};
+use super::{Backend, Replication};
 use crate::config::HealthConfig;
+use crate::net::PacketConn;
 
 /// Starts the checks of every backend (tasks that run until the process ends).
 pub fn spawn(backends: &[Arc<Backend>], cfg: &HealthConfig) {
@@ -54,8 +61,9 @@ pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Cr
             drop(conn);
             return Ok(());
         };
+        let caps = bconn::backend_capabilities(cap::SLUICE_SUPPORTED, &g, tls) & !cap::CONNECT_WITH_DB;
         let hr = HandshakeResponse {
-            capabilities: bconn::backend_capabilities(cap::SLUICE_SUPPORTED, &g, tls) & !cap::CONNECT_WITH_DB,
+            capabilities: caps,
             max_packet: 1 << 24,
             collation: g.collation,
             user: user.as_bytes().to_vec(),
@@ -67,12 +75,56 @@ pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Cr
         if p.first() != Some(&0) {
             return Err("ping was not answered with OK".to_string());
         }
+        let replication = observe(&mut conn, caps).await?;
         bconn::quit(conn).await;
+        if let Some(role) = b.observed(replication) {
+            tracing::warn!(backend = %b.name, address = %b.address, role = role.name(), "backend changed role");
+        }
         Ok(())
     };
     match tokio::time::timeout(cfg.timeout + Duration::from_millis(100), work).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {:?}", cfg.timeout)),
+    }
+}
+
+/// Reads the backend's place in replication on the monitor's connection. A server that cannot
+/// say whether it is read-only fails the check; one whose replication status the monitor may not
+/// read has an unknown lag.
+async fn observe(conn: &mut PacketConn, caps: u32) -> Result<Replication, String> {
+    let server = query(conn, caps, replication::SERVER_QUERY).await?;
+    let role = match &server[..] {
+        [_, _, _, row] => replication::server_role(row),
+        _ => None,
+    }
+    .ok_or_else(|| format!("unexpected answer to {}", String::from_utf8_lossy(replication::SERVER_QUERY)))?;
+    let mut r = Replication { read_only: Some(role.read_only), gtid_binlog_pos: role.gtid_binlog_pos, ..Default::default() };
+    let status = query(conn, caps, replication::REPLICA_QUERY).await?;
+    match status.first().map(|p| p.first()) {
+        Some(Some(0xff)) => r.unreadable = Some(error_message(&status[0])),
+        Some(_) => {
+            let columns = Reader::new(&status[0]).lenenc("column count").map_or(0, |n| n as usize).min(status.len() - 1);
+            r.replica = replication::replica_status(&status[1..=columns], &status[columns + 1..]);
+        }
+        None => {}
+    }
+    Ok(r)
+}
+
+/// Runs one text query on the monitor's connection: its result's packets (see
+/// [`super::restore::read_text_result`]).
+async fn query(conn: &mut PacketConn, caps: u32, sql: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    let mut payload = Vec::with_capacity(sql.len() + 1);
+    payload.push(com::QUERY);
+    payload.extend_from_slice(sql);
+    conn.write_packet(&payload, 0).await.map_err(|e| format!("monitor query: {e}"))?;
+    super::restore::read_text_result(conn, caps, "monitor query").await.map_err(|e| e.message)
+}
+
+fn error_message(p: &[u8]) -> String {
+    match sluice_proto::basic::Err::parse(p) {
+        Ok(e) => format!("{} ({})", String::from_utf8_lossy(e.message), e.code),
+        Err(_) => "a malformed error".to_string(),
     }
 }
 

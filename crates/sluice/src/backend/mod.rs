@@ -10,12 +10,12 @@ pub mod shared;
 mod tls;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use crate::config::{Address, BackendConfig, ProxyConfig, parse_address};
+use crate::config::{Address, BackendConfig, ProxyConfig, Role, parse_address};
 use crate::metrics::BackendMetrics;
 
 pub use tls::BackendTls;
@@ -39,6 +39,19 @@ pub struct HealthState {
     pub checks: u64,
     pub since: Instant,
     pub last_check: Option<Instant>,
+}
+
+/// What the health checks last read of a backend's place in replication (with a monitor user).
+#[derive(Debug, Clone, Default)]
+pub struct Replication {
+    /// `@@read_only` (None: not read yet, or no monitor user).
+    pub read_only: Option<bool>,
+    /// `@@gtid_binlog_pos`: the last transaction in its own binary log.
+    pub gtid_binlog_pos: String,
+    /// How it replicates, when it does (None: from nobody, or unreadable).
+    pub replica: Option<sluice_proto::replication::ReplicaStatus>,
+    /// Why its replication status could not be read (the monitor user lacks `SLAVE MONITOR`).
+    pub unreadable: Option<String>,
 }
 
 /// When a backend last served traffic successfully (passive health): milliseconds of the
@@ -75,6 +88,11 @@ pub struct Backend {
     weight: AtomicU32,
     /// When and how sluice's connections to this backend use TLS.
     pub tls: BackendTls,
+    /// Its configured part in replication.
+    pub role: Role,
+    /// The part it plays now (a [`Role`] as u8: never `Auto`).
+    serving: AtomicU8,
+    pub replication: Mutex<Replication>,
     /// Bound on connecting (TCP and greeting) and on each login exchange after it
     /// (`proxy.connect_timeout`): authentication, COM_CHANGE_USER, session set-up and restore.
     pub connect_timeout: std::time::Duration,
@@ -99,17 +117,43 @@ pub struct Backend {
 }
 
 impl Backend {
+    /// The part the backend plays now: its configured role, or with "auto" what it last said
+    /// (the primary until it says it is read-only).
+    pub fn serves_as(&self) -> Role {
+        if self.serving.load(Ordering::Relaxed) == Role::Replica as u8 { Role::Replica } else { Role::Primary }
+    }
+
+    /// Records what the health checks read; returns the part it plays now when that changed.
+    pub fn observed(&self, r: Replication) -> Option<Role> {
+        let role = match (self.role, r.read_only) {
+            (Role::Auto, Some(true)) => Role::Replica,
+            (Role::Auto, _) => Role::Primary,
+            (configured, _) => configured,
+        };
+        let lag = r.replica.as_ref().and_then(|s| s.seconds_behind);
+        self.metrics.replica_lag.set(lag.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX)));
+        self.metrics.primary.set(i64::from(role == Role::Primary));
+        *self.replication.lock() = r;
+        let before = self.serving.swap(role as u8, Ordering::Relaxed);
+        (before != role as u8).then_some(role)
+    }
+
     /// `lanes`: how many workers own connections apart ([`crate::config::Config::lanes`]).
     pub fn from_config(index: usize, c: &BackendConfig, metrics: BackendMetrics, p: &ProxyConfig, lanes: usize) -> Result<Backend, String> {
         let address = parse_address(c.address.get_ref())?;
         let tls = BackendTls::new(c, c.tls_mode(p), &address)?;
         metrics.up.set(1);
+        metrics.primary.set(i64::from(c.role != Role::Replica));
+        metrics.replica_lag.set(-1);
         Ok(Backend {
             index,
             name: c.name.clone().unwrap_or_else(|| c.address.get_ref().clone()),
             address,
             weight: AtomicU32::new(c.weight.max(1)),
             tls,
+            role: c.role,
+            serving: AtomicU8::new(if c.role == Role::Replica { Role::Replica as u8 } else { Role::Primary as u8 }),
+            replication: Mutex::new(Replication::default()),
             connect_timeout: p.connect_timeout,
             up: AtomicBool::new(true),
             draining: AtomicBool::new(false),

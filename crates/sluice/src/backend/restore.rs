@@ -163,7 +163,7 @@ pub async fn read_variables(conn: &mut PacketConn, names: &[String], caps: u32, 
         let mut payload = vec![com::QUERY];
         payload.extend_from_slice(&uservar::read_back_query(names));
         conn.write_packet(&payload, 0).await.map_err(|e| Error::io(Side::Backend, what, e))?;
-        let packets = read_text_result(conn, caps).await?;
+        let packets = read_text_result(conn, caps, what).await?;
         let columns = names.len() * uservar::COLUMNS;
         let refused = |why: &str| {
             tracing::debug!(variables = ?names, why, "user variables cannot be carried to another connection");
@@ -191,11 +191,10 @@ pub async fn read_variables(conn: &mut PacketConn, names: &[String], caps: u32, 
 /// Reads a whole text result off `conn`: the first packet (an OK or ERR, or the column count),
 /// then the column definitions and the rows (EOF packets left out), or the ERR that ended it.
 /// A row too large for one packet is read to the end and the result given as an ERR: no user
-/// variable value worth carrying is that large.
-async fn read_text_result(conn: &mut PacketConn, caps: u32) -> Result<Vec<Vec<u8>>> {
+/// variable value worth carrying, nor any status sluice reads, is that large.
+pub async fn read_text_result(conn: &mut PacketConn, caps: u32, what: &'static str) -> Result<Vec<Vec<u8>>> {
     use sluice_proto::consts::MAX_PAYLOAD;
     use sluice_proto::packet::Reader;
-    let what = "reading user variables back";
     let io = |e| Error::io(Side::Backend, what, e);
     let (_, first) = conn.read_packet(MAX_PAYLOAD).await.map_err(io)?;
     if matches!(first.first(), Some(0x00 | 0xff)) {
