@@ -20,6 +20,7 @@ pub const TARGETS: &[Target] = &[
     ("request_stream", request_stream),
     ("compressed", compressed),
     ("sql", sql),
+    ("rw", rw),
 ];
 
 /// What a client sends while logging in: handshake response, SSL request, COM_CHANGE_USER.
@@ -161,6 +162,17 @@ pub fn sql(data: &[u8]) {
         assert!(hazards & crate::sql::hazard::USER_VARIABLE != 0, "{names:?}");
         let _ = crate::uservar::read_back_query(&names);
     }
+}
+
+/// Read/write classification: total, and consistent over a query of several statements (a read
+/// repeated is still a read; anything else repeated is still not one).
+pub fn rw(data: &[u8]) {
+    use crate::rw::{Class, classify};
+    let class = classify(data);
+    let mut twice = data.to_vec();
+    twice.push(b';');
+    twice.extend_from_slice(data);
+    assert_eq!(classify(&twice) == Class::Read, class == Class::Read, "{:?}", String::from_utf8_lossy(data));
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub mod lexer;
 pub mod packet;
 pub mod replication;
 pub mod response;
+pub mod rw;
 pub mod sql;
 pub mod uservar;
 
