@@ -35,7 +35,7 @@ import suites  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling", "floor", "multiplex", "idle", "drain"]
+ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling", "floor", "multiplex", "idle", "drain", "split"]
 # Not part of the default run: the comparison of sluice's two runtime flavours.
 EXTRA_SUITES = ["runtime"]
 
@@ -150,7 +150,25 @@ class Env:
         p = self.spawn([str(ROOT / "target/release/sluice-responder")], "responder.log", stdout=subprocess.PIPE)
         self.responder_port = int(p.stdout.readline().strip().rsplit(":", 1)[1])
 
-    def start_haproxy(self, name, backend_port):
+    def start_topology(self):
+        """A primary and two GTID replicas (sluice-mariadb --replicas 2), the sbtest tables made on
+        the primary and replicated: the split suite's servers."""
+        p = self.spawn([str(ROOT / "target/release/sluice-mariadb"), "--replicas", "2", "--dir", str(WORK / "repl")],
+                       "repl.log", stdout=subprocess.PIPE)
+        ports = [int(p.stdout.readline().strip().rsplit(":", 1)[1]) for _ in range(3)]
+        socks = sockets_by_port(WORK / "repl")
+        self.repl_ports, self.repl_socks = ports, [socks[port] for port in ports]
+        for sock in self.repl_socks:
+            root_sql(sock, "SET GLOBAL max_prepared_stmt_count = 1048576")
+        prepare_tables(self, ports[0], self.repl_socks[0], log_as="the primary of the split suite")
+        pos = root_sql(self.repl_socks[0], "SELECT @@gtid_binlog_pos")
+        for sock in self.repl_socks[1:]:
+            if root_sql(sock, f"SELECT MASTER_GTID_WAIT('{pos}', 600)") != "0":
+                raise RuntimeError(f"a replica did not catch up with the primary ({sock})")
+        # The seed's baseline: one replica, directly.
+        self.targets["split-direct"] = Target("split-direct", ports[1], socket_path=self.repl_socks[1])
+
+    def start_haproxy(self, name, backend_port, more_ports=()):
         port = free_port()
         sock = WORK / f"{name}.sock"
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -168,7 +186,7 @@ listen mysql
     bind unix@{sock}
     balance leastconn
     server db1 127.0.0.1:{backend_port} check inter 2000 rise 2 fall 3
-""")
+""" + "".join(f"    server db{i + 2} 127.0.0.1:{port} check inter 2000 rise 2 fall 3\n" for i, port in enumerate(more_ports)))
         p = self.spawn(["haproxy", "-db", "-f", str(cfg)], f"{name}.log")
         wait_port(port, p)
         self.targets[name] = Target(name, port, socket_path=str(sock), proc=p)
@@ -232,6 +250,13 @@ password = "sbtest"
         backends = (f'[[backends]]\naddress = "127.0.0.1:{backend_port}"\nname = "tcp"\n'
                     f'[[backends]]\naddress = "{self.targets["direct"].socket_path}"\nname = "sock"\n')
         self.start_sluice_users(name, workers, 'tls = "off"\n', f"multiplex = {'true' if multiplex else 'false'}\n", backends)
+
+    def start_sluice_split(self, name, workers):
+        """sluice in users mode with the read/write split over the topology (the monitor user
+        tells the primary from the replicas)."""
+        backends = "".join(f'[[backends]]\naddress = "127.0.0.1:{port}"\nname = "s{i}"\n' for i, port in enumerate(self.repl_ports))
+        self.start_sluice_users(name, workers, "", "", '[health]\nuser = "monitor"\npassword = "monitorpw"\n'
+                                '[routing]\nsplit = true\n' + backends)
 
     def backend_threads(self):
         """Threads_connected of the MariaDB server (this query's own connection not counted)."""
@@ -298,16 +323,26 @@ password = "sbtest"
                     p.kill()
 
 
-def prepare_tables(env):
+def root_sql(sock, sql):
+    """Runs `sql` as root over a server's socket; its output, trimmed."""
+    return subprocess.run(["mariadb", f"--socket={sock}", "-uroot", "-N", "-e", sql],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def sockets_by_port(directory):
+    """The Unix sockets of the servers sluice-mariadb started under `directory`, by TCP port."""
+    return {int(root_sql(sock, "SELECT @@port")): str(sock) for sock in Path(directory).glob("db-*/mariadb.sock")}
+
+
+def prepare_tables(env, port, sock, log_as="the server"):
     a = env.args
-    log(f"preparing sbtest: {a.tables} table(s) of {a.table_size} rows")
+    log(f"preparing sbtest on {log_as}: {a.tables} table(s) of {a.table_size} rows")
     base = ["sysbench", "oltp_common", "--db-driver=mysql", "--mysql-user=sbtest", "--mysql-password=sbtest",
-            "--mysql-db=sbtest", "--mysql-host=127.0.0.1", f"--mysql-port={env.backend_port}",
+            "--mysql-db=sbtest", "--mysql-host=127.0.0.1", f"--mysql-port={port}",
             f"--tables={a.tables}", f"--table-size={a.table_size}"]
     # Thousands of clients preparing sysbench's statements (up to 20 each) directly or through
     # HAProxy would pass the server's default limit of 16382.
-    subprocess.run(["mariadb", f"--socket={env.targets['direct'].socket_path}", "-uroot", "-e",
-                    "SET GLOBAL max_prepared_stmt_count = 1048576"], check=True, capture_output=True)
+    root_sql(sock, "SET GLOBAL max_prepared_stmt_count = 1048576")
     subprocess.run(base + ["cleanup"], capture_output=True)
     subprocess.run(base + ["prepare"], check=True, capture_output=True)
 
@@ -349,6 +384,7 @@ def parse_args():
     p.add_argument("--mux-clients", default="1000,2000", help="client connections of the multiplex suite")
     p.add_argument("--mux-cap", type=int, default=32, help="max_backend_connections of the multiplexing sluice")
     p.add_argument("--idle-clients", type=int, default=3000, help="idle driver connections of the idle suite")
+    p.add_argument("--split-threads", default="8,64,256", help="client threads of the split suite")
     p.add_argument("--drain-sessions", default="16,1000", help="idle sessions moved by a drain in the drain suite")
     p.add_argument("--steal-limit", type=float, default=5.0,
                    help="a measurement during which the host stole more than this %% of the CPU is taken again")
@@ -362,6 +398,7 @@ def parse_args():
         a.duration, a.rounds, a.threads, a.table_size, a.tables = 2, 1, "4", 1000, 1
         a.range_sizes, a.idle_conns, a.churn_rate = "10,100", 50, 50
         a.mux_clients, a.mux_cap, a.idle_clients, a.drain_sessions = "40", 4, 50, "16"
+        a.split_threads = "4"
         a.workloads = "oltp_point_select,oltp_read_only"
         a.steal_retries = 0
         a.name = a.name or "smoke"
@@ -372,6 +409,7 @@ def parse_args():
     a.range_sizes = [int(x) for x in a.range_sizes.split(",")]
     a.mux_clients = [int(x) for x in a.mux_clients.split(",")]
     a.drain_sessions = [int(x) for x in a.drain_sessions.split(",")]
+    a.split_threads = [int(x) for x in a.split_threads.split(",")]
     if a.idle_conns == 0:
         # Each idle client costs the proxy two descriptors, and the backend one connection.
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -437,7 +475,7 @@ def main():
     env = Env(args)
     try:
         env.start_backend()
-        prepare_tables(env)
+        prepare_tables(env, env.backend_port, env.targets["direct"].socket_path)
         env.start_haproxy("haproxy", env.backend_port)
         env.start_sluice("sluice", env.backend_port, args.workers)
         if "runtime" in args.suites:
@@ -449,6 +487,10 @@ def main():
         if "drain" in args.suites:
             env.start_sluice_two_addresses("sluice-2addr", env.backend_port, args.workers, False)
             env.start_sluice_two_addresses("sluice-2addr-mux", env.backend_port, args.workers, True)
+        if "split" in args.suites:
+            env.start_topology()
+            env.start_haproxy("split-haproxy", env.repl_ports[1], env.repl_ports[2:])
+            env.start_sluice_split("sluice-split", args.workers)
         if "floor" in args.suites:
             env.start_forward("forward-epoll", "epoll", env.backend_port)
             env.start_forward("forward-uring", "uring", env.backend_port)

@@ -154,6 +154,31 @@ def multiplex(med, args, lines):
     lines.append("")
 
 
+def split(med, args, lines):
+    lines += ["A primary and two GTID replicas (the seed's ProxySQL/MaxScale topology on this machine): sysbench "
+              "directly to one replica (`split-direct`), through HAProxy spreading over both replicas "
+              "(`split-haproxy`, leastconn) and through sluice with `[routing] split = true` in users mode "
+              "(`sluice-split`: every statement classified, reads to a replica fit for reads, each connection "
+              "brought to the session's state). oltp_read_only runs with --skip_trx=on.", "",
+              "| workload | transport | threads | target | QPS | vs direct | vs HAProxy | avg/p95 ms | errors "
+              "| proxy CPU % | proxy µs/query |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for w in ("oltp_point_select", "oltp_read_only"):
+        for transport in ("tcp", "unix"):
+            for t in getattr(args, "split_threads", []):
+                base = f"split/{w}/{transport}/{t}"
+                direct, haproxy = get(med, f"{base}/split-direct", "qps"), get(med, f"{base}/split-haproxy", "qps")
+                for x in ("split-direct", "split-haproxy", "sluice-split"):
+                    k = f"{base}/{x}"
+                    if k not in med:
+                        continue
+                    q = get(med, k, "qps")
+                    lines.append(f"| {w} | {transport} | {t} | {x} | {f(q)} | {f(ratio(q, direct), 2)} "
+                                 f"| {f(ratio(q, haproxy), 2)} | {f(get(med, k, 'avg_ms'), 2)} / {f(get(med, k, 'p95_ms'), 2)} "
+                                 f"| {f(get(med, k, 'errors'))} | {f(get(med, k, 'proxy_cpu_pct'))} "
+                                 f"| {f(get(med, k, 'proxy_cpu_us_per_query'), 1)} |")
+    lines.append("")
+
+
 def idle(med, args, lines):
     n = getattr(args, "idle_clients", 0)
     lines += [f"{n} idle client connections opened by a real driver (PyMySQL, with a schema and its connection "
@@ -428,7 +453,8 @@ def write(med, args, out, command):
                 ("floor", "The floor: forwarders with no protocol work", floor), ("runtime", "Runtime flavours", runtime),
                 ("multiplex", "Multiplexing: many clients over few backend connections", multiplex),
                 ("idle", "Idle clients of a real driver", idle),
-                ("drain", "Drain: moving every session off a backend", drain)]
+                ("drain", "Drain: moving every session off a backend", drain),
+                ("split", "Read/write split over a primary and two replicas", split)]
     if any(s in args.suites for s in ("basic", "ranges", "latency", "long", "short", "scaling")):
         lines += ["## Targets", ""]
         targets(med, args, lines)

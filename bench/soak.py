@@ -26,7 +26,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.dont_write_bytecode = True  # no bench/__pycache__ from importing bench.py
 import report  # noqa: E402
-from bench import ROOT, free_port, prepare_tables, proc_rss_kb, wait_port  # noqa: E402
+from bench import ROOT, free_port, prepare_tables, proc_rss_kb, sockets_by_port, wait_port  # noqa: E402
 
 WORK = ROOT / "bench" / "work" / "soak"
 INTERVAL_RE = re.compile(r"\[ (\d+)s \] thds: \d+ tps: ([\d.]+) qps: ([\d.]+).*err/s: ([\d.]+) reconn/s: ([\d.]+)")
@@ -126,8 +126,9 @@ class Soak:
             for pid in map(int, (t / "children").read_text().split()):
                 by_port[int(re.search(rb"--port=(\d+)", Path(f"/proc/{pid}/cmdline").read_bytes()).group(1))] = pid
         self.backends = [Backend(f"db{i + 1}", p, by_port[p]) for i, p in enumerate(ports)]
+        socks = sockets_by_port(WORK / "mariadb")
         for b in self.backends:
-            prepare_tables(SimpleNamespace(args=self.args, backend_port=b.port))
+            prepare_tables(SimpleNamespace(args=self.args), b.port, socks[b.port], log_as=b.name)
 
     def start_sluice(self):
         self.port, self.admin_port = free_port(), free_port()

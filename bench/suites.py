@@ -86,6 +86,16 @@ def cells(env, args):
         two = [t for t in ("sluice-2addr", "sluice-2addr-mux") if t in env.targets]
         for n in args.drain_sessions:
             out.append(Cell("drain", f"{n}", None, 0, two, drain=n))
+    if "split" in suites:
+        # The seed's topology: a primary and two replicas; reads through sluice's split, through
+        # HAProxy spreading over the replicas, and directly to one replica. oltp_read_only
+        # without its BEGIN/COMMIT, as in the seed (a transaction's reads belong on the primary).
+        split = [t for t in ("split-direct", "split-haproxy", "sluice-split") if t in env.targets]
+        for w in ("oltp_point_select", "oltp_read_only"):
+            extra = ["--skip_trx=on"] if w == "oltp_read_only" else []
+            for transport in ("tcp", "unix"):
+                for threads in args.split_threads:
+                    out.append(Cell("split", f"{w}/{transport}/{threads}", w, threads, split, extra, unix=transport == "unix"))
     if "floor" in suites:
         # The cells of the CPU targets, also on two forwarders that relay bytes and do nothing
         # else (sluice-forward): what relaying costs on each event loop, with no protocol work.
