@@ -101,6 +101,10 @@ struct BackendView {
     role: &'static str,
     /// The part it plays now: "primary" or "replica".
     serves_as: &'static str,
+    /// A replica the read/write split sends reads to now.
+    serves_reads: bool,
+    /// Why, as a replica, it serves no reads (down, draining, lag, replication stopped).
+    reads_out: Option<String>,
     /// What the health checks' monitor user last read (absent without one).
     replication: Option<ReplicationView>,
 }
@@ -135,6 +139,20 @@ fn replication_view(r: crate::backend::Replication) -> Option<ReplicationView> {
     })
 }
 
+/// Why a replica serves no reads of the split (None: it does, or it is no replica).
+fn reads_out(b: &crate::backend::Backend) -> Option<String> {
+    if b.serves_as() != crate::config::Role::Replica || b.fit_for_reads() {
+        return None;
+    }
+    if b.is_draining() {
+        return Some("draining".into());
+    }
+    if !b.is_up() {
+        return Some(format!("down: {}", b.out_reason()));
+    }
+    b.replication.lock().reads_out.clone()
+}
+
 async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
     Json(
         ctx.backends
@@ -164,6 +182,8 @@ async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
                     offers_tls: info.map(|i| i.capabilities & sluice_proto::consts::cap::SSL != 0),
                     role: b.role.name(),
                     serves_as: b.serves_as().name(),
+                    serves_reads: b.fit_for_reads(),
+                    reads_out: reads_out(b),
                     replication: replication_view(b.replication.lock().clone()),
                 }
             })
@@ -282,7 +302,7 @@ async fn add_backend(State(ctx): State<Arc<Ctx>>, Json(nb): Json<NewBackend>) ->
         Err(e) => return bad_request(e),
     };
     ctx.backends.add(b.clone());
-    crate::backend::health::spawn(std::slice::from_ref(&b), &ctx.config.health);
+    crate::backend::health::spawn(std::slice::from_ref(&b), &ctx.config.health, ctx.config.routing.max_replica_lag);
     tracing::info!(backend = %name, address = %b.address, "backend added");
     (StatusCode::CREATED, Json(serde_json::json!({ "backend": name, "address": b.address.to_string() }))).into_response()
 }

@@ -24,6 +24,9 @@ pub struct Config {
     pub health: HealthConfig,
     #[serde(default)]
     pub admin: AdminConfig,
+    /// Where statements run: the read/write split over a primary and its replicas.
+    #[serde(default)]
+    pub routing: RoutingConfig,
     /// TLS for client connections: a generated self-signed certificate unless configured.
     #[serde(default)]
     pub tls: ClientTls,
@@ -318,6 +321,37 @@ impl Default for HealthConfig {
     }
 }
 
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    /// Users-mode sessions send reads to replicas and the rest to the primary, statement by
+    /// statement (they multiplex, whatever `proxy.multiplex` says).
+    pub split: bool,
+    /// A replica further behind than this (`Seconds_Behind_Master`) serves no reads until it
+    /// catches up; 0: no bound on lag (a replica that does not replicate still serves none).
+    #[serde(deserialize_with = "duration")]
+    pub max_replica_lag: Duration,
+    /// Where `START TRANSACTION READ ONLY` runs: "primary" or "replica".
+    pub read_only_transactions: ReadOnlyTransactions,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig { split: false, max_replica_lag: Duration::from_secs(10), read_only_transactions: ReadOnlyTransactions::Primary }
+    }
+}
+
+/// Where the split sends a read-only transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadOnlyTransactions {
+    /// With the writes: it sees what the session wrote just before.
+    #[default]
+    Primary,
+    /// To a replica, as reads go.
+    Replica,
+}
+
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
@@ -574,6 +608,16 @@ impl Config {
         if self.health.rise == 0 || self.health.fall == 0 {
             return Err(ConfigError { file: None, line: None, message: "health.rise and health.fall must be at least 1".into() });
         }
+        // (With no listener configured, the default one is in users mode when users are.)
+        let users_mode = if self.listeners.is_empty() {
+            !self.users.is_empty()
+        } else {
+            self.listeners.iter().any(|l| self.auth_mode(l) == AuthMode::Users)
+        };
+        if self.routing.split && !users_mode {
+            let m = "routing.split needs a users-mode listener ([[users]]): sluice logs in to the primary and the replicas on a session's behalf, which it cannot do for a login it only relays";
+            return Err(ConfigError { file: None, line: None, message: m.into() });
+        }
         if self.health.user.is_some() != self.health.password.is_some() && self.health.password.is_some() {
             return Err(ConfigError { file: None, line: None, message: "health.password needs health.user".into() });
         }
@@ -711,6 +755,17 @@ mod tests {
         assert!(e.message.contains("not both"), "{}", e.message);
         let e = Config::parse("[proxy]\nbackend_tls = \"yes\"\n").unwrap_err();
         assert_eq!(e.line, Some(2));
+    }
+
+    #[test]
+    fn the_split_needs_users_mode() {
+        let backend = "[[backends]]\naddress = \"127.0.0.1:3306\"\n";
+        let e = Config::parse(&format!("[routing]\nsplit = true\n{backend}")).unwrap_err();
+        assert!(e.message.contains("routing.split needs a users-mode listener"), "{}", e.message);
+        let users = "[[users]]\nname = \"app\"\npassword = \"apppw\"\n";
+        let cfg = Config::parse(&format!("[routing]\nsplit = true\nmax_replica_lag = \"3s\"\n{backend}{users}")).unwrap();
+        assert_eq!(cfg.routing.max_replica_lag, Duration::from_secs(3));
+        assert_eq!(cfg.routing.read_only_transactions, ReadOnlyTransactions::Primary);
     }
 
     #[test]

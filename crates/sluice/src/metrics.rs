@@ -154,6 +154,8 @@ pub struct BackendMetrics {
     pub primary: Gauge,
     /// A replica's `Seconds_Behind_Master` (-1: unknown, or not replicating).
     pub replica_lag: Gauge,
+    /// 1 while the backend is a replica fit for the split's reads.
+    pub serving_reads: Gauge,
 }
 
 /// Why a session moved to another backend connection.
@@ -169,10 +171,13 @@ pub enum MoveReason {
     Request,
     /// `move_every_statement` (testing).
     Test,
+    /// Its backend stopped serving as the primary (a failover): it goes to the new one.
+    Role,
 }
 
 impl MoveReason {
-    pub const ALL: [MoveReason; 5] = [MoveReason::Failure, MoveReason::Drain, MoveReason::Rebalance, MoveReason::Request, MoveReason::Test];
+    pub const ALL: [MoveReason; 6] =
+        [MoveReason::Failure, MoveReason::Drain, MoveReason::Rebalance, MoveReason::Request, MoveReason::Test, MoveReason::Role];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -181,6 +186,68 @@ impl MoveReason {
             MoveReason::Rebalance => "rebalance",
             MoveReason::Request => "request",
             MoveReason::Test => "test",
+            MoveReason::Role => "role",
+        }
+    }
+}
+
+/// Where the read/write split sent a statement of a session that held no connection, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// A read, to a replica.
+    Read,
+    /// `START TRANSACTION READ ONLY`, to a replica (`read_only_transactions = "replica"`).
+    ReadOnlyTransaction,
+    /// A read, to the primary: no replica was fit for reads.
+    NoReplica,
+    /// To the primary, for the reason [`sluice_proto::rw::Why`] gives, by its index there.
+    Primary(u8),
+    /// A transaction begins: to the primary.
+    Begin,
+    /// The session runs with autocommit off: every statement may open a transaction.
+    AutocommitOff,
+    /// Session state only (`SET`, `USE`) or what the previous statement left: where it is.
+    Current,
+}
+
+/// The `reason` labels of [`Split::Primary`], in the order of [`sluice_proto::rw::Why`].
+const SPLIT_WHY: [&str; 11] = [
+    "write",
+    "transaction",
+    "locking_read",
+    "into",
+    "side_effect",
+    "last_insert_id",
+    "user_variable",
+    "procedure",
+    "function",
+    "server_specific",
+    "multi",
+];
+
+impl Split {
+    /// Where, and why: the labels of the series.
+    fn labels(i: usize) -> (&'static str, &'static str) {
+        match i {
+            0 => ("replica", "read"),
+            1 => ("replica", "read_only_transaction"),
+            2 => ("primary", "no_replica"),
+            3 => ("primary", "begin"),
+            4 => ("primary", "autocommit_off"),
+            5 => ("current", "session_state"),
+            i => ("primary", SPLIT_WHY[(i - 6) % SPLIT_WHY.len()]),
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Split::Read => 0,
+            Split::ReadOnlyTransaction => 1,
+            Split::NoReplica => 2,
+            Split::Begin => 3,
+            Split::AutocommitOff => 4,
+            Split::Current => 5,
+            Split::Primary(why) => 6 + usize::from(why) % SPLIT_WHY.len(),
         }
     }
 }
@@ -234,11 +301,13 @@ pub struct Metrics {
     pub bytes_to_clients: ShardedCounter,
     errors: [Counter; 3],
     /// Sessions moved to another backend connection, by [`MoveReason`]: [moved, failed].
-    pub session_moves: [[Counter; 2]; 5],
+    pub session_moves: [[Counter; 2]; 6],
     /// Times a multiplexed session kept its connection at a safe point, by pin.
     session_pins: Family<Labels, Counter>,
     /// Passes of the rebalancer.
     pub rebalance_runs: Counter,
+    /// Statements the read/write split routed, by [`Split::index`].
+    split: Vec<ShardedCounter>,
     /// The series of the configured backends, in order.
     pub backends: Vec<BackendMetrics>,
     backend_families: BackendFamilies,
@@ -259,6 +328,7 @@ struct BackendFamilies {
     shared_spare: Family<Labels, Gauge>,
     primary: Family<Labels, Gauge>,
     replica_lag: Family<Labels, Gauge>,
+    serving_reads: Family<Labels, Gauge>,
 }
 
 impl BackendFamilies {
@@ -272,6 +342,12 @@ impl BackendFamilies {
             "backend_replica_lag_seconds",
             "A replica's Seconds_Behind_Master as the health checks last read it (-1: unknown or not replicating)",
             replica_lag.clone(),
+        );
+        let serving_reads = Family::<Labels, Gauge>::default();
+        registry.register(
+            "backend_serving_reads",
+            "1 when the backend is a replica the read/write split sends reads to (replicating, within max_replica_lag)",
+            serving_reads.clone(),
         );
         let sessions = Family::<Labels, Gauge>::default();
         registry.register("backend_sessions", "Client sessions on the backend now", sessions.clone());
@@ -324,6 +400,7 @@ impl BackendFamilies {
             shared_spare,
             primary,
             replica_lag,
+            serving_reads,
         }
     }
 
@@ -343,6 +420,7 @@ impl BackendFamilies {
             shared_spare: self.shared_spare.get_or_create(&l).clone(),
             primary: self.primary.get_or_create(&l).clone(),
             replica_lag: self.replica_lag.get_or_create(&l).clone(),
+            serving_reads: self.serving_reads.get_or_create(&l).clone(),
         }
     }
 
@@ -361,6 +439,7 @@ impl BackendFamilies {
         self.shared_spare.remove(&l);
         self.primary.remove(&l);
         self.replica_lag.remove(&l);
+        self.serving_reads.remove(&l);
     }
 }
 
@@ -405,6 +484,19 @@ impl Metrics {
             session_pins.clone(),
         );
 
+        let split_family = Family::<Labels, ShardedCounter>::default();
+        registry.register(
+            "split_statements",
+            "Statements the read/write split routed (those of sessions holding no connection), by where and why",
+            split_family.clone(),
+        );
+        let split = (0..6 + SPLIT_WHY.len())
+            .map(|i| {
+                let (to, reason) = Split::labels(i);
+                split_family.get_or_create(&vec![("to", to.into()), ("reason", reason.into())]).clone()
+            })
+            .collect();
+
         let backend_families = BackendFamilies::register(&mut registry);
         let backends = backend_names.iter().map(|n| backend_families.series(n)).collect();
 
@@ -420,6 +512,7 @@ impl Metrics {
             session_moves,
             session_pins,
             rebalance_runs,
+            split,
             backends,
             backend_families,
         }
@@ -442,6 +535,12 @@ impl Metrics {
     /// A multiplexed session kept its connection for a reason it did not have before.
     pub fn pinned(&self, reason: &'static str) {
         self.session_pins.get_or_create(&vec![("reason", reason.into())]).inc();
+    }
+
+    /// A statement the read/write split routed.
+    #[inline]
+    pub fn split(&self, s: Split) {
+        self.split[s.index()].inc();
     }
 
     #[inline]

@@ -4,34 +4,61 @@
 //! Moves are asked of the sessions (`SessionHandle::ask_move`) and made at their next safe
 //! point; at most `rebalance_rate` per second per worker, and a session that moved is left
 //! alone for `rebalance_interval`. Sessions sluice cannot move (passthrough) stay, but count.
+//! The same pass follows a failover: sessions leave a backend that stopped being the primary.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::config::Role;
 use crate::ctx::Ctx;
 use crate::metrics::MoveReason;
 
 /// Runs until the process ends.
 pub async fn run(ctx: &Ctx) {
     let p = &ctx.config.proxy;
-    if !p.rebalance {
-        return std::future::pending().await;
-    }
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if !ctx.is_draining() {
+        if ctx.is_draining() {
+            continue;
+        }
+        follow_roles(ctx);
+        if p.rebalance {
             once(ctx, p.rebalance_rate as usize * ctx.config.lanes());
             ctx.metrics.rebalance_runs.inc();
         }
     }
 }
 
-/// Asks at most `budget` moves; returns how many it asked.
+/// After a failover: sessions on a backend that no longer serves as the primary move to the
+/// one that does, at their next safe point (all of them: a failover does not wait for a rate).
+/// Split sessions choose at every statement and are left alone. Returns how many were asked.
+pub fn follow_roles(ctx: &Ctx) -> usize {
+    let list = ctx.backends.list();
+    if !list.iter().any(|b| b.is_usable() && b.serves_as() == Role::Primary) {
+        return 0;
+    }
+    let demoted = |i: u32| list.iter().any(|b| b.index as u32 == i && b.serves_as() == Role::Replica);
+    let mut asked = 0;
+    for h in ctx.sessions.all() {
+        let stays = h.split.load(Ordering::Relaxed) || h.move_asked() || !h.can_move.load(Ordering::Relaxed);
+        if !stays && demoted(h.backend_index.load(Ordering::Relaxed)) {
+            h.ask_move(None, MoveReason::Role);
+            asked += 1;
+        }
+    }
+    if asked > 0 {
+        tracing::info!(moves = asked, "moving sessions off backends that no longer serve as the primary");
+    }
+    asked
+}
+
+/// Asks at most `budget` moves; returns how many it asked. Sessions are spread over the
+/// backends serving as the primary (split sessions route each statement and are left alone).
 pub fn once(ctx: &Ctx, budget: usize) -> usize {
     let list = ctx.backends.list();
-    let usable: Vec<_> = list.iter().filter(|b| b.is_usable()).collect();
+    let usable: Vec<_> = list.iter().filter(|b| b.is_usable() && b.serves_as() == Role::Primary).collect();
     if usable.len() < 2 || budget == 0 {
         return 0;
     }
@@ -43,6 +70,9 @@ pub fn once(ctx: &Ctx, budget: usize) -> usize {
     let mut candidates: Vec<(usize, std::sync::Arc<crate::session::SessionHandle>)> = Vec::new();
     for h in ctx.sessions.all() {
         let Some(at) = slot(h.backend_index.load(Ordering::Relaxed) as usize) else { continue };
+        if h.split.load(Ordering::Relaxed) {
+            continue;
+        }
         let can_move = h.can_move.load(Ordering::Relaxed);
         if !can_move && h.move_reason() == Some(MoveReason::Rebalance) {
             // Pinned since it was asked: another session goes instead.

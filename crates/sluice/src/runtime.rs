@@ -266,7 +266,7 @@ fn spawn_control(
         .name("sluice-control".into())
         .spawn(move || {
             rt.block_on(async move {
-                crate::backend::health::spawn(&ctx.backends.list(), &ctx.config.health);
+                crate::backend::health::spawn(&ctx.backends.list(), &ctx.config.health, ctx.config.routing.max_replica_lag);
                 tokio::spawn(return_memory(ctx.clone()));
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::deadline::sweep(&c.clock, &c.sessions).await });

@@ -170,6 +170,10 @@ pub struct SessionState {
     pub reads_row_count: bool,
     /// What `LAST_INSERT_ID()` returns: the last id an insert generated (0: none yet).
     pub last_insert_id: u64,
+    /// The GTID of the session's last transaction that wrote (MariaDB's read-only `last_gtid`,
+    /// reported by session tracking with the binary log on; empty: none yet). Not a variable to
+    /// restore elsewhere.
+    pub last_gtid: String,
     /// Statements prepared with SQL `PREPARE name FROM '...'`, by lowercased name: the query
     /// that prepared each, which prepares it again on another connection.
     pub sql_prepared: Vars,
@@ -273,6 +277,11 @@ impl SessionState {
                     r.variables = true;
                     // (No schema at all is reported as an empty one.)
                     self.schema = (!s.is_empty()).then(|| String::from_utf8_lossy(s).into_owned());
+                }
+                StateChange::SystemVariable { name, value } if name.eq_ignore_ascii_case(b"last_gtid") => {
+                    r.variables = true;
+                    self.last_gtid.clear();
+                    self.last_gtid.push_str(&String::from_utf8_lossy(value));
                 }
                 StateChange::SystemVariable { name, value } => {
                     r.variables = true;
@@ -477,6 +486,9 @@ pub struct SessionHandle {
     /// Sluice could move the session at its next safe point: it holds the credentials (users
     /// mode) and nothing it cannot recreate is open (as last published).
     pub can_move: AtomicBool,
+    /// Its statements are routed one by one (read/write split): the backend it is bound to
+    /// changes with them, and the rebalancer leaves it alone.
+    pub split: AtomicBool,
     /// When it last moved (milliseconds of `metrics::mono_ns`; 0: never).
     pub moved_at_ms: AtomicU64,
     pub info: Mutex<SessionInfo>,
@@ -503,6 +515,7 @@ impl SessionHandle {
             move_to: AtomicU32::new(NO_MOVE),
             move_why: AtomicU8::new(0),
             can_move: AtomicBool::new(false),
+            split: AtomicBool::new(false),
             moved_at_ms: AtomicU64::new(0),
             info: Mutex::new(SessionInfo {
                 id,
@@ -530,7 +543,14 @@ impl SessionHandle {
         self.backend_index.store(index as u32, Ordering::Relaxed);
         self.backend_thread_id.store(thread_id, Ordering::Relaxed);
         let mut i = self.info.lock();
-        i.backend = Some(name.to_string());
+        // (Reusing the string: a split session changes backend at many statements.)
+        match &mut i.backend {
+            Some(b) => {
+                b.clear();
+                b.push_str(name);
+            }
+            None => i.backend = Some(name.to_string()),
+        }
         i.backend_thread_id = Some(thread_id);
     }
 

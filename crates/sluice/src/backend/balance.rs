@@ -1,10 +1,21 @@
-//! Choosing a backend for a new session.
+//! Choosing a backend: for a new session (and a move), the primary; for a read of the
+//! read/write split, a replica fit for reads.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::{Backend, Backends};
-use crate::config::Policy;
+use crate::config::{Policy, Role};
+
+/// Which backends a choice is among.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// Those serving as the primary: where sessions and writes go. When none is usable, any
+    /// usable backend (a session may still read there; a write gets the server's error).
+    Primary,
+    /// Replicas fit for reads ([`Backend::fit_for_reads`]).
+    Reads,
+}
 
 /// Balancer state shared by all workers.
 pub struct Balancer {
@@ -28,9 +39,19 @@ impl Balancer {
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
-    /// Picks an up backend not in `exclude`, or None when there is none.
-    pub fn pick(&self, backends: &Backends, exclude: &[usize]) -> Option<Arc<Backend>> {
-        let usable = |b: &&Arc<Backend>| b.is_usable() && !exclude.contains(&b.index);
+    /// Picks a backend of the kind `want` names, not in `exclude`, or None when there is none.
+    pub fn pick(&self, backends: &Backends, exclude: &[usize], want: Want) -> Option<Arc<Backend>> {
+        match want {
+            Want::Primary => self
+                .pick_among(backends, |b| b.is_usable() && b.serves_as() == Role::Primary && !exclude.contains(&b.index))
+                .or_else(|| self.pick_among(backends, |b| b.is_usable() && !exclude.contains(&b.index))),
+            Want::Reads => self.pick_among(backends, |b| b.fit_for_reads() && !exclude.contains(&b.index)),
+        }
+    }
+
+    /// Picks one of the backends `fits` accepts, by the policy.
+    fn pick_among(&self, backends: &Backends, fits: impl Fn(&Backend) -> bool) -> Option<Arc<Backend>> {
+        let usable = |b: &&Arc<Backend>| fits(b);
         let list = backends.list();
         let n = list.len();
         if n == 0 {
@@ -84,6 +105,7 @@ impl Balancer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Replication;
     use crate::config::Config;
 
     fn backends(weights: &[u32]) -> Backends {
@@ -112,11 +134,35 @@ mod tests {
         let _a = bs.list()[0].bind();
         let _b = bs.list()[0].bind();
         let _c = bs.list()[1].bind();
-        assert_eq!(lb.pick(&bs, &[]).unwrap().index, 2);
+        assert_eq!(lb.pick(&bs, &[], Want::Primary).unwrap().index, 2);
         bs.list()[2].set_up(false);
-        assert_eq!(lb.pick(&bs, &[]).unwrap().index, 1);
-        assert_eq!(lb.pick(&bs, &[1]).unwrap().index, 0);
-        assert!(lb.pick(&bs, &[0, 1]).is_none());
+        assert_eq!(lb.pick(&bs, &[], Want::Primary).unwrap().index, 1);
+        assert_eq!(lb.pick(&bs, &[1], Want::Primary).unwrap().index, 0);
+        assert!(lb.pick(&bs, &[0, 1], Want::Primary).is_none());
+    }
+
+    #[test]
+    fn sessions_go_to_primaries_and_reads_to_replicas_fit_for_them() {
+        let bs = backends(&[1, 1, 1]);
+        let lb = Balancer::new(Policy::RoundRobin);
+        let replica = Replication { read_only: Some(true), ..Default::default() };
+        let status =
+            |behind| sluice_proto::replication::ReplicaStatus { running: true, seconds_behind: Some(behind), ..Default::default() };
+        let lag = std::time::Duration::from_secs(10);
+        bs.list()[1].observed(Replication { replica: Some(status(0)), ..replica.clone() }, lag);
+        bs.list()[2].observed(Replication { replica: Some(status(11)), ..replica.clone() }, lag);
+        assert!((0..6).all(|_| lb.pick(&bs, &[], Want::Primary).unwrap().index == 0));
+        // The replica 11 s behind serves no reads; the other does.
+        assert!((0..6).all(|_| lb.pick(&bs, &[], Want::Reads).unwrap().index == 1));
+        assert!(bs.list()[2].replication.lock().reads_out.as_deref().is_some_and(|w| w.contains("11 s behind")));
+        bs.list()[2].observed(Replication { replica: Some(status(3)), ..replica.clone() }, lag);
+        let reads: Vec<usize> = (0..6).map(|_| lb.pick(&bs, &[], Want::Reads).unwrap().index).collect();
+        assert!(reads.contains(&1) && reads.contains(&2) && !reads.contains(&0), "{reads:?}");
+        // A stopped replica serves none; with no primary up, sessions go where they can.
+        bs.list()[1].observed(Replication { replica: Some(sluice_proto::replication::ReplicaStatus::default()), ..replica.clone() }, lag);
+        assert!((0..6).all(|_| lb.pick(&bs, &[], Want::Reads).unwrap().index == 2));
+        bs.list()[0].set_up(false);
+        assert!(lb.pick(&bs, &[], Want::Primary).is_some_and(|b| b.index != 0));
     }
 
     #[test]
@@ -124,7 +170,7 @@ mod tests {
         let bs = backends(&[1, 1, 1]);
         let lb = Balancer::new(Policy::RoundRobin);
         bs.list()[1].set_up(false);
-        let picks: Vec<usize> = (0..6).map(|_| lb.pick(&bs, &[]).unwrap().index).collect();
+        let picks: Vec<usize> = (0..6).map(|_| lb.pick(&bs, &[], Want::Primary).unwrap().index).collect();
         assert_eq!(picks.iter().filter(|&&i| i == 0).count(), picks.iter().filter(|&&i| i == 2).count());
         assert!(!picks.contains(&1));
     }
@@ -133,9 +179,9 @@ mod tests {
     fn weighted_random_follows_weights() {
         let bs = backends(&[1, 3]);
         let lb = Balancer::new(Policy::WeightedRandom);
-        let heavy = (0..4000).filter(|_| lb.pick(&bs, &[]).unwrap().index == 1).count();
+        let heavy = (0..4000).filter(|_| lb.pick(&bs, &[], Want::Primary).unwrap().index == 1).count();
         // Expected 3000 of 4000; the bound is far from what chance produces.
         assert!((2600..3400).contains(&heavy), "{heavy}");
-        assert!(lb.pick(&bs, &[0, 1]).is_none());
+        assert!(lb.pick(&bs, &[0, 1], Want::Primary).is_none());
     }
 }

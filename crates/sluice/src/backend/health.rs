@@ -23,15 +23,16 @@ use super::{Backend, Replication};
 use crate::config::HealthConfig;
 use crate::net::PacketConn;
 
-/// Starts the checks of every backend (tasks that run until the process ends).
-pub fn spawn(backends: &[Arc<Backend>], cfg: &HealthConfig) {
+/// Starts the checks of every backend (tasks that run until the process ends). A replica
+/// further behind than `max_lag` serves no reads (`routing.max_replica_lag`).
+pub fn spawn(backends: &[Arc<Backend>], cfg: &HealthConfig, max_lag: Duration) {
     for b in backends {
         let (b, cfg) = (b.clone(), cfg.clone());
-        tokio::spawn(async move { check_loop(&b, &cfg).await });
+        tokio::spawn(async move { check_loop(&b, &cfg, max_lag).await });
     }
 }
 
-async fn check_loop(b: &Backend, cfg: &HealthConfig) {
+async fn check_loop(b: &Backend, cfg: &HealthConfig, max_lag: Duration) {
     let monitor = match (&cfg.user, &cfg.password) {
         (Some(u), p) => Some((u.clone(), Credential::Password(p.clone().unwrap_or_default().into_bytes()))),
         _ => None,
@@ -45,13 +46,13 @@ async fn check_loop(b: &Backend, cfg: &HealthConfig) {
         }
         let now = crate::metrics::mono_ns() / 1_000_000;
         let passive = b.is_up() && monitor.is_none() && b.activity.since_ms(now) < cfg.interval.as_millis() as u64;
-        let result = if passive { Ok(()) } else { probe(b, cfg, monitor.as_ref()).await };
+        let result = if passive { Ok(()) } else { probe(b, cfg, monitor.as_ref(), max_lag).await };
         apply(b, cfg, result);
     }
 }
 
 /// One probe; Err carries the reason for logs, errors and the admin API.
-pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Credential)>) -> Result<(), String> {
+pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Credential)>, max_lag: Duration) -> Result<(), String> {
     let work = async {
         let (conn, g) = bconn::open(b, cfg.timeout).await.map_err(|e| e.message)?;
         // As for a TLS client's session: a backend with backend_tls "on" that does not offer
@@ -77,7 +78,7 @@ pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Cr
         }
         let replication = observe(&mut conn, caps).await?;
         bconn::quit(conn).await;
-        if let Some(role) = b.observed(replication) {
+        if let Some(role) = b.observed(replication, max_lag) {
             tracing::warn!(backend = %b.name, address = %b.address, role = role.name(), "backend changed role");
         }
         Ok(())

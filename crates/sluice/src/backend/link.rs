@@ -56,10 +56,11 @@ pub async fn link_on(b: Arc<Backend>, tried: &mut Vec<(usize, Error)>, fit: Fit,
     open_on(b, tried).await.map(Link::Fresh)
 }
 
-/// The balancer's choice among the backends not tried yet, or the error for the client.
+/// The balancer's choice of a primary (any backend when none is usable) among the backends not
+/// tried yet, or the error for the client.
 pub fn pick(backends: &Backends, tried: &[(usize, Error)]) -> Result<Arc<Backend>> {
     let exclude: Vec<usize> = tried.iter().map(|(i, _)| *i).collect();
-    if let Some(b) = backends.balancer.pick(backends, &exclude) {
+    if let Some(b) = backends.balancer.pick(backends, &exclude, super::balance::Want::Primary) {
         return Ok(b);
     }
     // A backend that refused with its own error (1040 Too many connections, a blocked host)

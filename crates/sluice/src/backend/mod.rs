@@ -52,6 +52,30 @@ pub struct Replication {
     pub replica: Option<sluice_proto::replication::ReplicaStatus>,
     /// Why its replication status could not be read (the monitor user lacks `SLAVE MONITOR`).
     pub unreadable: Option<String>,
+    /// Why, as a replica, it serves no reads of the split (lag, replication stopped).
+    pub reads_out: Option<String>,
+}
+
+impl Replication {
+    /// Why a replica in this state should serve no reads: it does not replicate, or lags more
+    /// than `max_lag` (zero: no bound). A status the monitor may not read does not count.
+    fn reads_out(&self, max_lag: std::time::Duration) -> Option<String> {
+        if self.unreadable.is_some() {
+            return None;
+        }
+        let Some(s) = &self.replica else { return Some("it replicates from nobody".into()) };
+        if !s.running {
+            let error = if s.last_error.is_empty() { String::new() } else { format!(": {}", s.last_error) };
+            return Some(format!("replication stopped{error}"));
+        }
+        match s.seconds_behind {
+            None => Some("lag unknown (Seconds_Behind_Master is NULL)".into()),
+            Some(l) if !max_lag.is_zero() && l > max_lag.as_secs() => {
+                Some(format!("{l} s behind its primary (max_replica_lag {} s)", max_lag.as_secs()))
+            }
+            Some(_) => None,
+        }
+    }
 }
 
 /// When a backend last served traffic successfully (passive health): milliseconds of the
@@ -92,6 +116,8 @@ pub struct Backend {
     pub role: Role,
     /// The part it plays now (a [`Role`] as u8: never `Auto`).
     serving: AtomicU8,
+    /// As a replica, it may serve the split's reads (lag and replication as last read).
+    reads_ok: AtomicBool,
     pub replication: Mutex<Replication>,
     /// Bound on connecting (TCP and greeting) and on each login exchange after it
     /// (`proxy.connect_timeout`): authentication, COM_CHANGE_USER, session set-up and restore.
@@ -123,8 +149,16 @@ impl Backend {
         if self.serving.load(Ordering::Relaxed) == Role::Replica as u8 { Role::Replica } else { Role::Primary }
     }
 
-    /// Records what the health checks read; returns the part it plays now when that changed.
-    pub fn observed(&self, r: Replication) -> Option<Role> {
+    /// A replica that may serve the split's reads now: up, not draining, replicating within
+    /// `max_replica_lag` as the health checks last read it.
+    #[inline]
+    pub fn fit_for_reads(&self) -> bool {
+        self.is_usable() && self.serving.load(Ordering::Relaxed) == Role::Replica as u8 && self.reads_ok.load(Ordering::Relaxed)
+    }
+
+    /// Records what the health checks read (a replica lagging more than `max_lag` serves no
+    /// reads); returns the part it plays now when that changed.
+    pub fn observed(&self, mut r: Replication, max_lag: std::time::Duration) -> Option<Role> {
         let role = match (self.role, r.read_only) {
             (Role::Auto, Some(true)) => Role::Replica,
             (Role::Auto, _) => Role::Primary,
@@ -133,6 +167,15 @@ impl Backend {
         let lag = r.replica.as_ref().and_then(|s| s.seconds_behind);
         self.metrics.replica_lag.set(lag.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX)));
         self.metrics.primary.set(i64::from(role == Role::Primary));
+        r.reads_out = if role == Role::Replica { r.reads_out(max_lag) } else { None };
+        let reads_ok = r.reads_out.is_none();
+        if reads_ok != self.reads_ok.swap(reads_ok, Ordering::Relaxed) && role == Role::Replica {
+            match &r.reads_out {
+                Some(why) => tracing::warn!(backend = %self.name, reason = %why, "replica serves no reads"),
+                None => tracing::info!(backend = %self.name, "replica serves reads again"),
+            }
+        }
+        self.metrics.serving_reads.set(i64::from(role == Role::Replica && reads_ok));
         *self.replication.lock() = r;
         let before = self.serving.swap(role as u8, Ordering::Relaxed);
         (before != role as u8).then_some(role)
@@ -145,6 +188,7 @@ impl Backend {
         metrics.up.set(1);
         metrics.primary.set(i64::from(c.role != Role::Replica));
         metrics.replica_lag.set(-1);
+        metrics.serving_reads.set(i64::from(c.role == Role::Replica));
         Ok(Backend {
             index,
             name: c.name.clone().unwrap_or_else(|| c.address.get_ref().clone()),
@@ -153,6 +197,7 @@ impl Backend {
             tls,
             role: c.role,
             serving: AtomicU8::new(if c.role == Role::Replica { Role::Replica as u8 } else { Role::Primary as u8 }),
+            reads_ok: AtomicBool::new(true),
             replication: Mutex::new(Replication::default()),
             connect_timeout: p.connect_timeout,
             up: AtomicBool::new(true),

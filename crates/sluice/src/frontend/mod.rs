@@ -4,6 +4,7 @@ mod client;
 mod commands;
 mod login;
 mod relay;
+mod split;
 mod statement;
 mod switch;
 mod verify;

@@ -19,13 +19,13 @@ use crate::backend::shared::{ConnState, Key, Slot};
 use crate::ctx::Ctx;
 use crate::deadline::Watch;
 use crate::error::{Error, Result, Side};
-use crate::metrics::mono_ns;
+use crate::metrics::{Split, mono_ns};
 use crate::net::{BUF_SIZE, LARGE_BUF_SIZE, PacketConn, buffers};
 use crate::session::{SessionHandle, SessionState, StateSink};
 use sluice_proto::sql::SqlPrepare;
 
 /// Commands up to this size are read whole before being forwarded; larger ones are streamed.
-const INSPECT_LIMIT: usize = 1 << 20;
+pub(super) const INSPECT_LIMIT: usize = 1 << 20;
 
 pub struct Session<'a> {
     pub(super) ctx: &'a Ctx,
@@ -58,6 +58,9 @@ pub struct Session<'a> {
     /// Users-mode sessions of a multiplexing listener give their connection back at every safe
     /// point (`switch.rs`).
     pub(super) multiplex: bool,
+    /// Statements are routed one by one: reads to replicas, the rest to the primary
+    /// (`split.rs`; users mode; such a session multiplexes).
+    pub(super) split: bool,
     /// What the backend connection carries (users mode); None while the session holds none.
     pub(super) conn: Option<Box<ConnState>>,
     /// Which spare connections the session may take (users mode: sluice holds credentials).
@@ -104,7 +107,9 @@ impl<'a> Session<'a> {
         client.write_timeout = ctx.config.proxy.client_write_timeout;
         let key = (l.credential.is_some() && l.profile.is_some())
             .then(|| Box::new(Key { user: std::sync::Arc::from(l.state.user.as_str()), fit: l.fit, collation: l.state.collation }));
-        let multiplex = multiplex && key.is_some();
+        let split = ctx.config.routing.split && key.is_some();
+        handle.split.store(split, Ordering::Relaxed);
+        let multiplex = (multiplex || split) && key.is_some();
         let mut state = l.state;
         state.stmt_ids_mapped |= multiplex;
         Session {
@@ -127,6 +132,7 @@ impl<'a> Session<'a> {
             waker: None,
             touched: false,
             multiplex,
+            split,
             conn: l.conn,
             key,
             slot: l.slot,
@@ -281,9 +287,16 @@ impl<'a> Session<'a> {
         let body_end = HEADER + h.len.min(INSPECT_LIMIT);
         // COM_PING changes nothing on the server.
         self.touched |= cmd != com::PING && cmd != com::QUIT;
+        // The read/write split: where the statement should run.
+        let aim = if self.split { self.wants(cmd, body_end) } else { None };
+        if let Some((target, _)) = aim
+            && self.leaves_replica(target)
+        {
+            Box::pin(self.leave_replica()).await?;
+        }
         if cmd != com::QUIT
             && (self.lost.is_some() || self.backend.is_detached())
-            && let Err(e) = self.take_connection(cmd).await?
+            && let Err(e) = self.take_connection(cmd, aim).await?
         {
             return self.refuse_command(e).await;
         }
@@ -372,14 +385,18 @@ impl<'a> Session<'a> {
     /// Makes sure the session holds a backend connection for a command: a lost one replaced
     /// (or the session ends), and a multiplexed session's taken. The inner error is the
     /// command's: no connection could be had for it.
-    async fn take_connection(&mut self, cmd: u8) -> Result<std::result::Result<(), Error>> {
+    /// A split session's connection is taken where `aim` says.
+    async fn take_connection(&mut self, cmd: u8, aim: Option<(super::split::Target, Split)>) -> Result<std::result::Result<(), Error>> {
         if let Some(reason) = self.lost.take() {
             Box::pin(self.move_or_fail(&reason)).await?;
         }
-        if self.backend.is_detached()
-            && !(cmd == com::STMT_CLOSE && self.multiplex)
-            && let Err(found) = self.attach_at_once()
-        {
+        if !self.backend.is_detached() || (cmd == com::STMT_CLOSE && self.multiplex) {
+            return Ok(Ok(()));
+        }
+        if let Some((target, why)) = aim {
+            self.aim(target, why);
+        }
+        if let Err(found) = self.attach_at_once() {
             // Boxed: a new login, a state to bring or a wait for a connection is the rare path,
             // and its future large.
             return Ok(Box::pin(self.attach(found)).await);

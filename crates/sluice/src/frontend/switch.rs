@@ -78,7 +78,7 @@ impl Session<'_> {
     /// Reads back the user variables that statements named since the last time, so that
     /// another connection can be given them. Values sluice cannot write back exactly pin the
     /// session instead.
-    async fn read_back(&mut self) -> Result<()> {
+    pub(super) async fn read_back(&mut self) -> Result<()> {
         use sluice_proto::sql::hazard;
         let names = std::mem::take(&mut self.state.unread_variables);
         let caps = self.backend_caps();
