@@ -333,12 +333,34 @@ pub struct RoutingConfig {
     pub max_replica_lag: Duration,
     /// Where `START TRANSACTION READ ONLY` runs: "primary" or "replica".
     pub read_only_transactions: ReadOnlyTransactions,
+    /// "session": a read sent to a replica after the session wrote first waits there (in the
+    /// same round trip) for the session's last GTID; "none": it does not.
+    pub causal_reads: CausalReads,
+    /// How long that wait may last before the read runs on the primary instead (0: the replica
+    /// must have the write already).
+    #[serde(deserialize_with = "duration")]
+    pub causal_reads_timeout: Duration,
 }
 
 impl Default for RoutingConfig {
     fn default() -> Self {
-        RoutingConfig { split: false, max_replica_lag: Duration::from_secs(10), read_only_transactions: ReadOnlyTransactions::Primary }
+        RoutingConfig {
+            split: false,
+            max_replica_lag: Duration::from_secs(10),
+            read_only_transactions: ReadOnlyTransactions::Primary,
+            causal_reads: CausalReads::None,
+            causal_reads_timeout: Duration::from_secs(1),
+        }
     }
+}
+
+/// Whether a session's reads on replicas see its own writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CausalReads {
+    #[default]
+    None,
+    Session,
 }
 
 /// Where the split sends a read-only transaction.

@@ -208,6 +208,10 @@ pub enum Split {
     AutocommitOff,
     /// Session state only (`SET`, `USE`) or what the previous statement left: where it is.
     Current,
+    /// A read after the session's last write (`causal_reads = "session"`), to the primary: the
+    /// replica had not applied the write within `causal_reads_timeout` (its answer was dropped),
+    /// or the read was a prepared statement, which cannot wait first.
+    Causal,
 }
 
 /// The `reason` labels of [`Split::Primary`], in the order of [`sluice_proto::rw::Why`].
@@ -235,7 +239,8 @@ impl Split {
             3 => ("primary", "begin"),
             4 => ("primary", "autocommit_off"),
             5 => ("current", "session_state"),
-            i => ("primary", SPLIT_WHY[(i - 6) % SPLIT_WHY.len()]),
+            6 => ("primary", "causal"),
+            i => ("primary", SPLIT_WHY[(i - 7) % SPLIT_WHY.len()]),
         }
     }
 
@@ -247,7 +252,8 @@ impl Split {
             Split::Begin => 3,
             Split::AutocommitOff => 4,
             Split::Current => 5,
-            Split::Primary(why) => 6 + usize::from(why) % SPLIT_WHY.len(),
+            Split::Causal => 6,
+            Split::Primary(why) => 7 + usize::from(why) % SPLIT_WHY.len(),
         }
     }
 }
@@ -490,7 +496,7 @@ impl Metrics {
             "Statements the read/write split routed (those of sessions holding no connection), by where and why",
             split_family.clone(),
         );
-        let split = (0..6 + SPLIT_WHY.len())
+        let split = (0..7 + SPLIT_WHY.len())
             .map(|i| {
                 let (to, reason) = Split::labels(i);
                 split_family.get_or_create(&vec![("to", to.into()), ("reason", reason.into())]).clone()

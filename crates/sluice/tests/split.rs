@@ -191,3 +191,45 @@ async fn replicas_behind_serve_no_reads_and_a_promotion_is_followed() {
     p.query_drop(WRITE).await.unwrap();
     assert_eq!(last_written(&t), "s1");
 }
+
+/// Inserts `n` rows through `c`, each followed by a read of it; how many reads saw their row.
+async fn insert_then_select(c: &mut mysql_async::Conn, tag: &str, n: usize) -> usize {
+    let mut seen = 0;
+    for i in 0..n {
+        c.query_drop(format!("INSERT INTO items (v) VALUES ('{tag}{i}')")).await.unwrap();
+        let found: i64 = c.query_first(format!("SELECT COUNT(*) FROM items WHERE v = '{tag}{i}'")).await.unwrap().unwrap();
+        seen += found as usize;
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn causal_reads_see_the_sessions_own_writes() {
+    let t = Topology::start(1);
+    label(&t);
+    // A replica 2 s behind: without causal reads a read right after a write misses it.
+    t.delay(1, 2);
+    let none = sluice(&t, "split = true\n");
+    let causal = sluice(&t, "split = true\ncausal_reads = \"session\"\ncausal_reads_timeout = \"0s\"\n");
+    wait_serving_reads(&none, &["s1"]);
+    wait_serving_reads(&causal, &["s1"]);
+    let mut c = other(&none).await;
+    let missed = 1000 - insert_then_select(&mut c, "n", 1000).await;
+    assert!(missed > 0, "the control run without causal reads saw every row: the delay was not real");
+    let mut c = other(&causal).await;
+    assert_eq!(insert_then_select(&mut c, "c", 1000).await, 1000, "causal reads saw their own writes");
+    // Each of those reads found the replica without the write, and ran on the primary.
+    assert!(metric(&causal, "sluice_split_statements_total{to=\"primary\",reason=\"causal\"}") >= 1000);
+
+    // A replica that catches up within the timeout answers after waiting for the write.
+    t.delay(1, 0);
+    let waiting = sluice(&t, "split = true\ncausal_reads = \"session\"\ncausal_reads_timeout = \"30s\"\n");
+    wait_serving_reads(&waiting, &["s1"]);
+    let mut c = other(&waiting).await;
+    assert_eq!(insert_then_select(&mut c, "w", 200).await, 200);
+    assert_eq!(metric(&waiting, "sluice_split_statements_total{to=\"primary\",reason=\"causal\"}"), 0);
+    assert!(metric(&waiting, "sluice_split_statements_total{to=\"replica\",reason=\"read\"}") >= 200);
+    // (Reads with no write before them do not wait.)
+    let who: String = c.query_first(WHO).await.unwrap().unwrap();
+    assert_eq!(who, "s1");
+}

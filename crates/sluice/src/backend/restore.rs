@@ -244,6 +244,12 @@ pub async fn prepare(conn: &mut PacketConn, sql: &str, caps: u32, limit: Duratio
     .await
 }
 
+/// Reads one whole response off `conn` and drops it: the answer to a statement that will run
+/// elsewhere.
+pub async fn discard_response(conn: &mut PacketConn, caps: u32, expect: Expect) -> Result<()> {
+    read_response(&mut tracker(caps), expect, conn, &mut Collect::default()).await
+}
+
 fn tracker(caps: u32) -> ResponseTracker {
     ResponseTracker::new(caps & cap::DEPRECATE_EOF != 0, caps & cap::SESSION_TRACK != 0)
 }

@@ -61,6 +61,8 @@ pub struct Session<'a> {
     /// Statements are routed one by one: reads to replicas, the rest to the primary
     /// (`split.rs`; users mode; such a session multiplexes).
     pub(super) split: bool,
+    /// Causal reads: the session's last write and where it is known applied (split only).
+    pub(super) causal: Option<Box<super::split::Causal>>,
     /// What the backend connection carries (users mode); None while the session holds none.
     pub(super) conn: Option<Box<ConnState>>,
     /// Which spare connections the session may take (users mode: sluice holds credentials).
@@ -133,6 +135,7 @@ impl<'a> Session<'a> {
             touched: false,
             multiplex,
             split,
+            causal: None,
             conn: l.conn,
             key,
             slot: l.slot,
@@ -330,7 +333,12 @@ impl<'a> Session<'a> {
         done.multi_option = (cmd == com::SET_OPTION).then(|| self.client.rbuf.get(HEADER + 1) == Some(&0));
         self.before_command(cmd, stmt_id);
         let started = mono_ns();
+        // Causal reads: the wait for the session's last write goes first, in the same round trip.
+        let causal = if self.causal_due() { Box::pin(self.send_causal_wait(HEADER + h.len)).await? } else { None };
         let request_seq = self.forward_request().await?;
+        if let Some(copy) = causal {
+            Box::pin(self.causal_outcome(copy, expect)).await?;
+        }
         let mut sink = StateSink::new(&mut self.state);
         sink.preparing = done.preparing.as_deref();
         // Only an execute that asked for a cursor, or a fetch from one, moves its state.
@@ -394,7 +402,7 @@ impl<'a> Session<'a> {
             return Ok(Ok(()));
         }
         if let Some((target, why)) = aim {
-            self.aim(target, why);
+            self.aim(target, why, cmd == com::QUERY);
         }
         if let Err(found) = self.attach_at_once() {
             // Boxed: a new login, a state to bring or a wait for a connection is the rare path,

@@ -6,6 +6,11 @@
 //! as multiplexing does (schema, character set, variables; prepared statements prepared again
 //! on first use there), so state changes reach every connection the session uses.
 //!
+//! Causal reads (`causal_reads = "session"`): a read sent to a replica after the session wrote
+//! is preceded, in the same round trip, by `MASTER_GTID_WAIT` for the write's GTID (MariaDB
+//! reports it through session tracking as `last_gtid`); when the wait runs out the replica's
+//! answer is dropped and the read runs on the primary.
+//!
 //! A session that holds a connection (a transaction, a pin) runs its statements there; the
 //! transaction began on the primary. One held on a replica only until the next statement
 //! (warnings, `FOUND_ROWS()`) lets it go when that statement must run on the primary.
@@ -14,11 +19,30 @@ use sluice_proto::consts::{com, status};
 use sluice_proto::packet::HEADER;
 use sluice_proto::rw::{Class, Why, classify};
 
+use sluice_proto::response::Expect;
+
 use super::relay::Session;
 use crate::backend::balance::Want;
-use crate::config::{ReadOnlyTransactions, Role};
-use crate::error::Result;
+use crate::backend::restore;
+use crate::config::{CausalReads, ReadOnlyTransactions, Role};
+use crate::error::{Error, Result, Side};
 use crate::metrics::Split;
+
+/// Causal reads (`causal_reads = "session"`): the session's last write, and the replicas known
+/// to have applied it.
+#[derive(Debug, Default)]
+pub(super) struct Causal {
+    /// The GTID waited for.
+    gtid: String,
+    /// Replicas that have applied it (bits by backend index, modulo 64).
+    seen: u64,
+    /// The statement about to run must wait on its replica first.
+    due: bool,
+}
+
+fn replica_bit(index: usize) -> u64 {
+    1 << (index % 64)
+}
 
 /// Where a statement of a split session should run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,14 +85,20 @@ impl Session<'_> {
 
     /// Binds a session that holds no connection to the backend its next statement should run
     /// on: a replica fit for reads (the balancer's choice at every read), else the primary.
-    pub(super) fn aim(&mut self, target: Target, why: Split) {
-        let here = &self.guard;
+    /// With causal reads, a read after the session's last write waits on the replica first
+    /// (`query`: a text query, which can; a prepared statement goes to the primary instead).
+    pub(super) fn aim(&mut self, target: Target, why: Split, query: bool) {
+        let usable_here = self.guard.is_usable();
         let (b, why) = match target {
-            Target::Current if here.is_usable() => return self.ctx.metrics.split(why),
+            Target::Current if usable_here => return self.ctx.metrics.split(why),
             Target::Replica => match self.ctx.backends.balancer.pick(&self.ctx.backends, &[], Want::Reads) {
-                Some(b) => (b, why),
-                None => match self.primary() {
-                    Some(b) => (b, Split::NoReplica),
+                Some(b) if !self.must_wait(&b) => (b, why),
+                Some(b) if query => {
+                    self.causal.get_or_insert_with(Default::default).due = true;
+                    (b, why)
+                }
+                found => match self.primary() {
+                    Some(p) => (p, if found.is_some() { Split::Causal } else { Split::NoReplica }),
                     None => return self.ctx.metrics.split(Split::NoReplica),
                 },
             },
@@ -78,10 +108,82 @@ impl Session<'_> {
             },
         };
         self.ctx.metrics.split(why);
+        self.bind_to(&b);
+    }
+
+    fn bind_to(&mut self, b: &std::sync::Arc<crate::backend::Backend>) {
         if b.index != self.guard.index {
             self.guard = b.bind();
             self.handle.bind_backend(b.index, &b.name, 0);
         }
+    }
+
+    /// Causal reads: whether replica `b` may not have applied the session's last write yet (it
+    /// has not waited for it there since that write).
+    fn must_wait(&mut self, b: &crate::backend::Backend) -> bool {
+        if self.ctx.config.routing.causal_reads != CausalReads::Session || self.state.last_gtid.is_empty() {
+            return false;
+        }
+        let c = self.causal.get_or_insert_with(Default::default);
+        if c.gtid != self.state.last_gtid {
+            c.gtid.clone_from(&self.state.last_gtid);
+            c.seen = 0;
+        }
+        c.seen & replica_bit(b.index) == 0
+    }
+
+    /// Whether the statement about to be forwarded must be preceded by a causal read's wait.
+    #[inline]
+    pub(super) fn causal_due(&self) -> bool {
+        self.causal.as_ref().is_some_and(|c| c.due)
+    }
+
+    /// Sends `MASTER_GTID_WAIT` for the session's last write to the replica, just before the
+    /// statement (one round trip for both). Returns a copy of the statement (of `len` bytes, its
+    /// header included), to run on the primary if the wait runs out; None: no wait was sent.
+    pub(super) async fn send_causal_wait(&mut self, len: usize) -> Result<Option<Vec<u8>>> {
+        if let Some(c) = self.causal.as_mut() {
+            c.due = false;
+        }
+        let gtid = &self.state.last_gtid;
+        // (A GTID list is digits, '-' and ','; anything else is not put into SQL.)
+        let copy = self.client.rbuf.get(..len).map(<[u8]>::to_vec);
+        if copy.is_none() || !gtid.bytes().all(|b| b.is_ascii_digit() || b == b'-' || b == b',') {
+            return Ok(None);
+        }
+        let timeout = self.ctx.config.routing.causal_reads_timeout.as_secs_f64();
+        let body = format!("\u{3}SELECT MASTER_GTID_WAIT('{gtid}', {timeout})");
+        let mut packet = Vec::with_capacity(body.len() + HEADER);
+        sluice_proto::packet::frame(&mut packet, body.as_bytes(), 0);
+        let limit = self.ctx.config.proxy.response_timeout;
+        self.backend.stream.write_within(limit, &packet).await.map_err(|e| Error::io(Side::Backend, "sending a causal read's wait", e))?;
+        Ok(copy)
+    }
+
+    /// Reads the wait's answer. The replica has the write: the statement's answer follows, as
+    /// usual. It has not: that answer is dropped, and the statement (`copy`) runs on the primary.
+    pub(super) async fn causal_outcome(&mut self, copy: Vec<u8>, expect: Expect) -> Result<()> {
+        let caps = self.backend_caps();
+        let answer = restore::read_text_result(&mut self.backend, caps, "a causal read's wait").await?;
+        // The row: "0", a length-encoded string.
+        if matches!(&answer[..], [_, _, row] if row.as_slice() == b"\x010") {
+            let bit = replica_bit(self.guard.index);
+            if let Some(c) = self.causal.as_mut() {
+                c.seen |= bit;
+            }
+            return Ok(());
+        }
+        restore::discard_response(&mut self.backend, caps, expect).await?;
+        self.ctx.metrics.split(Split::Causal);
+        self.detach();
+        if let Some(p) = self.primary() {
+            self.bind_to(&p);
+        }
+        if let Err(found) = self.attach_at_once() {
+            self.attach(found).await?;
+        }
+        let limit = self.ctx.config.proxy.response_timeout;
+        self.backend.stream.write_within(limit, &copy).await.map_err(|e| Error::io(Side::Backend, "forwarding a causal read", e))
     }
 
     /// The primary: the session's backend when it is one and usable, else the balancer's choice
