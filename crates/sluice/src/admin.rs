@@ -144,13 +144,7 @@ fn reads_out(b: &crate::backend::Backend) -> Option<String> {
     if b.serves_as() != crate::config::Role::Replica || b.fit_for_reads() {
         return None;
     }
-    if b.is_draining() {
-        return Some("draining".into());
-    }
-    if !b.is_up() {
-        return Some(format!("down: {}", b.out_reason()));
-    }
-    b.replication.lock().reads_out.clone()
+    b.why_unusable().or_else(|| b.replication.lock().reads_out.clone())
 }
 
 async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
@@ -212,7 +206,7 @@ async fn move_session(State(ctx): State<Arc<Ctx>>, Path(id): Path<u32>, Query(q)
         Some(name) => match ctx.backends.by_name(name).as_ref() {
             Some(b) if b.is_usable() => Some(b.index),
             Some(b) => {
-                let why = if b.is_draining() { "draining".to_string() } else { format!("down: {}", b.out_reason()) };
+                let why = b.why_unusable().unwrap_or_default();
                 return (StatusCode::CONFLICT, Json(serde_json::json!({ "error": format!("backend {name} is {why}") }))).into_response();
             }
             None => return not_found(format!("no backend {name}")),

@@ -36,10 +36,12 @@ pub async fn run(ctx: &Ctx) {
 /// Split sessions choose at every statement and are left alone. Returns how many were asked.
 pub fn follow_roles(ctx: &Ctx) -> usize {
     let list = ctx.backends.list();
-    if !list.iter().any(|b| b.is_usable() && b.serves_as() == Role::Primary) {
+    let replicas: Vec<u32> = list.iter().filter(|b| b.serves_as() == Role::Replica).map(|b| b.index as u32).collect();
+    // (Without replicas, or without a primary to go to, there is nothing to walk.)
+    if replicas.is_empty() || !list.iter().any(|b| b.is_usable() && b.serves_as() == Role::Primary) {
         return 0;
     }
-    let demoted = |i: u32| list.iter().any(|b| b.index as u32 == i && b.serves_as() == Role::Replica);
+    let demoted = |i: u32| replicas.contains(&i);
     let mut asked = 0;
     for h in ctx.sessions.all() {
         let stays = h.split.load(Ordering::Relaxed) || h.move_asked() || !h.can_move.load(Ordering::Relaxed);

@@ -50,6 +50,9 @@ pub struct Prepared {
     /// leaves them as a query would.
     #[serde(skip)]
     pub hazards: u16,
+    /// Where the read/write split runs it (`sluice_proto::rw::classify` of its text, once).
+    #[serde(skip)]
+    pub class: sluice_proto::rw::Class,
 }
 
 /// Why a session cannot leave its backend connection right now.
@@ -412,6 +415,7 @@ impl Sink for StateSink<'_> {
         };
         // (Only a session that may change connections acts on them.)
         let hazards = if self.state.passthrough { 0 } else { sluice_proto::sql::hazards(sql.as_bytes()) };
+        let class = sluice_proto::rw::classify(sql.as_bytes());
         let p = Prepared {
             backend_id: id,
             sql,
@@ -423,6 +427,7 @@ impl Sink for StateSink<'_> {
             types_unsent: false,
             conn_gen: self.conn_gen,
             hazards,
+            class,
         };
         self.state.prepared.insert(client_id, p);
         self.prepared_id = Some(client_id);

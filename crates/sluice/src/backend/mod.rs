@@ -59,7 +59,7 @@ pub struct Replication {
 impl Replication {
     /// Why a replica in this state should serve no reads: it does not replicate, or lags more
     /// than `max_lag` (zero: no bound). A status the monitor may not read does not count.
-    fn reads_out(&self, max_lag: std::time::Duration) -> Option<String> {
+    fn why_no_reads(&self, max_lag: std::time::Duration) -> Option<String> {
         if self.unreadable.is_some() {
             return None;
         }
@@ -167,7 +167,7 @@ impl Backend {
         let lag = r.replica.as_ref().and_then(|s| s.seconds_behind);
         self.metrics.replica_lag.set(lag.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX)));
         self.metrics.primary.set(i64::from(role == Role::Primary));
-        r.reads_out = if role == Role::Replica { r.reads_out(max_lag) } else { None };
+        r.reads_out = if role == Role::Replica { r.why_no_reads(max_lag) } else { None };
         let reads_ok = r.reads_out.is_none();
         if reads_ok != self.reads_ok.swap(reads_ok, Ordering::Relaxed) && role == Role::Replica {
             match &r.reads_out {
@@ -325,6 +325,17 @@ impl Backend {
             mariadb_capabilities: g.mariadb_capabilities,
             collation: g.collation,
         });
+    }
+
+    /// Why the balancer sends it nothing now ("draining", "down: ..."); None when it is usable.
+    pub fn why_unusable(&self) -> Option<String> {
+        if self.is_draining() {
+            Some("draining".into())
+        } else if !self.is_up() {
+            Some(format!("down: {}", self.out_reason()))
+        } else {
+            None
+        }
     }
 
     /// Why this backend cannot take a session, for error messages and the admin API.

@@ -57,17 +57,17 @@ impl Session<'_> {
     /// Where the command about to run should go, and why (None: no statement, it stays where
     /// the session is).
     pub(super) fn wants(&self, cmd: u8, body_end: usize) -> Option<(Target, Split)> {
-        let text = match cmd {
-            com::QUERY | com::STMT_PREPARE => self.client.rbuf.get(HEADER + 1..body_end)?,
+        let class = match cmd {
+            // A statement longer than what is read before forwarding is not seen whole.
+            com::QUERY | com::STMT_PREPARE if body_end >= HEADER + super::relay::INSPECT_LIMIT => Class::Primary(Why::Write),
+            com::QUERY | com::STMT_PREPARE => classify(self.client.rbuf.get(HEADER + 1..body_end)?),
+            // (Classified once, when it was prepared.)
             com::STMT_EXECUTE | com::STMT_SEND_LONG_DATA | com::STMT_RESET => {
                 let id = self.client.rbuf.get(HEADER + 1..HEADER + 5)?;
-                let id = u32::from_le_bytes([id[0], id[1], id[2], id[3]]);
-                self.state.prepared.get(&id)?.sql.as_bytes()
+                self.state.prepared.get(&u32::from_le_bytes([id[0], id[1], id[2], id[3]]))?.class
             }
             _ => return None,
         };
-        // A statement longer than what is read before forwarding is not seen whole.
-        let class = if body_end >= HEADER + super::relay::INSPECT_LIMIT { Class::Primary(Why::Write) } else { classify(text) };
         if self.state.status & status::AUTOCOMMIT == 0 && !matches!(class, Class::Session | Class::Previous) {
             // Every statement may begin a transaction, which must be the primary's.
             return Some((Target::Primary, Split::AutocommitOff));

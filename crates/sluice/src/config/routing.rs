@@ -1,0 +1,60 @@
+//! `[routing]`: where statements run (the read/write split over a primary and its replicas).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::duration;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    /// Users-mode sessions send reads to replicas and the rest to the primary, statement by
+    /// statement (they multiplex, whatever `proxy.multiplex` says).
+    pub split: bool,
+    /// A replica further behind than this (`Seconds_Behind_Master`) serves no reads until it
+    /// catches up; 0: no bound on lag (a replica that does not replicate still serves none).
+    #[serde(deserialize_with = "duration")]
+    pub max_replica_lag: Duration,
+    /// Where `START TRANSACTION READ ONLY` runs: "primary" or "replica".
+    pub read_only_transactions: ReadOnlyTransactions,
+    /// "session": a read sent to a replica after the session wrote first waits there (in the
+    /// same round trip) for the session's last GTID; "none": it does not.
+    pub causal_reads: CausalReads,
+    /// How long that wait may last before the read runs on the primary instead (0: the replica
+    /// must have the write already).
+    #[serde(deserialize_with = "duration")]
+    pub causal_reads_timeout: Duration,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig {
+            split: false,
+            max_replica_lag: Duration::from_secs(10),
+            read_only_transactions: ReadOnlyTransactions::Primary,
+            causal_reads: CausalReads::None,
+            causal_reads_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Whether a session's reads on replicas see its own writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CausalReads {
+    #[default]
+    None,
+    Session,
+}
+
+/// Where the split sends a read-only transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadOnlyTransactions {
+    /// With the writes: it sees what the session wrote just before.
+    #[default]
+    Primary,
+    /// To a replica, as reads go.
+    Replica,
+}
