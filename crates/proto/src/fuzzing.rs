@@ -21,6 +21,7 @@ pub const TARGETS: &[Target] = &[
     ("compressed", compressed),
     ("sql", sql),
     ("rw", rw),
+    ("digest", digest),
 ];
 
 /// What a client sends while logging in: handshake response, SSL request, COM_CHANGE_USER.
@@ -173,6 +174,17 @@ pub fn rw(data: &[u8]) {
     twice.push(b';');
     twice.extend_from_slice(data);
     assert_eq!(classify(&twice) == Class::Read, class == Class::Read, "{:?}", String::from_utf8_lossy(data));
+}
+
+/// Digests: total, and the normalized text normalizes to itself with the same digest.
+pub fn digest(data: &[u8]) {
+    use crate::digest::{digest, normalize};
+    let mut once = Vec::new();
+    normalize(data, &mut once, usize::MAX);
+    let mut twice = Vec::new();
+    normalize(&once, &mut twice, usize::MAX);
+    assert_eq!(once, twice, "{:?}", String::from_utf8_lossy(data));
+    assert_eq!(digest(&once), digest(data), "{:?}", String::from_utf8_lossy(data));
 }
 
 #[cfg(test)]

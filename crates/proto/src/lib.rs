@@ -9,6 +9,7 @@ pub mod auth;
 pub mod basic;
 pub mod compress;
 pub mod consts;
+pub mod digest;
 pub mod fuzzing;
 pub mod handshake;
 pub mod lexer;

@@ -1,5 +1,6 @@
 //! The admin HTTP API, served on its own thread so a saturated data plane cannot starve it:
-//! `/health`, `/metrics`, `/backends`, `/sessions`; `POST /backends/{name}/drain` and
+//! `/health`, `/metrics`, `/backends`, `/sessions`, `/digests` (`DELETE` forgets them),
+//! `/rules`; `POST /backends/{name}/drain` and
 //! `/undrain`, `POST /sessions/{id}/move[?to=backend]`. With `admin.token` set, every request
 //! needs `Authorization: Bearer <token>` (compared in constant time).
 
@@ -25,6 +26,8 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/backends", get(backends).post(add_backend))
         .route("/backends/{name}", axum::routing::delete(remove_backend))
         .route("/sessions", get(sessions))
+        .route("/digests", get(digests).delete(reset_digests))
+        .route("/rules", get(rules))
         .route("/sessions/{id}/move", post(move_session))
         .route("/backends/{name}/drain", post(drain))
         .route("/backends/{name}/undrain", post(undrain))
@@ -183,6 +186,35 @@ async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
             })
             .collect(),
     )
+}
+
+#[derive(serde::Deserialize)]
+struct DigestQuery {
+    top: Option<usize>,
+    by: Option<String>,
+}
+
+/// `/digests?top=20&by=total_time` (or count, errors, rows, max, p99, last_seen).
+async fn digests(State(ctx): State<Arc<Ctx>>, Query(q): Query<DigestQuery>) -> Response {
+    let by = q.by.as_deref().unwrap_or("total_time");
+    let Some(order) = crate::digest::By::parse(by) else {
+        let msg = format!("by={by}: use total_time, count, errors, rows, max, p99 or last_seen");
+        return (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": msg }))).into_response();
+    };
+    let d = &ctx.digests;
+    let top = d.top(q.top.unwrap_or(20), order);
+    Json(serde_json::json!({ "enabled": d.enabled, "tracked": d.tracked(), "evictions": d.evictions(), "digests": top })).into_response()
+}
+
+async fn reset_digests(State(ctx): State<Arc<Ctx>>) -> StatusCode {
+    ctx.digests.reset();
+    StatusCode::NO_CONTENT
+}
+
+/// The query rules in order, with their hits.
+async fn rules(State(ctx): State<Arc<Ctx>>) -> Json<Vec<serde_json::Value>> {
+    let list = ctx.rules.list.iter().map(|r| serde_json::json!({ "name": r.name, "hits": r.hits.get(), "timeouts": r.timeouts.get() }));
+    Json(list.collect())
 }
 
 async fn sessions(State(ctx): State<Arc<Ctx>>) -> Json<Vec<crate::session::SessionInfo>> {

@@ -80,6 +80,7 @@ impl Cli {
                     tls_ca: None,
                     tls_skip_verify: false,
                     role: Default::default(),
+                    group: None,
                 })
                 .collect();
         }

@@ -27,6 +27,12 @@ pub struct Ctx {
     pub connections: AtomicUsize,
     /// The coarse clock of the response-timeout sweep.
     pub clock: crate::deadline::Clock,
+    /// Statistics per statement digest.
+    pub digests: crate::digest::Digests,
+    /// Query rules.
+    pub rules: crate::rules::Rules,
+    /// The queues of shadow backends (rules that mirror).
+    pub mirrors: crate::backend::mirror::Mirrors,
 }
 
 impl Ctx {
@@ -41,8 +47,14 @@ impl Ctx {
             .collect::<Result<Vec<_>, _>>()?;
         let tls = crate::tls::ClientTls::from_config(&config.tls, std::time::SystemTime::now())?;
         let rsa = if config.users.is_empty() { None } else { Some(crate::auth::RsaKey::generate()?) };
+        let shards = config.workers() + 1;
+        let rules = crate::rules::Rules::new(&config.rules, &config.backends, shards, &metrics)?;
+        let rules_mirror_targets: Vec<usize> = rules.list.iter().filter_map(|r| r.action.mirror).collect();
         Ok(Arc::new(Ctx {
             rsa,
+            digests: crate::digest::Digests::new(&config.digests, shards, metrics.digest_evictions.clone()),
+            rules,
+            mirrors: crate::backend::mirror::Mirrors::new(rules_mirror_targets, config.routing.mirror_queue, &metrics),
             users: Users::from_config(&config.users, config.proxy.max_connections_per_user),
             backends: Backends::new(list, config.proxy.balance),
             metrics,

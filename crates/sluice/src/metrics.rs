@@ -37,6 +37,12 @@ fn shard() -> usize {
     SHARD.with(|s| s.get())
 }
 
+/// The shard the calling thread records into (other per-worker tables use it too).
+#[inline]
+pub fn thread_shard() -> usize {
+    shard()
+}
+
 #[derive(Debug, Default)]
 #[repr(align(64))]
 struct Slot(AtomicU64);
@@ -212,6 +218,8 @@ pub enum Split {
     /// replica had not applied the write within `causal_reads_timeout` (its answer was dropped),
     /// or the read was a prepared statement, which cannot wait first.
     Causal,
+    /// Where a query rule or a `/* sluice: route=... */` comment said.
+    Rule,
 }
 
 /// The `reason` labels of [`Split::Primary`], in the order of [`sluice_proto::rw::Why`].
@@ -240,7 +248,8 @@ impl Split {
             4 => ("primary", "autocommit_off"),
             5 => ("current", "session_state"),
             6 => ("primary", "causal"),
-            i => ("primary", SPLIT_WHY[(i - 7) % SPLIT_WHY.len()]),
+            7 => ("rule", "rule"),
+            i => ("primary", SPLIT_WHY[(i - 8) % SPLIT_WHY.len()]),
         }
     }
 
@@ -253,7 +262,8 @@ impl Split {
             Split::AutocommitOff => 4,
             Split::Current => 5,
             Split::Causal => 6,
-            Split::Primary(why) => 7 + usize::from(why) % SPLIT_WHY.len(),
+            Split::Rule => 7,
+            Split::Primary(why) => 8 + usize::from(why) % SPLIT_WHY.len(),
         }
     }
 }
@@ -312,6 +322,12 @@ pub struct Metrics {
     session_pins: Family<Labels, Counter>,
     /// Passes of the rebalancer.
     pub rebalance_runs: Counter,
+    /// Statements each query rule matched, and killed for running over its timeout.
+    rule_hits: Family<Labels, Counter>,
+    rule_timeouts: Family<Labels, Counter>,
+    pub digest_evictions: Counter,
+    /// Copies for shadow backends, by what became of them.
+    mirrored: Family<Labels, Counter>,
     /// Statements the read/write split routed, by [`Split::index`].
     split: Vec<ShardedCounter>,
     /// The series of the configured backends, in order.
@@ -496,12 +512,33 @@ impl Metrics {
             "Statements the read/write split routed (those of sessions holding no connection), by where and why",
             split_family.clone(),
         );
-        let split = (0..7 + SPLIT_WHY.len())
+        let split = (0..8 + SPLIT_WHY.len())
             .map(|i| {
                 let (to, reason) = Split::labels(i);
                 split_family.get_or_create(&vec![("to", to.into()), ("reason", reason.into())]).clone()
             })
             .collect();
+
+        let rule_hits = Family::<Labels, Counter>::default();
+        registry.register("rule_hits", "Statements each query rule matched (the first rule that matched applies)", rule_hits.clone());
+        let rule_timeouts = Family::<Labels, Counter>::default();
+        registry.register(
+            "rule_timeouts",
+            "Statements killed on their backend (KILL QUERY) for running over their rule's timeout",
+            rule_timeouts.clone(),
+        );
+        let digest_evictions = Counter::default();
+        registry.register(
+            "digest_evictions",
+            "Digests forgotten, least recently used first, to keep within digests.max",
+            digest_evictions.clone(),
+        );
+        let mirrored = Family::<Labels, Counter>::default();
+        registry.register(
+            "mirrored_statements",
+            "Statements copied to shadow backends by mirroring rules, by outcome (sent, dropped, failed)",
+            mirrored.clone(),
+        );
 
         let backend_families = BackendFamilies::register(&mut registry);
         let backends = backend_names.iter().map(|n| backend_families.series(n)).collect();
@@ -517,6 +554,10 @@ impl Metrics {
             errors,
             session_moves,
             session_pins,
+            rule_hits,
+            rule_timeouts,
+            digest_evictions,
+            mirrored,
             rebalance_runs,
             split,
             backends,
@@ -552,6 +593,17 @@ impl Metrics {
     #[inline]
     pub fn command(&self, cmd: u8) {
         self.commands[cmd as usize].inc();
+    }
+
+    /// The hit and timeout counters of a query rule.
+    pub fn rule(&self, name: &str) -> (Counter, Counter) {
+        let l = vec![("rule", name.to_string())];
+        (self.rule_hits.get_or_create(&l).clone(), self.rule_timeouts.get_or_create(&l).clone())
+    }
+
+    /// The counter of mirrored statements with this outcome.
+    pub fn mirrored(&self, outcome: &'static str) -> Counter {
+        self.mirrored.get_or_create(&vec![("outcome", outcome.to_string())]).clone()
     }
 
     pub fn reject(&self, r: Reject) {

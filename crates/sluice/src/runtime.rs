@@ -268,6 +268,10 @@ fn spawn_control(
             rt.block_on(async move {
                 crate::backend::health::spawn(&ctx.backends.list(), &ctx.config.health, ctx.config.routing.max_replica_lag);
                 tokio::spawn(return_memory(ctx.clone()));
+                for (index, rx) in ctx.mirrors.take_receivers() {
+                    let c = ctx.clone();
+                    tokio::spawn(async move { crate::backend::mirror::run(&c.backends, index, rx, &c.mirrors.counts).await });
+                }
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::deadline::sweep(&c.clock, &c.sessions).await });
                 let c = ctx.clone();

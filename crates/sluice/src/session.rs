@@ -347,6 +347,8 @@ pub struct StateSink<'a> {
     pub prepared_id: Option<u32>,
     /// What the OKs' session-state blocks reported.
     pub reported: Reported,
+    /// Rows sent.
+    pub rows: u64,
 }
 
 impl<'a> StateSink<'a> {
@@ -362,6 +364,7 @@ impl<'a> StateSink<'a> {
             conn_gen: 0,
             prepared_id: None,
             reported: Reported::default(),
+            rows: 0,
         }
     }
 }
@@ -401,6 +404,10 @@ impl Sink for StateSink<'_> {
 
     fn err(&mut self, e: &basic::Err<'_>) {
         self.error = Some(e.code);
+    }
+
+    fn row(&mut self) {
+        self.rows += 1;
     }
 
     fn prepared(&mut self, id: u32, columns: u16, params: u16) {

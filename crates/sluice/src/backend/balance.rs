@@ -15,6 +15,8 @@ pub enum Want {
     Primary,
     /// Replicas fit for reads ([`Backend::fit_for_reads`]).
     Reads,
+    /// Usable backends among these (bits by index: the first 64), as a query rule names them.
+    Among(u64),
 }
 
 /// Balancer state shared by all workers.
@@ -46,6 +48,9 @@ impl Balancer {
                 .pick_among(backends, |b| b.is_usable() && b.serves_as() == Role::Primary && !exclude.contains(&b.index))
                 .or_else(|| self.pick_among(backends, |b| b.is_usable() && !exclude.contains(&b.index))),
             Want::Reads => self.pick_among(backends, |b| b.fit_for_reads() && !exclude.contains(&b.index)),
+            Want::Among(mask) => {
+                self.pick_among(backends, |b| b.is_usable() && b.index < 64 && mask >> b.index & 1 == 1 && !exclude.contains(&b.index))
+            }
         }
     }
 

@@ -138,6 +138,44 @@ pub async fn login(b: &Backend, conn: PacketConn, g: &Greeting, mut hr: Handshak
     .await
 }
 
+/// Who a one-off connection logs in as ([`run_once`]).
+pub struct As<'a> {
+    pub user: &'a str,
+    pub collation: u8,
+    pub cred: &'a Credential,
+    /// The client's own connection is TLS (a user that requires TLS gets it here too).
+    pub client_tls: bool,
+}
+
+/// Opens a connection logged in as `who`; returns it with the capabilities in force.
+pub async fn login_as(b: &Backend, who: &As<'_>) -> Result<(PacketConn, u32)> {
+    let (conn, g) = open(b, b.connect_timeout).await?;
+    let tls = b.tls.decide(who.client_tls, &g)?;
+    let caps = backend_capabilities(cap::SLUICE_SUPPORTED, &g, tls);
+    let hr = HandshakeResponse {
+        capabilities: caps,
+        max_packet: 1 << 24,
+        collation: who.collation,
+        user: who.user.as_bytes().to_vec(),
+        ..Default::default()
+    };
+    Ok((login(b, conn, &g, hr, who.cred).await?, caps))
+}
+
+/// Runs one command (`command`: its payload) on a fresh connection logged in as `who`, and
+/// returns the first packet of the answer (KILL on another backend, a rule's KILL QUERY).
+pub async fn run_once(b: &Backend, who: &As<'_>, command: &[u8]) -> Result<Vec<u8>> {
+    let (mut conn, _) = login_as(b, who).await?;
+    let reply = bounded(b.connect_timeout, "a one-off command", async {
+        conn.write_packet(command, 0).await.map_err(|e| Error::io(Side::Backend, "sending a command", e))?;
+        conn.read_packet(1 << 16).await.map_err(|e| Error::io(Side::Backend, "reading its answer", e))
+    })
+    .await?
+    .1;
+    quit(conn).await;
+    Ok(reply)
+}
+
 /// Runs one exchange with a backend within `limit` (zero: no limit). A backend that accepted
 /// the connection and then went silent fails it instead of hanging the session.
 pub async fn bounded<T>(limit: Duration, what: &str, f: impl Future<Output = Result<T>>) -> Result<T> {

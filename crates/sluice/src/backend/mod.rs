@@ -4,6 +4,7 @@ pub mod balance;
 pub mod conn;
 pub mod health;
 pub mod link;
+pub mod mirror;
 pub mod pool;
 pub mod restore;
 pub mod shared;

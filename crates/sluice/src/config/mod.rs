@@ -10,7 +10,9 @@ use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
 mod routing;
+mod rules;
 pub use routing::{CausalReads, ReadOnlyTransactions, RoutingConfig};
+pub use rules::{DigestsConfig, Network, RuleConfig, parse_digest};
 
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -30,6 +32,11 @@ pub struct Config {
     /// Where statements run: the read/write split over a primary and its replicas.
     #[serde(default)]
     pub routing: RoutingConfig,
+    /// Query rules, tried in order (`rules.rs`).
+    #[serde(default)]
+    pub rules: Vec<RuleConfig>,
+    #[serde(default)]
+    pub digests: DigestsConfig,
     /// TLS for client connections: a generated self-signed certificate unless configured.
     #[serde(default)]
     pub tls: ClientTls,
@@ -209,6 +216,8 @@ pub struct BackendConfig {
     /// user; writable until read), "primary" or "replica".
     #[serde(default)]
     pub role: Role,
+    /// A group that query rules may route to.
+    pub group: Option<String>,
 }
 
 /// A backend's part in a replication topology.
@@ -589,6 +598,11 @@ impl Config {
         if self.routing.split && !users_mode {
             let m = "routing.split needs a users-mode listener ([[users]]): sluice logs in to the primary and the replicas on a session's behalf, which it cannot do for a login it only relays";
             return Err(ConfigError { file: None, line: None, message: m.into() });
+        }
+        let names = self.backends.iter().flat_map(|b| [b.name.as_deref(), Some(b.address.get_ref().as_str()), b.group.as_deref()]);
+        let targets: Vec<&str> = names.flatten().collect();
+        for (i, r) in self.rules.iter().enumerate() {
+            r.check(i, text, &targets)?;
         }
         if self.health.user.is_some() != self.health.password.is_some() && self.health.password.is_some() {
             return Err(ConfigError { file: None, line: None, message: "health.password needs health.user".into() });

@@ -25,6 +25,8 @@ pub struct RoutingConfig {
     /// must have the write already).
     #[serde(deserialize_with = "duration")]
     pub causal_reads_timeout: Duration,
+    /// Statements waiting for each shadow backend of a mirroring rule; more are dropped.
+    pub mirror_queue: usize,
 }
 
 impl Default for RoutingConfig {
@@ -35,6 +37,7 @@ impl Default for RoutingConfig {
             read_only_transactions: ReadOnlyTransactions::Primary,
             causal_reads: CausalReads::None,
             causal_reads_timeout: Duration::from_secs(1),
+            mirror_queue: 1000,
         }
     }
 }

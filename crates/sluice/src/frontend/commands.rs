@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use bytes::Buf;
 use sluice_proto::consts::{cap, com, err as code};
-use sluice_proto::handshake::{ChangeUser, HandshakeResponse};
+use sluice_proto::handshake::ChangeUser;
 use sluice_proto::packet::{HEADER, Header};
 use sluice_proto::response::Expect;
 use sluice_proto::sql::{self, Kill, KillTarget};
@@ -205,24 +205,10 @@ impl Session<'_> {
             self.client_error(1, 1095, b"HY000", &msg).await;
             return Ok(false);
         };
-        let (conn, g) = bconn::open(&b, b.connect_timeout).await?;
         // TLS as the session's own backend connection would have it (REQUIRE SSL users).
-        let tls = b.tls.decide(self.client.stream.is_tls(), &g)?;
-        let hr = HandshakeResponse {
-            capabilities: bconn::backend_capabilities(cap::SLUICE_SUPPORTED, &g, tls),
-            max_packet: 1 << 24,
-            collation: self.state.collation,
-            user: self.state.user.as_bytes().to_vec(),
-            ..Default::default()
-        };
-        let mut conn = bconn::login(&b, conn, &g, hr, &cred).await?;
-        let reply = bconn::bounded(b.connect_timeout, "KILL", async {
-            conn.write_packet(query, 0).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
-            conn.read_packet(1 << 16).await.map_err(|e| Error::io(Side::Backend, "reading KILL result", e))
-        })
-        .await?
-        .1;
-        bconn::quit(conn).await;
+        let who =
+            bconn::As { user: &self.state.user, collation: self.state.collation, cred: &cred, client_tls: self.client.stream.is_tls() };
+        let reply = bconn::run_once(&b, &who, query).await?;
         self.client.write_packet(&reply, 1).await.map_err(|e| Error::io(Side::Client, "writing", e))?;
         Ok(reply.first() == Some(&0))
     }

@@ -4,6 +4,7 @@ mod client;
 mod commands;
 mod login;
 mod relay;
+mod rules;
 mod split;
 mod statement;
 mod switch;

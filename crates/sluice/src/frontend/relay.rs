@@ -12,12 +12,14 @@ use tokio::io::AsyncReadExt;
 
 use super::client::ClientConn;
 use super::login::LoggedIn;
+use super::rules::Seen;
 use super::statement::Done;
 use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
 use crate::backend::shared::{ConnState, Key, Slot};
 use crate::ctx::Ctx;
 use crate::deadline::Watch;
+use crate::digest::Outcome;
 use crate::error::{Error, Result, Side};
 use crate::metrics::{Split, mono_ns};
 use crate::net::{BUF_SIZE, LARGE_BUF_SIZE, PacketConn, buffers};
@@ -74,6 +76,8 @@ pub struct Session<'a> {
     pub(super) conn_gen: u32,
     /// The pins last counted (bits by `Pin::ALL` index), so that each is counted as it begins.
     pub(super) pinned: u32,
+    /// The client's address (for query rules).
+    pub(super) client_ip: Option<std::net::IpAddr>,
 }
 
 /// Where a command goes.
@@ -141,6 +145,7 @@ impl<'a> Session<'a> {
             slot: l.slot,
             conn_gen: 0,
             pinned: 0,
+            client_ip: handle.info.lock().client.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()),
         }
     }
 
@@ -279,7 +284,7 @@ impl<'a> Session<'a> {
     }
 
     /// Handles one command whose first packet header is `h`.
-    async fn command(&mut self, h: Header) -> Result<Flow> {
+    async fn command(&mut self, mut h: Header) -> Result<Flow> {
         // The common path is synchronous: steps that may wait are entered only when they must.
         let cmd = match self.command_byte(h) {
             Some(cmd) => cmd,
@@ -287,11 +292,18 @@ impl<'a> Session<'a> {
         };
         self.ctx.metrics.command(cmd);
         self.handle.queries.fetch_add(1, Ordering::Relaxed);
-        let body_end = HEADER + h.len.min(INSPECT_LIMIT);
         // COM_PING changes nothing on the server.
         self.touched |= cmd != com::PING && cmd != com::QUIT;
-        // The read/write split: where the statement should run.
-        let aim = if self.split { self.wants(cmd, body_end) } else { None };
+        // Its digest and rule (which may answer it, or rewrite it).
+        let seen = if self.looks_at_statements() { self.see(cmd, HEADER + h.len.min(INSPECT_LIMIT), h.len) } else { Seen::default() };
+        if seen.rule.is_some()
+            && let Some(flow) = Box::pin(self.rule_before(&seen, cmd, &mut h)).await?
+        {
+            return Ok(flow);
+        }
+        let body_end = HEADER + h.len.min(INSPECT_LIMIT);
+        // The read/write split and the rules' routes: where the statement should run.
+        let aim = if self.split || seen.route.is_some() { self.wants(cmd, body_end, seen.route) } else { None };
         if let Some((target, _)) = aim
             && self.leaves_replica(target)
         {
@@ -335,6 +347,7 @@ impl<'a> Session<'a> {
         let started = mono_ns();
         // Causal reads: the wait for the session's last write goes first, in the same round trip.
         let causal = if self.causal_due() { Box::pin(self.send_causal_wait(HEADER + h.len)).await? } else { None };
+        let _timer = if seen.rule.is_some() { self.watch_timeout(&seen) } else { None };
         let request_seq = self.forward_request().await?;
         if let Some(copy) = causal {
             Box::pin(self.causal_outcome(copy, expect)).await?;
@@ -347,6 +360,7 @@ impl<'a> Session<'a> {
         let watch = Watch { clock: &self.ctx.clock, handle: self.handle, waker: &mut self.waker };
         self.tracker.start(expect, request_seq);
         relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, self.ctx, watch).await?;
+        let rows = sink.rows;
         let done = Done {
             error: sink.error,
             changed: sink.changed,
@@ -356,6 +370,7 @@ impl<'a> Session<'a> {
             ..done
         };
         let now = mono_ns();
+        self.note_outcome(&seen, Outcome { at: now, nanos: now.saturating_sub(started), rows, error: done.error.is_some() });
         self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
         self.guard.activity.record(now / 1_000_000);
         let later = self.after_response(cmd, done);

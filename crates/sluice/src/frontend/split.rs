@@ -27,6 +27,7 @@ use crate::backend::restore;
 use crate::config::{CausalReads, ReadOnlyTransactions, Role};
 use crate::error::{Error, Result, Side};
 use crate::metrics::Split;
+use crate::rules::RouteTo;
 
 /// Causal reads (`causal_reads = "session"`): the session's last write, and the replicas known
 /// to have applied it.
@@ -51,12 +52,17 @@ pub(super) enum Target {
     Primary,
     /// Where the session is.
     Current,
+    /// One of these backends (bits by index), as a rule says.
+    Among(u64),
 }
 
 impl Session<'_> {
     /// Where the command about to run should go, and why (None: no statement, it stays where
     /// the session is).
-    pub(super) fn wants(&self, cmd: u8, body_end: usize) -> Option<(Target, Split)> {
+    /// `route`: where a query rule or a comment says it should run, which wins over the
+    /// classification except for session state, what the previous statement left, and a
+    /// session with autocommit off.
+    pub(super) fn wants(&self, cmd: u8, body_end: usize, route: Option<RouteTo>) -> Option<(Target, Split)> {
         let class = match cmd {
             // A statement longer than what is read before forwarding is not seen whole.
             com::QUERY | com::STMT_PREPARE if body_end >= HEADER + super::relay::INSPECT_LIMIT => Class::Primary(Why::Write),
@@ -71,6 +77,19 @@ impl Session<'_> {
         if self.state.status & status::AUTOCOMMIT == 0 && !matches!(class, Class::Session | Class::Previous) {
             // Every statement may begin a transaction, which must be the primary's.
             return Some((Target::Primary, Split::AutocommitOff));
+        }
+        if let Some(r) = route
+            && !matches!(class, Class::Session | Class::Previous)
+        {
+            let to = match r {
+                RouteTo::Primary => Target::Primary,
+                RouteTo::Replica => Target::Replica,
+                RouteTo::Among(m) => Target::Among(m),
+            };
+            return Some((to, Split::Rule));
+        }
+        if !self.split {
+            return None;
         }
         Some(match class {
             Class::Read => (Target::Replica, Split::Read),
@@ -101,6 +120,10 @@ impl Session<'_> {
                     Some(p) => (p, if found.is_some() { Split::Causal } else { Split::NoReplica }),
                     None => return self.ctx.metrics.split(Split::NoReplica),
                 },
+            },
+            Target::Among(mask) => match self.ctx.backends.balancer.pick(&self.ctx.backends, &[], Want::Among(mask)) {
+                Some(b) => (b, why),
+                None => return self.ctx.metrics.split(why),
             },
             _ => match self.primary() {
                 Some(b) => (b, why),

@@ -116,6 +116,12 @@ impl TestConfig {
         self
     }
 
+    /// A `[[rules]]` entry (a query rule).
+    pub fn rule(mut self, keys: &str) -> Self {
+        self.arrays.push_str(&format!("[[rules]]\n{keys}"));
+        self
+    }
+
     /// The users every test server has, app/apppw and other/otherpw, in users mode.
     pub fn app_users(self) -> Self {
         self.user("app", "password = \"apppw\"\n").user("other", "password = \"otherpw\"\n")

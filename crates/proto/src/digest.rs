@@ -1,0 +1,264 @@
+//! Statement digests: the shape of a statement with its values taken out, so that statements
+//! that differ only in their literals are counted together, and a rule can match the shape.
+//!
+//! Over the lexer's tokens (comments and whitespace already gone): literals (numbers, strings,
+//! hex and bit values, charset-introduced strings, signed numbers, `?` placeholders) become `?`;
+//! a parenthesized list of literals after `IN` or `VALUES` becomes `(...)`, and further rows of
+//! literals after a `VALUES` row are dropped, so `IN (1)` and `IN (1, 2, 3)`, one row and a
+//! thousand, share a digest; keywords and unquoted identifiers are compared without case.
+//! Quoted identifiers and variables stay as written. The digest is a 64-bit FNV-1a hash of the
+//! normalized tokens, so spacing does not change it, and it is computed without allocating.
+//! Normalizing the normalized text gives it back unchanged (a fuzzed property).
+
+use crate::lexer::{Kind, Lexer, Token};
+
+/// One token of a statement's normalized form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part<'a> {
+    /// A keyword or unquoted identifier as written (compared and rendered in lower case).
+    Word(&'a [u8]),
+    /// Punctuation, a quoted identifier or a variable, as written.
+    Keep(&'a [u8]),
+    /// A literal: `?`.
+    Value,
+    /// A list of literals: `(...)`.
+    List,
+}
+
+/// The normalized tokens of SQL text.
+pub fn parts(sql: &[u8]) -> Parts<'_> {
+    Parts { sql, lex: Lexer::new(sql), last: None, before_last: None }
+}
+
+pub struct Parts<'a> {
+    sql: &'a [u8],
+    lex: Lexer<'a>,
+    last: Option<Part<'a>>,
+    before_last: Option<Part<'a>>,
+}
+
+/// After these keywords a `-` or `+` is a sign, not an operator.
+const BEFORE_OPERAND: &[&str] = &[
+    "select", "where", "and", "or", "not", "xor", "between", "when", "then", "else", "limit", "offset", "set", "values", "value", "return",
+    "like", "having", "on", "interval", "div", "mod", "case", "by", "in",
+];
+
+/// Rendered with a space before a `(` that follows them (other words are taken for functions).
+const SPACED_BEFORE_PAREN: &[&str] = &[
+    "in", "values", "value", "from", "join", "exists", "as", "on", "using", "and", "or", "not", "where", "select", "into", "union", "all",
+    "any", "some", "when", "then", "else", "set", "by", "having", "over", "with", "is", "like", "table", "xor", "between", "update",
+];
+
+fn is_any(word: &[u8], list: &[&str]) -> bool {
+    list.iter().any(|k| word.eq_ignore_ascii_case(k.as_bytes()))
+}
+
+impl<'a> Parts<'a> {
+    /// Whether a `-` or `+` here would be a sign.
+    fn sign_allowed(&self) -> bool {
+        match self.last {
+            None => true,
+            Some(Part::Keep(k)) => k != b")" && k.len() == 1 && !matches!(k[0], b'`' | b'@'),
+            Some(Part::Word(w)) => is_any(w, BEFORE_OPERAND),
+            Some(Part::Value | Part::List) => false,
+        }
+    }
+
+    /// Whether a `(` here opens a list that may be one of literals.
+    fn list_allowed(&self) -> bool {
+        match (self.last, self.before_last) {
+            (Some(Part::Word(w)), _) => is_any(w, &["in", "values", "value"]),
+            (Some(Part::Keep(b",")), Some(Part::List)) => true,
+            _ => false,
+        }
+    }
+
+    /// Takes the literal that starts with `t` (and the tokens that belong to it) from `lex`;
+    /// false when `t` does not start one. `sign`: a leading `-` or `+` is a sign.
+    fn literal(sql: &[u8], lex: &mut Lexer<'a>, t: &Token, sign: bool) -> bool {
+        match t.kind {
+            Kind::Number => {
+                // `1e-5`: the lexer stops the number before the exponent's sign.
+                let text = t.text(sql);
+                if text.last().is_some_and(|c| matches!(c, b'e' | b'E'))
+                    && matches!(sql.get(t.at.end), Some(b'-' | b'+'))
+                    && sql.get(t.at.end + 1).is_some_and(u8::is_ascii_digit)
+                {
+                    lex.next();
+                    lex.next();
+                }
+                true
+            }
+            Kind::Quoted => t.text(sql)[0] != b'`',
+            Kind::Word => {
+                // A charset introducer or a hex, bit or national string: `_utf8mb4'a'`, `x'0f'`.
+                let w = t.text(sql);
+                let introducer = w[0] == b'_' || (w.len() == 1 && matches!(w[0] | 0x20, b'x' | b'b' | b'n'));
+                if introducer && sql.get(t.at.end) == Some(&b'\'') {
+                    lex.next();
+                    return true;
+                }
+                false
+            }
+            Kind::Punct => match t.text(sql)[0] {
+                b'?' => true,
+                b'-' | b'+' if sign => {
+                    let mut ahead = lex.clone();
+                    // Signs and the literal they are given to are one value.
+                    loop {
+                        match ahead.next() {
+                            Some(n) if n.kind == Kind::Punct && matches!(n.text(sql), b"-" | b"+") => {}
+                            Some(n) if Self::literal(sql, &mut ahead, &n, false) => {
+                                *lex = ahead;
+                                return true;
+                            }
+                            _ => return false,
+                        }
+                    }
+                }
+                _ => false,
+            },
+            Kind::Variable => false,
+        }
+    }
+
+    /// After a `(`: takes a list of literals up to its `)` (or the `...` of one normalized
+    /// already) and returns true, or takes nothing and returns false.
+    fn list(&mut self) -> bool {
+        let sql = self.sql;
+        let mut ahead = self.lex.clone();
+        // `(...)`: a list normalized already.
+        let mut dots = ahead.clone();
+        if (0..3).all(|_| dots.next().is_some_and(|t| t.is_punct(sql, b'.'))) && dots.next().is_some_and(|t| t.is_punct(sql, b')')) {
+            self.lex = dots;
+            return true;
+        }
+        loop {
+            let Some(t) = ahead.next() else { return false };
+            if !Self::literal(sql, &mut ahead, &t, true) {
+                return false;
+            }
+            match ahead.next() {
+                Some(t) if t.is_punct(sql, b',') => {}
+                Some(t) if t.is_punct(sql, b')') => break,
+                _ => return false,
+            }
+        }
+        self.lex = ahead;
+        true
+    }
+
+    fn emit(&mut self, p: Part<'a>) -> Option<Part<'a>> {
+        self.before_last = self.last;
+        self.last = Some(p);
+        Some(p)
+    }
+}
+
+impl<'a> Iterator for Parts<'a> {
+    type Item = Part<'a>;
+
+    fn next(&mut self) -> Option<Part<'a>> {
+        let sql = self.sql;
+        loop {
+            let t = self.lex.next()?;
+            let sign = self.sign_allowed();
+            if Self::literal(sql, &mut self.lex, &t, sign) {
+                return self.emit(Part::Value);
+            }
+            let text = t.text(sql);
+            match t.kind {
+                Kind::Word => return self.emit(Part::Word(text)),
+                Kind::Punct if text == b"(" && self.list_allowed() && self.list() => return self.emit(Part::List),
+                Kind::Punct if text == b"," && self.last == Some(Part::List) => {
+                    // Another row of literals after a VALUES row adds nothing to the shape.
+                    let mut ahead = self.lex.clone();
+                    if ahead.next().is_some_and(|t| t.is_punct(sql, b'(')) {
+                        let saved = std::mem::replace(&mut self.lex, ahead);
+                        if self.list() {
+                            continue;
+                        }
+                        self.lex = saved;
+                    }
+                    return self.emit(Part::Keep(text));
+                }
+                _ => return self.emit(Part::Keep(text)),
+            }
+        }
+    }
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// The digest of SQL text: a hash of its normalized tokens (never 0).
+pub fn digest(sql: &[u8]) -> u64 {
+    let mut h = FNV_OFFSET;
+    let mut feed = |bytes: &[u8], lower: bool| {
+        for &b in bytes {
+            h ^= u64::from(if lower { b.to_ascii_lowercase() } else { b });
+            h = h.wrapping_mul(FNV_PRIME);
+        }
+        h ^= u64::from(b' ');
+        h = h.wrapping_mul(FNV_PRIME);
+    };
+    for p in parts(sql) {
+        match p {
+            Part::Word(w) => feed(w, true),
+            Part::Keep(k) => feed(k, false),
+            Part::Value => feed(b"?", false),
+            Part::List => feed(b"(...)", false),
+        }
+    }
+    h.max(1)
+}
+
+/// The normalized text of SQL text, appended to `out`, at most `limit` bytes of it (whole
+/// tokens; a cut text ends with `...`).
+pub fn normalize(sql: &[u8], out: &mut Vec<u8>, limit: usize) {
+    let start = out.len();
+    let mut last: Option<Part> = None;
+    for p in parts(sql) {
+        let bytes: &[u8] = match p {
+            Part::Word(w) | Part::Keep(w) => w,
+            Part::Value => b"?",
+            Part::List => b"(...)",
+        };
+        if let Some(l) = last
+            && spaced(l, p)
+        {
+            out.push(b' ');
+        }
+        if out.len() - start + bytes.len() > limit {
+            out.extend_from_slice(b"...");
+            return;
+        }
+        match p {
+            Part::Word(w) => out.extend(w.iter().map(u8::to_ascii_lowercase)),
+            _ => out.extend_from_slice(bytes),
+        }
+        last = Some(p);
+    }
+}
+
+/// Whether the text puts a space between two parts.
+fn spaced(before: Part, after: Part) -> bool {
+    // (`.` joins names only: after a variable or a number it would join the token.)
+    let name = |p: Part| matches!(p, Part::Word(_)) || matches!(p, Part::Keep(k) if k[0] == b'`' || k == b"*");
+    match (before, after) {
+        (_, Part::Keep(b".")) => !name(before),
+        (Part::Keep(b"."), _) => !name(after),
+        (_, Part::Keep(b"," | b")" | b";")) | (Part::Keep(b"("), _) => false,
+        (Part::Word(w), Part::Keep(b"(")) => is_any(w, SPACED_BEFORE_PAREN),
+        _ => true,
+    }
+}
+
+/// A digest as it is shown: 16 hexadecimal digits.
+pub fn hex(digest: u64) -> String {
+    format!("{digest:016x}")
+}
+
+#[cfg(test)]
+#[path = "digest_tests.rs"]
+mod tests;

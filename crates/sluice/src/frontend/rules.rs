@@ -1,0 +1,137 @@
+//! What query rules and digests do to a session's statements (`crate::rules`,
+//! `crate::digest`): before a statement runs, its digest is taken and the first rule that
+//! matches it is found; a blocked statement is answered here, a rewritten one is replaced in
+//! the request, a mirrored one is copied to the shadow backend's queue, a timed one is watched;
+//! a rule's route (or a `/* sluice: route=... */` comment) decides where a session that holds
+//! no connection runs it. After the response, the digest's statistics are updated.
+
+use bytes::BytesMut;
+use sluice_proto::consts::MAX_PAYLOAD;
+use sluice_proto::consts::com;
+use sluice_proto::packet::{HEADER, Header};
+
+use super::relay::{Flow, INSPECT_LIMIT, Session};
+use crate::digest::{Outcome, Statement};
+use crate::error::Result;
+use crate::rules::{RouteTo, Who};
+
+/// What is known of the statement about to run.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Seen {
+    /// Its digest (0: not a statement, or statements are not looked at).
+    pub(super) digest: u64,
+    /// The rule it falls under, by index.
+    pub(super) rule: Option<usize>,
+    /// Where it should run, as a rule or its comment says.
+    pub(super) route: Option<RouteTo>,
+}
+
+impl Session<'_> {
+    /// Whether statements are looked at beyond the split's classification.
+    #[inline]
+    pub(super) fn looks_at_statements(&self) -> bool {
+        self.ctx.digests.enabled || !self.ctx.rules.is_empty() || self.split
+    }
+
+    /// The text of the statement a command runs: a query's or a prepare's own, an execute's
+    /// prepared one. None for other commands, and for a statement too long to be read whole.
+    fn statement_text(&self, cmd: u8, body_end: usize, len: usize) -> Option<&[u8]> {
+        match cmd {
+            com::QUERY | com::STMT_PREPARE if len < INSPECT_LIMIT => self.client.rbuf.get(HEADER + 1..body_end),
+            com::STMT_EXECUTE => {
+                let id = self.client.rbuf.get(HEADER + 1..HEADER + 5)?;
+                self.state.prepared.get(&u32::from_le_bytes([id[0], id[1], id[2], id[3]])).map(|p| p.sql.as_bytes())
+            }
+            _ => None,
+        }
+    }
+
+    /// Takes the statement's digest and finds its rule and route; opens its digest entry (a
+    /// prepare's digest is its executes').
+    pub(super) fn see(&self, cmd: u8, body_end: usize, len: usize) -> Seen {
+        let Some(text) = self.statement_text(cmd, body_end, len) else { return Seen::default() };
+        let rules = &self.ctx.rules;
+        let digest = if self.ctx.digests.enabled || !rules.is_empty() { sluice_proto::digest::digest(text) } else { 0 };
+        let schema = self.state.schema.as_deref();
+        if self.ctx.digests.enabled && cmd != com::STMT_PREPARE {
+            self.ctx.digests.begin(&Statement { digest, text, schema });
+        }
+        let who = Who { user: &self.state.user, schema, client: self.client_ip };
+        let rule = if rules.is_empty() { None } else { rules.find(&who, digest, text) };
+        // (A route means something only to a session that takes a connection per statement.)
+        let hinted =
+            if self.multiplex { crate::rules::hint(text).and_then(|t| rules.route_to(std::str::from_utf8(t).ok()?)) } else { None };
+        let route = hinted.or_else(|| rule.and_then(|i| rules.list[i].action.route));
+        Seen { digest: if cmd == com::STMT_PREPARE { 0 } else { digest }, rule, route }
+    }
+
+    /// Acts on the statement's rule before it is forwarded: a blocked statement is answered
+    /// (Some), a rewritten one replaces the request (`h` follows), a mirrored one is queued.
+    pub(super) async fn rule_before(&mut self, seen: &Seen, cmd: u8, h: &mut Header) -> Result<Option<Flow>> {
+        let Some(rule) = seen.rule.map(|i| &self.ctx.rules.list[i]) else { return Ok(None) };
+        let a = &rule.action;
+        if let Some((code, msg)) = &a.block {
+            self.skip_request().await?;
+            self.client_error(1, *code, b"42000", msg).await;
+            self.note_outcome(seen, Outcome { error: true, ..Default::default() });
+            return Ok(Some(Flow::Continue));
+        }
+        if cmd != com::QUERY || h.len >= INSPECT_LIMIT {
+            return Ok(None);
+        }
+        if let Some((re, with)) = &a.rewrite {
+            let text = &self.client.rbuf[HEADER + 1..HEADER + h.len];
+            let new = re.replace_all(text, with.as_bytes());
+            if let std::borrow::Cow::Owned(new) = new
+                && new.len() < MAX_PAYLOAD
+            {
+                replace_request(&mut self.client.rbuf, h.len, &new);
+                *h = Header { len: new.len() + 1, seq: 0 };
+            }
+        }
+        if let Some(to) = a.mirror {
+            let text = &self.client.rbuf[HEADER + 1..HEADER + h.len];
+            self.ctx.mirrors.send(to, &self.state, self.credential.as_ref(), text);
+        }
+        Ok(None)
+    }
+
+    /// Watches a statement its rule gives a timeout: when it runs over, it is killed on its
+    /// backend (KILL QUERY over a connection of its own), and the client gets the backend's
+    /// "interrupted" error. The returned handle stops the watch.
+    pub(super) fn watch_timeout(&self, seen: &Seen) -> Option<tokio::task::JoinHandle<()>> {
+        let limit = self.ctx.rules.list[seen.rule?].action.timeout?;
+        let cred = self.credential.clone()?;
+        let b = self.guard.0.clone();
+        let tid = self.handle.backend_thread_id.load(std::sync::atomic::Ordering::Relaxed);
+        let (user, collation, client_tls) = (self.state.user.clone(), self.state.collation, self.client.stream.is_tls());
+        let count = self.ctx.rules.list[seen.rule?].timeouts.clone();
+        Some(tokio::spawn(async move {
+            tokio::time::sleep(limit).await;
+            let who = crate::backend::conn::As { user: &user, collation, cred: &cred, client_tls };
+            let kill = format!("\u{3}KILL QUERY {tid}");
+            count.inc();
+            if let Err(e) = crate::backend::conn::run_once(&b, &who, kill.as_bytes()).await {
+                tracing::warn!(backend = %b.name, thread = tid, error = %e.message, "a rule's timeout could not kill its statement");
+            }
+        }))
+    }
+
+    /// Counts a statement in its digest's statistics.
+    pub(super) fn note_outcome(&self, seen: &Seen, o: Outcome) {
+        if seen.digest != 0 && self.ctx.digests.enabled {
+            self.ctx.digests.finish(seen.digest, o);
+        }
+    }
+}
+
+/// Replaces the request at the start of `rbuf` (a payload of `len` bytes) with a COM_QUERY of
+/// `text`, leaving what follows it in place.
+fn replace_request(rbuf: &mut BytesMut, len: usize, text: &[u8]) {
+    let rest = rbuf.split_off(HEADER + len);
+    rbuf.clear();
+    let n = text.len() + 1;
+    rbuf.extend_from_slice(&[n as u8, (n >> 8) as u8, (n >> 16) as u8, 0, com::QUERY]);
+    rbuf.extend_from_slice(text);
+    rbuf.unsplit(rest);
+}
