@@ -35,7 +35,7 @@ import suites  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling", "floor", "multiplex", "idle", "drain", "split"]
+ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling", "floor", "multiplex", "idle", "drain", "split", "features"]
 # Not part of the default run: the comparison of sluice's two runtime flavours.
 EXTRA_SUITES = ["runtime"]
 
@@ -257,6 +257,21 @@ password = "sbtest"
         backends = "".join(f'[[backends]]\naddress = "127.0.0.1:{port}"\nname = "s{i}"\n' for i, port in enumerate(self.repl_ports))
         self.start_sluice_users(name, workers, "", "", '[health]\nuser = "monitor"\npassword = "monitorpw"\n'
                                 '[routing]\nsplit = true\n' + backends)
+
+    def start_features(self, workers):
+        """The features suite: sluice in users mode with digests and rules off (feat-bare), with digests
+        (feat-digests), with 100 regex rules that match none of sysbench's statements (feat-rules100),
+        multiplexing (feat-mux), and with the read/write split over the one server as its primary
+        (feat-split: every statement classified, then run where multiplexing would run it)."""
+        backend = f'[[backends]]\naddress = "127.0.0.1:{self.backend_port}"\nrole = "primary"\n'
+        off = '[digests]\nenabled = false\n'
+        rules = "".join(f'[[rules]]\nname = "r{i}"\nmatch = "^select nothing_{i} from"\nblock = "no"\n' for i in range(100))
+        plain = 'tls = "off"\n'
+        self.start_sluice_users("feat-bare", workers, plain, "", backend + off)
+        self.start_sluice_users("feat-digests", workers, plain, "", backend)
+        self.start_sluice_users("feat-rules100", workers, plain, "", backend + off + rules)
+        self.start_sluice_users("feat-mux", workers, plain, "multiplex = true\n", backend + off)
+        self.start_sluice_users("feat-split", workers, plain, "", backend + off + '[routing]\nsplit = true\n')
 
     def backend_threads(self):
         """Threads_connected of the MariaDB server (this query's own connection not counted)."""
@@ -491,6 +506,8 @@ def main():
             env.start_topology()
             env.start_haproxy("split-haproxy", env.repl_ports[1], env.repl_ports[2:])
             env.start_sluice_split("sluice-split", args.workers)
+        if "features" in args.suites:
+            env.start_features(args.workers)
         if "floor" in args.suites:
             env.start_forward("forward-epoll", "epoll", env.backend_port)
             env.start_forward("forward-uring", "uring", env.backend_port)

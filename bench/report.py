@@ -179,6 +179,29 @@ def split(med, args, lines):
     lines.append("")
 
 
+def features(med, args, lines):
+    lines += ["What digests, 100 regex rules and the split's classifier cost per query, each against sluice without "
+              "it, in one run: users mode, TLS off, one server. `feat-bare`: digests and rules off; `feat-digests`: "
+              "digests on; `feat-rules100`: 100 `match` rules that no statement matches; `feat-mux`: multiplexing "
+              "(a connection taken and given back at every statement); `feat-split`: the split over the one server "
+              "as its primary (every statement classified, then run as multiplexing runs it), compared with feat-mux.",
+              "", "| workload | threads | target | QPS | proxy µs/query | CPU/query vs its base |",
+              "|---|---|---|---|---|---|"]
+    for w in args.workloads[:2]:
+        for t in args.threads:
+            base = f"features/{w}/{t}"
+            for x, against in (("feat-bare", None), ("feat-digests", "feat-bare"), ("feat-rules100", "feat-bare"),
+                               ("feat-mux", "feat-bare"), ("feat-split", "feat-mux")):
+                k = f"{base}/{x}"
+                if k not in med:
+                    continue
+                cpu = get(med, k, "proxy_cpu_us_per_query")
+                vs = ratio(cpu, get(med, f"{base}/{against}", "proxy_cpu_us_per_query")) if against else None
+                lines.append(f"| {w} | {t} | {x} | {f(get(med, k, 'qps'))} | {f(cpu, 2)} "
+                             f"| {f(vs, 3) + ' vs ' + against if vs is not None else ''} |")
+    lines.append("")
+
+
 def idle(med, args, lines):
     n = getattr(args, "idle_clients", 0)
     lines += [f"{n} idle client connections opened by a real driver (PyMySQL, with a schema and its connection "
@@ -454,7 +477,8 @@ def write(med, args, out, command):
                 ("multiplex", "Multiplexing: many clients over few backend connections", multiplex),
                 ("idle", "Idle clients of a real driver", idle),
                 ("drain", "Drain: moving every session off a backend", drain),
-                ("split", "Read/write split over a primary and two replicas", split)]
+                ("split", "Read/write split over a primary and two replicas", split),
+                ("features", "The cost of digests, rules and the classifier", features)]
     if any(s in args.suites for s in ("basic", "ranges", "latency", "long", "short", "scaling")):
         lines += ["## Targets", ""]
         targets(med, args, lines)

@@ -96,6 +96,13 @@ def cells(env, args):
             for transport in ("tcp", "unix"):
                 for threads in args.split_threads:
                     out.append(Cell("split", f"{w}/{transport}/{threads}", w, threads, split, extra, unix=transport == "unix"))
+    if "features" in suites:
+        # The hot-path cost of digests, of 100 regex rules and of the split's classifier, each
+        # against sluice without it (users mode, TLS off, one server).
+        feats = [t for t in ("feat-bare", "feat-digests", "feat-rules100", "feat-mux", "feat-split") if t in env.targets]
+        for w in args.workloads[:2]:
+            for threads in args.threads:
+                out.append(Cell("features", f"{w}/{threads}", w, threads, feats))
     if "floor" in suites:
         # The cells of the CPU targets, also on two forwarders that relay bytes and do nothing
         # else (sluice-forward): what relaying costs on each event loop, with no protocol work.
