@@ -33,6 +33,8 @@ pub struct Ctx {
     pub rules: crate::rules::Rules,
     /// The queues of shadow backends (rules that mirror).
     pub mirrors: crate::backend::mirror::Mirrors,
+    /// The latest GTIDs written through sluice (`causal_reads = "global"`).
+    pub latest_writes: crate::gtid::LatestWrites,
 }
 
 impl Ctx {
@@ -54,6 +56,7 @@ impl Ctx {
             rsa,
             digests: crate::digest::Digests::new(&config.digests, shards, metrics.digest_evictions.clone()),
             rules,
+            latest_writes: Default::default(),
             mirrors: crate::backend::mirror::Mirrors::new(rules_mirror_targets, config.routing.mirror_queue, &metrics),
             users: Users::from_config(&config.users, config.proxy.max_connections_per_user),
             backends: Backends::new(list, config.proxy.balance),

@@ -11,6 +11,7 @@ pub mod deadline;
 pub mod digest;
 pub mod error;
 pub mod frontend;
+pub mod gtid;
 pub mod metrics;
 pub mod net;
 pub mod rebalance;

@@ -182,7 +182,8 @@ async fn user_variables_follow_their_session_with_their_types() {
     set_variables(&mut a).await;
     // (The variables the last statement named are read back at its safe point, which the
     // session reaches just after the client has the statement's answer.)
-    let unpinned = || json(&admin_get(&s, "/sessions", None).1).as_array().unwrap().iter().all(|x| x["pins"].as_array().unwrap().is_empty());
+    let unpinned =
+        || json(&admin_get(&s, "/sessions", None).1).as_array().unwrap().iter().all(|x| x["pins"].as_array().unwrap().is_empty());
     wait_for("no session pinned", unpinned);
     // b takes the one connection, which has a's variables: it must not see them.
     let theirs: Option<(Option<i64>, Option<String>)> = b.query_first("SELECT @i, @secret").await.unwrap();

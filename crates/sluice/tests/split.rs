@@ -233,3 +233,32 @@ async fn causal_reads_see_the_sessions_own_writes() {
     let who: String = c.query_first(WHO).await.unwrap().unwrap();
     assert_eq!(who, "s1");
 }
+
+/// Inserts through one session and counts, through another that never writes, the rows it
+/// finds right after each insert.
+async fn write_then_read_elsewhere(s: &SluiceProc, tag: &str, n: usize) -> usize {
+    let (mut w, mut r) = (other(s).await, other(s).await);
+    let mut seen = 0;
+    for i in 0..n {
+        w.query_drop(format!("INSERT INTO items (v) VALUES ('{tag}{i}')")).await.unwrap();
+        let found: i64 = r.query_first(format!("SELECT COUNT(*) FROM items WHERE v = '{tag}{i}'")).await.unwrap().unwrap();
+        seen += found as usize;
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_causal_reads_see_every_sessions_writes() {
+    let t = Topology::start(1);
+    label(&t);
+    t.delay(1, 2);
+    let session = sluice(&t, "split = true\ncausal_reads = \"session\"\ncausal_reads_timeout = \"0s\"\n");
+    let global = sluice(&t, "split = true\ncausal_reads = \"global\"\ncausal_reads_timeout = \"0s\"\n");
+    wait_serving_reads(&session, &["s1"]);
+    wait_serving_reads(&global, &["s1"]);
+    // The control: a session's causal reads do not wait for another session's writes.
+    let missed = 200 - write_then_read_elsewhere(&session, "s", 200).await;
+    assert!(missed > 0, "the reading session saw every row without waiting: the delay was not real");
+    assert_eq!(write_then_read_elsewhere(&global, "g", 200).await, 200, "global causal reads saw the other session's writes");
+    assert!(metric(&global, "sluice_split_statements_total{to=\"primary\",reason=\"causal\"}") >= 200);
+}

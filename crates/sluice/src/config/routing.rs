@@ -19,7 +19,8 @@ pub struct RoutingConfig {
     /// Where `START TRANSACTION READ ONLY` runs: "primary" or "replica".
     pub read_only_transactions: ReadOnlyTransactions,
     /// "session": a read sent to a replica after the session wrote first waits there (in the
-    /// same round trip) for the session's last GTID; "none": it does not.
+    /// same round trip) for the session's last GTID; "global": for the latest GTID any session
+    /// wrote through sluice; "none": it does not.
     pub causal_reads: CausalReads,
     /// How long that wait may last before the read runs on the primary instead (0: the replica
     /// must have the write already).
@@ -49,6 +50,7 @@ pub enum CausalReads {
     #[default]
     None,
     Session,
+    Global,
 }
 
 /// Where the split sends a read-only transaction.

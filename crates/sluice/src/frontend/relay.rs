@@ -523,6 +523,9 @@ impl<'a> Session<'a> {
         if let (Some(db), None) = (done.init_db, error) {
             self.state.schema = Some(db);
         }
+        if done.reported.variables && self.split {
+            self.note_write();
+        }
         let explained = done.explained || (done.plain_set && done.reported.variables);
         if done.reported.state_changed && !explained && matches!(cmd, com::QUERY | com::STMT_EXECUTE) && self.credential.is_some() {
             // A stored routine, most likely: what it left is unknown.

@@ -9,7 +9,8 @@
 //! Causal reads (`causal_reads = "session"`): a read sent to a replica after the session wrote
 //! is preceded, in the same round trip, by `MASTER_GTID_WAIT` for the write's GTID (MariaDB
 //! reports it through session tracking as `last_gtid`); when the wait runs out the replica's
-//! answer is dropped and the read runs on the primary.
+//! answer is dropped and the read runs on the primary. With "global" the wait is for the
+//! latest GTID of each domain that any session wrote through sluice (`crate::gtid`).
 //!
 //! A session that holds a connection (a transaction, a pin) runs its statements there; the
 //! transaction began on the primary. One held on a replica only until the next statement
@@ -141,18 +142,35 @@ impl Session<'_> {
         }
     }
 
-    /// Causal reads: whether replica `b` may not have applied the session's last write yet (it
-    /// has not waited for it there since that write).
+    /// Causal reads: whether replica `b` may not have applied the write the read must see yet
+    /// (the session's last, or the latest through sluice with "global"): it has not waited for
+    /// it there since that write.
     fn must_wait(&mut self, b: &crate::backend::Backend) -> bool {
-        if self.ctx.config.routing.causal_reads != CausalReads::Session || self.state.last_gtid.is_empty() {
+        let mode = self.ctx.config.routing.causal_reads;
+        if mode == CausalReads::None || (mode == CausalReads::Session && self.state.last_gtid.is_empty()) {
             return false;
         }
         let c = self.causal.get_or_insert_with(Default::default);
-        if c.gtid != self.state.last_gtid {
-            c.gtid.clone_from(&self.state.last_gtid);
+        let changed = match mode {
+            CausalReads::Global => self.ctx.latest_writes.refresh(&mut c.gtid),
+            _ if c.gtid != self.state.last_gtid => {
+                c.gtid.clone_from(&self.state.last_gtid);
+                true
+            }
+            _ => false,
+        };
+        if changed {
             c.seen = 0;
         }
-        c.seen & replica_bit(b.index) == 0
+        !c.gtid.is_empty() && c.seen & replica_bit(b.index) == 0
+    }
+
+    /// Global causal reads: the session's write is recorded for every session's reads (after
+    /// a statement whose answer reported variables, `last_gtid` among them).
+    pub(super) fn note_write(&self) {
+        if self.ctx.config.routing.causal_reads == CausalReads::Global && !self.state.last_gtid.is_empty() {
+            self.ctx.latest_writes.note(&self.state.last_gtid);
+        }
     }
 
     /// Whether the statement about to be forwarded must be preceded by a causal read's wait.
@@ -168,7 +186,7 @@ impl Session<'_> {
         if let Some(c) = self.causal.as_mut() {
             c.due = false;
         }
-        let gtid = &self.state.last_gtid;
+        let Some(gtid) = self.causal.as_ref().map(|c| &c.gtid) else { return Ok(None) };
         // (A GTID list is digits, '-' and ','; anything else is not put into SQL.)
         let copy = self.client.rbuf.get(..len).map(<[u8]>::to_vec);
         if copy.is_none() || !gtid.bytes().all(|b| b.is_ascii_digit() || b == b'-' || b == b',') {
