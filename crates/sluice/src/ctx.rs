@@ -35,6 +35,8 @@ pub struct Ctx {
     pub mirrors: crate::backend::mirror::Mirrors,
     /// The latest GTIDs written through sluice (`causal_reads = "global"`).
     pub latest_writes: crate::gtid::LatestWrites,
+    /// Answers kept by rules with `cache_ttl`.
+    pub cache: crate::cache::ResultCache,
 }
 
 impl Ctx {
@@ -57,6 +59,7 @@ impl Ctx {
             digests: crate::digest::Digests::new(&config.digests, shards, metrics.digest_evictions.clone()),
             rules,
             latest_writes: Default::default(),
+            cache: crate::cache::ResultCache::new(config.routing.cache_size, &metrics),
             mirrors: crate::backend::mirror::Mirrors::new(rules_mirror_targets, config.routing.mirror_queue, &metrics),
             users: Users::from_config(&config.users, config.proxy.max_connections_per_user),
             backends: Backends::new(list, config.proxy.balance),

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod auth;
 pub mod backend;
+pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod ctx;

@@ -328,6 +328,8 @@ pub struct Metrics {
     pub digest_evictions: Counter,
     /// Copies for shadow backends, by what became of them.
     mirrored: Family<Labels, Counter>,
+    /// Result cache lookups and evictions.
+    cache: Family<Labels, Counter>,
     /// Statements the read/write split routed, by [`Split::index`].
     split: Vec<ShardedCounter>,
     /// The series of the configured backends, in order.
@@ -540,6 +542,13 @@ impl Metrics {
             mirrored.clone(),
         );
 
+        let cache = Family::<Labels, Counter>::default();
+        registry.register(
+            "result_cache",
+            "Result cache lookups (hit, miss) and answers evicted to stay within routing.cache_size",
+            cache.clone(),
+        );
+
         let backend_families = BackendFamilies::register(&mut registry);
         let backends = backend_names.iter().map(|n| backend_families.series(n)).collect();
 
@@ -558,6 +567,7 @@ impl Metrics {
             rule_timeouts,
             digest_evictions,
             mirrored,
+            cache,
             rebalance_runs,
             split,
             backends,
@@ -599,6 +609,11 @@ impl Metrics {
     pub fn rule(&self, name: &str) -> (Counter, Counter) {
         let l = vec![("rule", name.to_string())];
         (self.rule_hits.get_or_create(&l).clone(), self.rule_timeouts.get_or_create(&l).clone())
+    }
+
+    /// The result cache's counter of this outcome.
+    pub fn cache(&self, outcome: &'static str) -> Counter {
+        self.cache.get_or_create(&vec![("outcome", outcome.to_string())]).clone()
     }
 
     /// The counter of mirrored statements with this outcome.

@@ -349,6 +349,8 @@ pub struct StateSink<'a> {
     pub reported: Reported,
     /// Rows sent.
     pub rows: u64,
+    /// The answer's packets as the client got them, for the result cache (None: not kept).
+    pub capture: Option<Vec<u8>>,
 }
 
 impl<'a> StateSink<'a> {
@@ -365,6 +367,7 @@ impl<'a> StateSink<'a> {
             prepared_id: None,
             reported: Reported::default(),
             rows: 0,
+            capture: None,
         }
     }
 }

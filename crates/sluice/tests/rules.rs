@@ -173,3 +173,45 @@ async fn rules_and_comments_route_statements() {
     assert_eq!(seen["comment-over-rule"], set(&["s1"]));
     assert_eq!(metric(&s, "sluice_split_statements_total{to=\"rule\",reason=\"rule\"}"), 48);
 }
+
+/// The result cache: a read's answer is served again, without the backend, to the same user
+/// for the same text until its TTL passes; not to another user, not in a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_reads_are_served_from_the_cache_until_they_expire() {
+    let db = MariaDb::start();
+    db.sql("CREATE TABLE test.items (id INT PRIMARY KEY, v INT); INSERT INTO test.items VALUES (1, 10), (2, 20)");
+    let s = TestConfig::new()
+        .proxy("workers = 1\n")
+        .app_users()
+        .dbs(&[&db])
+        .rule("name = \"long\"\nmatch = \"where id = \\\\?$\"\ncache_ttl = \"1h\"\n")
+        .rule("name = \"short\"\nmatch = \"where id > \\\\?$\"\ncache_ttl = \"1s\"\n")
+        .start();
+    let mut c = connect(&s.listen, "app", "apppw").await;
+    c.query_drop("USE test").await.expect("USE");
+    let v: Option<i64> = c.query_first("SELECT v FROM items WHERE id = 1").await.expect("first read");
+    assert_eq!(v, Some(10));
+    let sum: Option<i64> = c.query_first("SELECT SUM(v) FROM items WHERE id > 0").await.expect("first sum");
+    assert_eq!(sum, Some(30));
+    // Changed behind sluice's back: the cache still answers with what it kept.
+    db.sql("UPDATE test.items SET v = v + 1");
+    let v: Option<i64> = c.query_first("SELECT v FROM items WHERE id = 1").await.expect("cached read");
+    assert_eq!(v, Some(10), "served from the cache");
+    assert_eq!(metric(&s, "sluice_result_cache_total{outcome=\"hit\"}"), 1);
+    // Another text, another user, a transaction: the backend answers.
+    let v: Option<i64> = c.query_first("SELECT v FROM items WHERE id = 2").await.expect("other text");
+    assert_eq!(v, Some(21));
+    let mut o = connect(&s.listen, "other", "otherpw").await;
+    o.query_drop("USE test").await.expect("USE");
+    let v: Option<i64> = o.query_first("SELECT v FROM items WHERE id = 1").await.expect("other user");
+    assert_eq!(v, Some(11));
+    c.query_drop("BEGIN").await.expect("BEGIN");
+    let v: Option<i64> = c.query_first("SELECT v FROM items WHERE id = 1").await.expect("in a transaction");
+    assert_eq!(v, Some(11));
+    c.query_drop("COMMIT").await.expect("COMMIT");
+    // A short TTL runs out.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let sum: Option<i64> = c.query_first("SELECT SUM(v) FROM items WHERE id > 0").await.expect("expired");
+    assert_eq!(sum, Some(32));
+    assert_eq!(metric(&s, "sluice_result_cache_total{outcome=\"hit\"}"), 1);
+}

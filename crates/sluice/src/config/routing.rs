@@ -28,6 +28,9 @@ pub struct RoutingConfig {
     pub causal_reads_timeout: Duration,
     /// Statements waiting for each shadow backend of a mirroring rule; more are dropped.
     pub mirror_queue: usize,
+    /// Bytes the result cache of rules with `cache_ttl` may hold (an answer larger than a
+    /// sixteenth of it is not kept).
+    pub cache_size: usize,
 }
 
 impl Default for RoutingConfig {
@@ -39,6 +42,7 @@ impl Default for RoutingConfig {
             causal_reads: CausalReads::None,
             causal_reads_timeout: Duration::from_secs(1),
             mirror_queue: 1000,
+            cache_size: 64 << 20,
         }
     }
 }

@@ -33,6 +33,23 @@ pub(super) enum KillPlan {
 }
 
 impl Session<'_> {
+    /// A command that fails [`Session::command_byte`]'s checks: the client gets the server's
+    /// error for it, and the session ends with the returned error.
+    pub(super) async fn bad_command(&mut self, h: Header) -> Error {
+        if h.seq != 0 {
+            self.client_error(h.seq.wrapping_add(1), code::NET_PACKETS_OUT_OF_ORDER, b"08S01", "Got packets out of order").await;
+            return Error::client(format!("command packet with sequence id {}", h.seq));
+        }
+        if h.len as u64 > self.ctx.config.proxy.max_packet_size {
+            self.ctx.metrics.reject(crate::metrics::Reject::PacketTooLarge);
+            let msg = "Got a packet bigger than 'max_allowed_packet' bytes";
+            self.client_error(1, code::NET_PACKET_TOO_LARGE, b"08S01", msg).await;
+            return Error::client(format!("command of {} bytes exceeds max_packet_size", h.len));
+        }
+        self.client_error(1, code::NET_READ_ERROR, b"08S01", "Empty command packet").await;
+        Error::client("empty command packet")
+    }
+
     /// Recognises a KILL anywhere in a COM_QUERY or COM_STMT_PREPARE, and COM_PROCESS_KILL
     /// (None: nothing to translate). The backend never receives a sluice connection id: a KILL
     /// is translated, or refused. A plain check, so that the common case awaits nothing.

@@ -295,9 +295,9 @@ impl<'a> Session<'a> {
         // COM_PING changes nothing on the server.
         self.touched |= cmd != com::PING && cmd != com::QUIT;
         // Its digest and rule (which may answer it, or rewrite it).
-        let seen = if self.looks_at_statements() { self.see(cmd, HEADER + h.len.min(INSPECT_LIMIT), h.len) } else { Seen::default() };
+        let mut seen = if self.looks_at_statements() { self.see(cmd, HEADER + h.len.min(INSPECT_LIMIT), h.len) } else { Seen::default() };
         if seen.rule.is_some()
-            && let Some(flow) = Box::pin(self.rule_before(&seen, cmd, &mut h)).await?
+            && let Some(flow) = Box::pin(self.rule_before(&mut seen, cmd, &mut h)).await?
         {
             return Ok(flow);
         }
@@ -357,10 +357,11 @@ impl<'a> Session<'a> {
         // Only an execute that asked for a cursor, or a fetch from one, moves its state.
         sink.executing = matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten();
         sink.conn_gen = self.conn_gen;
+        sink.capture = seen.cache.is_some().then(Vec::new);
         let watch = Watch { clock: &self.ctx.clock, handle: self.handle, waker: &mut self.waker };
         self.tracker.start(expect, request_seq);
         relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, self.ctx, watch).await?;
-        let rows = sink.rows;
+        let (rows, captured) = (sink.rows, sink.capture.take());
         let done = Done {
             error: sink.error,
             changed: sink.changed,
@@ -371,6 +372,9 @@ impl<'a> Session<'a> {
         };
         let now = mono_ns();
         self.note_outcome(&seen, Outcome { at: now, nanos: now.saturating_sub(started), rows, error: done.error.is_some() });
+        if let (Some(packets), None, false) = (captured, done.error, done.reported.state_changed) {
+            self.keep_answer(&seen, packets, rows);
+        }
         self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
         self.guard.activity.record(now / 1_000_000);
         let later = self.after_response(cmd, done);
@@ -386,23 +390,6 @@ impl<'a> Session<'a> {
             return None;
         }
         self.client.rbuf.get(HEADER).copied()
-    }
-
-    /// A command that fails [`Session::command_byte`]'s checks: the client gets the server's
-    /// error for it, and the session ends with the returned error.
-    async fn bad_command(&mut self, h: Header) -> Error {
-        if h.seq != 0 {
-            self.client_error(h.seq.wrapping_add(1), code::NET_PACKETS_OUT_OF_ORDER, b"08S01", "Got packets out of order").await;
-            return Error::client(format!("command packet with sequence id {}", h.seq));
-        }
-        if h.len as u64 > self.ctx.config.proxy.max_packet_size {
-            self.ctx.metrics.reject(crate::metrics::Reject::PacketTooLarge);
-            let msg = "Got a packet bigger than 'max_allowed_packet' bytes";
-            self.client_error(1, code::NET_PACKET_TOO_LARGE, b"08S01", msg).await;
-            return Error::client(format!("command of {} bytes exceeds max_packet_size", h.len));
-        }
-        self.client_error(1, code::NET_READ_ERROR, b"08S01", "Empty command packet").await;
-        Error::client("empty command packet")
     }
 
     /// Makes sure the session holds a backend connection for a command: a lost one replaced
@@ -691,6 +678,9 @@ pub(super) async fn relay_response(
             backend.rbuf[HEADER + 1..HEADER + 5].copy_from_slice(&id.to_le_bytes());
         }
         if scan.consumed > 0 {
+            if let Some(c) = sink.capture.as_mut() {
+                c.extend_from_slice(&backend.rbuf[..scan.consumed]);
+            }
             client.write(&backend.rbuf[..scan.consumed]).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
             ctx.metrics.bytes_to_clients.inc_by(scan.consumed as u64);
             backend.rbuf.advance(scan.consumed);
@@ -708,6 +698,8 @@ pub(super) async fn relay_response(
                 tracker.after_infile();
             }
             State::Rewrite { len } => {
+                // (An answer rewritten on its way is not kept whole.)
+                sink.capture = None;
                 let packet = &backend.rbuf[..len];
                 let plain = sluice_proto::basic::strip_session_track(&packet[HEADER..], tracker.lenenc_info());
                 let payload = plain.as_deref().unwrap_or(&packet[HEADER..]);

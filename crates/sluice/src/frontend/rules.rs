@@ -1,22 +1,24 @@
 //! What query rules and digests do to a session's statements (`crate::rules`,
 //! `crate::digest`): before a statement runs, its digest is taken and the first rule that
 //! matches it is found; a blocked statement is answered here, a rewritten one is replaced in
-//! the request, a mirrored one is copied to the shadow backend's queue, a timed one is watched;
+//! the request, a mirrored one is copied to the shadow backend's queue, a timed one is watched,
+//! a cached read is answered from the result cache (or its answer kept once it ran);
 //! a rule's route (or a `/* sluice: route=... */` comment) decides where a session that holds
 //! no connection runs it. After the response, the digest's statistics are updated.
 
 use bytes::BytesMut;
 use sluice_proto::consts::MAX_PAYLOAD;
-use sluice_proto::consts::com;
+use sluice_proto::consts::{com, status};
 use sluice_proto::packet::{HEADER, Header};
 
 use super::relay::{Flow, INSPECT_LIMIT, Session};
+use crate::cache::Key;
 use crate::digest::{Outcome, Statement};
-use crate::error::Result;
+use crate::error::{Error, Result, Side};
 use crate::rules::{RouteTo, Who};
 
 /// What is known of the statement about to run.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default)]
 pub(super) struct Seen {
     /// Its digest (0: not a statement, or statements are not looked at).
     pub(super) digest: u64,
@@ -24,6 +26,8 @@ pub(super) struct Seen {
     pub(super) rule: Option<usize>,
     /// Where it should run, as a rule or its comment says.
     pub(super) route: Option<RouteTo>,
+    /// Its text, when its answer is to be kept by the result cache.
+    pub(super) cache: Option<Box<[u8]>>,
 }
 
 impl Session<'_> {
@@ -62,12 +66,13 @@ impl Session<'_> {
         let hinted =
             if self.multiplex { crate::rules::hint(text).and_then(|t| rules.route_to(std::str::from_utf8(t).ok()?)) } else { None };
         let route = hinted.or_else(|| rule.and_then(|i| rules.list[i].action.route));
-        Seen { digest: if cmd == com::STMT_PREPARE { 0 } else { digest }, rule, route }
+        Seen { digest: if cmd == com::STMT_PREPARE { 0 } else { digest }, rule, route, cache: None }
     }
 
     /// Acts on the statement's rule before it is forwarded: a blocked statement is answered
-    /// (Some), a rewritten one replaces the request (`h` follows), a mirrored one is queued.
-    pub(super) async fn rule_before(&mut self, seen: &Seen, cmd: u8, h: &mut Header) -> Result<Option<Flow>> {
+    /// (Some), a rewritten one replaces the request (`h` follows), a mirrored one is queued, a
+    /// read whose answer the cache holds is answered from it (Some).
+    pub(super) async fn rule_before(&mut self, seen: &mut Seen, cmd: u8, h: &mut Header) -> Result<Option<Flow>> {
         let Some(rule) = seen.rule.map(|i| &self.ctx.rules.list[i]) else { return Ok(None) };
         let a = &rule.action;
         if let Some((code, msg)) = &a.block {
@@ -93,7 +98,47 @@ impl Session<'_> {
             let text = &self.client.rbuf[HEADER + 1..HEADER + h.len];
             self.ctx.mirrors.send(to, &self.state, self.credential.as_ref(), text);
         }
+        if a.cache_ttl.is_some() && self.cacheable(h.len) {
+            let started = crate::metrics::mono_ns();
+            let text = &self.client.rbuf[HEADER + 1..HEADER + h.len];
+            let Some(answer) = self.ctx.cache.get(&self.cache_key(text), std::time::Instant::now()) else {
+                seen.cache = Some(text.into());
+                return Ok(None);
+            };
+            self.skip_request().await?;
+            self.client.write(&answer.packets).await.map_err(|e| Error::io(Side::Client, "writing a cached answer", e))?;
+            let at = crate::metrics::mono_ns();
+            self.note_outcome(seen, Outcome { at, nanos: at.saturating_sub(started), rows: answer.rows, error: false });
+            return Ok(Some(Flow::Continue));
+        }
         Ok(None)
+    }
+
+    /// Whether a query's answer may come from the cache, or go to it: a read (as the split
+    /// classifies it), outside a transaction, with autocommit on.
+    fn cacheable(&self, len: usize) -> bool {
+        let st = self.state.status;
+        st & status::IN_TRANS == 0
+            && st & status::AUTOCOMMIT != 0
+            && len < self.ctx.cache.largest()
+            && sluice_proto::rw::classify(&self.client.rbuf[HEADER + 1..HEADER + len]) == sluice_proto::rw::Class::Read
+    }
+
+    fn cache_key<'k>(&'k self, text: &'k [u8]) -> Key<'k> {
+        Key {
+            user: &self.state.user,
+            schema: self.state.schema.as_deref(),
+            collation: self.state.collation,
+            caps: u64::from(self.fit.client_caps) | u64::from(self.fit.mariadb_caps) << 32,
+            text,
+        }
+    }
+
+    /// Keeps the answer of a statement its rule caches (it succeeded, changed no session state).
+    pub(super) fn keep_answer(&self, seen: &Seen, packets: Vec<u8>, rows: u64) {
+        let (Some(text), Some(ttl)) = (&seen.cache, seen.rule.and_then(|i| self.ctx.rules.list[i].action.cache_ttl)) else { return };
+        let answer = crate::cache::Answer { packets: packets.into_boxed_slice(), rows };
+        self.ctx.cache.put(&self.cache_key(text), answer, ttl, std::time::Instant::now());
     }
 
     /// Watches a statement its rule gives a timeout: when it runs over, it is killed on its
