@@ -162,7 +162,8 @@ impl<'a> Iterator for Parts<'a> {
         let sql = self.sql;
         loop {
             let t = self.lex.next()?;
-            let sign = self.sign_allowed();
+            // (Whether a `-` or `+` is a sign is asked only of those.)
+            let sign = t.kind == Kind::Punct && matches!(sql[t.at.start], b'-' | b'+') && self.sign_allowed();
             if Self::literal(sql, &mut self.lex, &t, sign) {
                 return self.emit(Part::Value);
             }

@@ -45,8 +45,6 @@ pub struct Rule {
     schema: Option<String>,
     client: Option<Network>,
     digest: Option<u64>,
-    /// Index into `Rules::patterns`.
-    pattern: Option<usize>,
     pub action: Action,
     pub hits: Counter,
     /// Statements killed for running over the rule's timeout.
@@ -69,6 +67,9 @@ const MATCHES_KEPT: usize = 20_000;
 pub struct Rules {
     pub list: Vec<Rule>,
     patterns: Vec<Regex>,
+    /// The rule of each pattern, and the rules that have none.
+    pattern_rule: Vec<usize>,
+    unpatterned: Vec<usize>,
     matches: Box<[Mutex<Matches>]>,
     backends: Vec<(String, Option<String>)>,
 }
@@ -86,19 +87,21 @@ impl Rules {
         let mut out = Rules {
             list: Vec::new(),
             patterns: Vec::new(),
+            pattern_rule: Vec::new(),
+            unpatterned: Vec::new(),
             matches: (0..shards.max(1)).map(|_| Mutex::default()).collect(),
             backends: names,
         };
         for (i, r) in rules.iter().enumerate() {
             let name = r.name(i);
             let bad = |m: String| format!("rules {name:?}: {m}");
-            let pattern = match &r.pattern {
+            match &r.pattern {
                 Some(p) => {
                     out.patterns.push(Regex::new(p.get_ref()).map_err(|e| bad(e.to_string()))?);
-                    Some(out.patterns.len() - 1)
+                    out.pattern_rule.push(i);
                 }
-                None => None,
-            };
+                None => out.unpatterned.push(i),
+            }
             let action = Action {
                 route: r
                     .route
@@ -125,7 +128,6 @@ impl Rules {
                 schema: r.schema.clone(),
                 client: r.client.as_ref().map(|c| Network::parse(c.get_ref())).transpose().map_err(bad)?,
                 digest: r.digest.as_ref().map(|d| parse_digest(d.get_ref())).transpose().map_err(bad)?,
-                pattern,
                 action,
                 hits,
                 timeouts,
@@ -165,13 +167,26 @@ impl Rules {
         }
         let mut found = None;
         self.with_matches(digest, text, |matched| {
-            found = self.list.iter().position(|r| {
-                r.pattern.is_none_or(|p| matched.is_some_and(|m| m[p / 64] >> (p % 64) & 1 == 1))
-                    && r.digest.is_none_or(|d| d == digest)
+            // The candidates in order: rules without a pattern, and those whose pattern matched
+            // (patterns are numbered in the order of their rules).
+            let mut plain = self.unpatterned.iter().copied().peekable();
+            let mut hit = (0..self.patterns.len())
+                .filter(|&p| matched.is_some_and(|m| m[p / 64] >> (p % 64) & 1 == 1))
+                .map(|p| self.pattern_rule[p])
+                .peekable();
+            let fits = |r: &Rule| {
+                r.digest.is_none_or(|d| d == digest)
                     && r.user.as_deref().is_none_or(|u| u == who.user)
                     && r.schema.as_deref().is_none_or(|s| who.schema == Some(s))
                     && r.client.is_none_or(|n| who.client.is_some_and(|ip| n.contains(ip)))
-            });
+            };
+            found = std::iter::from_fn(|| match (plain.peek(), hit.peek()) {
+                (Some(&a), Some(&b)) if a < b => plain.next(),
+                (_, Some(_)) => hit.next(),
+                (Some(_), None) => plain.next(),
+                (None, None) => None,
+            })
+            .find(|&i| fits(&self.list[i]));
         });
         if let Some(i) = found {
             self.list[i].hits.inc();

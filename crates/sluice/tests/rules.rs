@@ -41,7 +41,7 @@ fn two() -> (MariaDb, MariaDb, SluiceProc) {
     c = c
         .backend_with(&main.addr(), "name = \"main\"\nrole = \"primary\"\n")
         .backend_with(&shadow.addr(), "name = \"shadow\"\nrole = \"replica\"\n");
-    let s = c.root("").text() + RULES;
+    let s = c.table("digests", "enabled = true\n").text() + RULES;
     let proc = start_sluice_config(&s);
     (main, shadow, proc)
 }

@@ -1,0 +1,51 @@
+#!/bin/bash
+# User-space instructions per query of sluice's relay, under callgrind (noise cannot move them):
+# users mode in front of a local MariaDB, with digests and rules off (bare), with digests on, and
+# with 100 regex rules that match nothing (rules). Each configuration serves 1000 and then 3000
+# point selects after a warm-up, counters zeroed after it; per query = the difference / 2000.
+#   bench/hotpath.sh            (needs valgrind: scripts/setup.sh valgrind)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+WORK=$ROOT/bench/work/hotpath
+rm -rf "$WORK" && mkdir -p "$WORK"
+"$ROOT/scripts/setup.sh" valgrind >/dev/null
+cargo build --release -q -p sluice -p sluice-testkit --manifest-path "$ROOT/Cargo.toml"
+"$ROOT/target/release/sluice-mariadb" --count 1 --dir "$WORK/db" > "$WORK/db.log" 2>&1 &
+DB=$!
+trap 'kill $DB 2>/dev/null || true' EXIT
+for _ in $(seq 1 120); do grep -q : "$WORK/db.log" && break; sleep 0.5; done
+PORT=$(head -1 "$WORK/db.log" | sed 's/.*://')
+mariadb -h127.0.0.1 -P"$PORT" -uapp -papppw test -e \
+  "CREATE TABLE t (id INT PRIMARY KEY, c CHAR(120)); INSERT INTO t SELECT seq, REPEAT('x', 120) FROM seq_1_to_100"
+for n in 100 1000 3000; do
+  python3 -c "import sys; print('\n'.join(f'SELECT c FROM t WHERE id={i % 100 + 1};' for i in range(int(sys.argv[1]))))" "$n" > "$WORK/q$n.sql"
+done
+base="tls = \"off\"\n[[listeners]]\naddress = \"127.0.0.1:0\"\n[[backends]]\naddress = \"127.0.0.1:$PORT\"\n[[users]]\nname = \"app\"\npassword = \"apppw\"\n[proxy]\nworkers = 1\n"
+printf "$base[digests]\nenabled = false\n" > "$WORK/bare.toml"
+printf "$base[digests]\nenabled = true\n" > "$WORK/digests.toml"
+{ printf "$base[digests]\nenabled = false\n"; for i in $(seq 0 99); do printf '[[rules]]\nname = "r%d"\nmatch = "^select nothing_%d from"\nblock = "no"\n' "$i" "$i"; done; } > "$WORK/rules.toml"
+
+# Instructions of sluice while it serves n queries (after the warm-up).
+run() {
+  local cfg=$1 n=$2 port=$((20000 + RANDOM % 20000))
+  valgrind --tool=callgrind --callgrind-out-file="$WORK/$cfg-$n.out" "$ROOT/target/release/sluice" \
+    -c "$WORK/$cfg.toml" --listen "127.0.0.1:$port" > "$WORK/$cfg-$n.log" 2>&1 &
+  local vp=$!
+  for _ in $(seq 1 200); do mariadb -h127.0.0.1 -P$port -uapp -papppw test -e "SELECT 1" >/dev/null 2>&1 && break; sleep 0.3; done
+  mariadb -h127.0.0.1 -P$port -uapp -papppw test < "$WORK/q100.sql" > /dev/null
+  callgrind_control -z $vp > /dev/null 2>&1
+  mariadb -h127.0.0.1 -P$port -uapp -papppw test < "$WORK/q$n.sql" > /dev/null
+  callgrind_control -d $vp > /dev/null 2>&1
+  sleep 1
+  kill -TERM $vp; wait $vp || true
+  grep -h '^summary' "$(ls -t "$WORK/$cfg-$n.out".* | head -1)" | awk '{print $2}'
+}
+echo "| configuration | instructions per query | vs bare |"
+echo "|---|---|---|"
+bare=
+for cfg in bare digests rules; do
+  a=$(run $cfg 1000); b=$(run $cfg 3000)
+  per=$(( (b - a) / 2000 ))
+  [ -z "$bare" ] && bare=$per
+  echo "| $cfg | $per | $(python3 -c "print(f'{$per / $bare:.3f}')") |"
+done
