@@ -194,10 +194,22 @@ async fn replicas_behind_serve_no_reads_and_a_promotion_is_followed() {
 
 /// Inserts `n` rows through `c`, each followed by a read of it; how many reads saw their row.
 async fn insert_then_select(c: &mut mysql_async::Conn, tag: &str, n: usize) -> usize {
+    insert_then_count(c, None, tag, n).await
+}
+
+/// Inserts `n` rows through `w` and counts, right after each insert, the rows `r` (or `w`)
+/// finds.
+async fn insert_then_count(w: &mut mysql_async::Conn, mut r: Option<&mut mysql_async::Conn>, tag: &str, n: usize) -> usize {
     let mut seen = 0;
     for i in 0..n {
-        c.query_drop(format!("INSERT INTO items (v) VALUES ('{tag}{i}')")).await.unwrap();
-        let found: i64 = c.query_first(format!("SELECT COUNT(*) FROM items WHERE v = '{tag}{i}'")).await.unwrap().unwrap();
+        w.query_drop(format!("INSERT INTO items (v) VALUES ('{tag}{i}')")).await.unwrap();
+        let sql = format!("SELECT COUNT(*) FROM items WHERE v = '{tag}{i}'");
+        let found: i64 = match r.as_deref_mut() {
+            Some(r) => r.query_first(sql).await,
+            None => w.query_first(sql).await,
+        }
+        .unwrap()
+        .unwrap();
         seen += found as usize;
     }
     seen
@@ -238,13 +250,7 @@ async fn causal_reads_see_the_sessions_own_writes() {
 /// finds right after each insert.
 async fn write_then_read_elsewhere(s: &SluiceProc, tag: &str, n: usize) -> usize {
     let (mut w, mut r) = (other(s).await, other(s).await);
-    let mut seen = 0;
-    for i in 0..n {
-        w.query_drop(format!("INSERT INTO items (v) VALUES ('{tag}{i}')")).await.unwrap();
-        let found: i64 = r.query_first(format!("SELECT COUNT(*) FROM items WHERE v = '{tag}{i}'")).await.unwrap().unwrap();
-        seen += found as usize;
-    }
-    seen
+    insert_then_count(&mut w, Some(&mut r), tag, n).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
