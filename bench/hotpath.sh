@@ -1,7 +1,8 @@
 #!/bin/bash
 # User-space instructions per query of sluice's relay, under callgrind (noise cannot move them):
 # users mode in front of a local MariaDB, with digests and rules off (bare), with digests on, and
-# with 100 regex rules that match nothing (rules). Each configuration serves 1000 and then 3000
+# with 100 regex rules that match nothing (rules), multiplexing (mux) and the read/write split over
+# the one server as its primary (split: mux plus the classifier). Each configuration serves 1000 and then 3000
 # point selects after a warm-up, counters zeroed after it; per query = the difference / 2000.
 #   bench/hotpath.sh            (needs valgrind: scripts/setup.sh valgrind)
 set -euo pipefail
@@ -23,6 +24,8 @@ done
 base="tls = \"off\"\n[[listeners]]\naddress = \"127.0.0.1:0\"\n[[backends]]\naddress = \"127.0.0.1:$PORT\"\n[[users]]\nname = \"app\"\npassword = \"apppw\"\n[proxy]\nworkers = 1\n"
 printf "$base[digests]\nenabled = false\n" > "$WORK/bare.toml"
 printf "$base[digests]\nenabled = true\n" > "$WORK/digests.toml"
+printf "${base}multiplex = true\n[digests]\nenabled = false\n" > "$WORK/mux.toml"
+printf "$base[digests]\nenabled = false\n[routing]\nsplit = true\n" > "$WORK/split.toml"
 { printf "$base[digests]\nenabled = false\n"; for i in $(seq 0 99); do printf '[[rules]]\nname = "r%d"\nmatch = "^select nothing_%d from"\nblock = "no"\n' "$i" "$i"; done; } > "$WORK/rules.toml"
 
 # Instructions of sluice while it serves n queries (after the warm-up).
@@ -40,12 +43,13 @@ run() {
   kill -TERM $vp; wait $vp || true
   grep -h '^summary' "$(ls -t "$WORK/$cfg-$n.out".* | head -1)" | awk '{print $2}'
 }
-echo "| configuration | instructions per query | vs bare |"
-echo "|---|---|---|"
-bare=
-for cfg in bare digests rules; do
+echo "| configuration | instructions per query | vs bare | vs mux |"
+echo "|---|---|---|---|"
+bare= mux=
+for cfg in bare digests rules mux split; do
   a=$(run $cfg 1000); b=$(run $cfg 3000)
   per=$(( (b - a) / 2000 ))
   [ -z "$bare" ] && bare=$per
-  echo "| $cfg | $per | $(python3 -c "print(f'{$per / $bare:.3f}')") |"
+  [ "$cfg" = mux ] && mux=$per
+  echo "| $cfg | $per | $(python3 -c "print(f'{$per / $bare:.3f}')") | $([ -n "$mux" ] && python3 -c "print(f'{$per / $mux:.3f}')") |"
 done
