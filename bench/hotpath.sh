@@ -31,7 +31,7 @@ printf "$base[digests]\nenabled = false\n[routing]\nsplit = true\n" > "$WORK/spl
 # Instructions of sluice while it serves n queries (after the warm-up).
 run() {
   local cfg=$1 n=$2 port=$((20000 + RANDOM % 20000))
-  valgrind --tool=callgrind --callgrind-out-file="$WORK/$cfg-$n.out" "$ROOT/target/release/sluice" \
+  valgrind --tool=callgrind --compress-strings=no --compress-pos=no --callgrind-out-file="$WORK/$cfg-$n.out" "$ROOT/target/release/sluice" \
     -c "$WORK/$cfg.toml" --listen "127.0.0.1:$port" > "$WORK/$cfg-$n.log" 2>&1 &
   local vp=$!
   for _ in $(seq 1 200); do mariadb -h127.0.0.1 -P$port -uapp -papppw test -e "SELECT 1" >/dev/null 2>&1 && break; sleep 0.3; done
@@ -46,7 +46,7 @@ run() {
 echo "| configuration | instructions per query | vs bare | vs mux |"
 echo "|---|---|---|---|"
 bare= mux=
-for cfg in bare digests rules mux split; do
+for cfg in ${HOTPATH_CONFIGS:-bare digests rules mux split}; do
   a=$(run $cfg 1000); b=$(run $cfg 3000)
   per=$(( (b - a) / 2000 ))
   [ -z "$bare" ] && bare=$per

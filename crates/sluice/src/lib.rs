@@ -15,6 +15,7 @@ pub mod frontend;
 pub mod gtid;
 pub mod metrics;
 pub mod net;
+pub mod parking;
 pub mod rebalance;
 pub mod rules;
 pub mod runtime;

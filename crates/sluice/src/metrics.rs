@@ -309,6 +309,9 @@ impl Reject {
 pub struct Metrics {
     registry: Registry,
     pub client_connections: Gauge,
+    /// Idle sessions parked in a small task (`frontend/park.rs`).
+    pub parked_sessions: Gauge,
+    pub session_parks: Counter,
     pub client_connections_total: Counter,
     rejected: Vec<Counter>,
     /// Indexed by command byte.
@@ -472,6 +475,10 @@ impl Metrics {
         let mut registry = Registry::with_prefix("sluice");
         let client_connections = Gauge::default();
         registry.register("client_connections", "Client connections open now", client_connections.clone());
+        let parked_sessions = Gauge::default();
+        registry.register("parked_sessions", "Idle sessions parked in a small task until their client speaks", parked_sessions.clone());
+        let session_parks = Counter::default();
+        registry.register("session_parks", "Times an idle session parked", session_parks.clone());
         let client_connections_total = Counter::default();
         registry.register("client_connections_accepted", "Client connections accepted", client_connections_total.clone());
 
@@ -555,6 +562,8 @@ impl Metrics {
         Metrics {
             registry,
             client_connections,
+            parked_sessions,
+            session_parks,
             client_connections_total,
             rejected,
             commands,

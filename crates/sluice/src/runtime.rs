@@ -275,6 +275,8 @@ fn spawn_control(
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::deadline::sweep(&c.clock, &c.sessions).await });
                 let c = ctx.clone();
+                tokio::spawn(async move { crate::frontend::idle::sweep(&c.sessions).await });
+                let c = ctx.clone();
                 tokio::spawn(async move { crate::tls::keep_renewed(&c.tls).await });
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::rebalance::run(&c).await });
@@ -300,15 +302,17 @@ fn spawn_control(
     Ok(())
 }
 
-/// Gives memory freed by closed connections back to the system. The allocator keeps freed
-/// small blocks for reuse, so after a burst of thousands of connections the process would stay
-/// at its peak size; when connections fell well below their recent peak, the heap is trimmed.
+/// Gives memory freed by closed connections, and by the tasks of sessions that parked, back to
+/// the system. The allocator keeps freed small blocks for reuse, so after a burst of thousands
+/// of connections the process would stay at its peak size; when the sessions that hold a full
+/// task (connections not parked) fell well below their recent peak, the heap is trimmed.
 async fn return_memory(ctx: Arc<Ctx>) {
     let mut peak = 0usize;
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     loop {
         tick.tick().await;
-        let now = ctx.connections.load(std::sync::atomic::Ordering::Relaxed);
+        let parked = usize::try_from(ctx.metrics.parked_sessions.get()).unwrap_or(0);
+        let now = ctx.connections.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(parked);
         peak = peak.max(now);
         if peak >= now + 64 && now <= peak / 2 {
             trim_heap();

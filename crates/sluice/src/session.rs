@@ -466,6 +466,8 @@ pub struct SessionInfo {
     pub move_asked: Option<&'static str>,
     pub queries: u64,
     pub busy: bool,
+    /// Idle and parked: waiting for its client in a small task (`frontend/park.rs`).
+    pub parked: bool,
 }
 
 /// What [`SessionHandle::response_wait`] holds when the session is not waiting for a backend.
@@ -506,6 +508,8 @@ pub struct SessionHandle {
     pub split: AtomicBool,
     /// When it last moved (milliseconds of `metrics::mono_ns`; 0: never).
     pub moved_at_ms: AtomicU64,
+    /// Whether it may park while idle, and was asked to.
+    pub parking: crate::parking::Parking,
     pub info: Mutex<SessionInfo>,
 }
 
@@ -532,6 +536,7 @@ impl SessionHandle {
             can_move: AtomicBool::new(false),
             split: AtomicBool::new(false),
             moved_at_ms: AtomicU64::new(0),
+            parking: Default::default(),
             info: Mutex::new(SessionInfo {
                 id,
                 client,
@@ -548,6 +553,7 @@ impl SessionHandle {
                 move_asked: None,
                 queries: 0,
                 busy: false,
+                parked: false,
             }),
         }
     }
@@ -594,6 +600,7 @@ impl SessionHandle {
         i.backend_thread_id = (tid != 0).then_some(tid);
         i.queries = self.queries.load(Ordering::Relaxed);
         i.busy = self.busy.load(Ordering::Relaxed);
+        i.parked = self.parking.parked.load(Ordering::Relaxed);
         i
     }
 

@@ -1,21 +1,34 @@
 //! A small map of names to values (session variables, user variables, statements prepared with
 //! SQL), kept as a sorted vector of exact size: most sessions have none or a few entries, and an
 //! idle session's memory counts (a `BTreeMap` takes a node of about 500 bytes for its first).
+//! Copies share the vector until one of them changes (the session's state and the copy it
+//! publishes for the admin API are then one).
+
+use std::sync::Arc;
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Vars(Vec<(String, String)>);
+pub struct Vars(Option<Arc<Vec<Pair>>>);
 
 type Pair = (String, String);
 
 impl Vars {
+    fn pairs(&self) -> &[Pair] {
+        self.0.as_deref().map_or(&[], Vec::as_slice)
+    }
+
+    /// The pairs to change (copied first when shared).
+    fn pairs_mut(&mut self) -> &mut Vec<Pair> {
+        Arc::make_mut(self.0.get_or_insert_with(Default::default))
+    }
+
     fn find(&self, name: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|(n, _)| n.as_str().cmp(name))
+        self.pairs().binary_search_by(|(n, _)| n.as_str().cmp(name))
     }
 
     pub fn get(&self, name: &str) -> Option<&String> {
-        self.find(name).ok().map(|i| &self.0[i].1)
+        self.find(name).ok().map(|i| &self.pairs()[i].1)
     }
 
     pub fn contains_key(&self, name: &str) -> bool {
@@ -25,10 +38,12 @@ impl Vars {
     /// Sets `name` to `value`; returns the value it had.
     pub fn insert(&mut self, name: String, value: String) -> Option<String> {
         match self.find(&name) {
-            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
+            Ok(i) if self.pairs()[i].1 == value => Some(value),
+            Ok(i) => Some(std::mem::replace(&mut self.pairs_mut()[i].1, value)),
             Err(i) => {
-                self.0.reserve_exact(1);
-                self.0.insert(i, (name, value));
+                let v = self.pairs_mut();
+                v.reserve_exact(1);
+                v.insert(i, (name, value));
                 None
             }
         }
@@ -36,32 +51,33 @@ impl Vars {
 
     pub fn remove(&mut self, name: &str) -> Option<String> {
         let i = self.find(name).ok()?;
-        let (_, v) = self.0.remove(i);
-        if self.0.is_empty() {
-            self.0 = Vec::new();
+        if self.len() == 1 {
+            let value = self.pairs()[0].1.clone();
+            self.0 = None;
+            return Some(value);
         }
-        Some(v)
+        Some(self.pairs_mut().remove(i).1)
     }
 
     pub fn clear(&mut self) {
-        self.0 = Vec::new();
+        self.0 = None;
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.pairs().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.pairs().is_empty()
     }
 
     /// Names and values, by name.
     pub fn iter(&self) -> impl Iterator<Item = (&String, &String)> {
-        self.0.iter().map(|(n, v)| (n, v))
+        self.pairs().iter().map(|(n, v)| (n, v))
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &String> {
-        self.0.iter().map(|(n, _)| n)
+        self.pairs().iter().map(|(n, _)| n)
     }
 }
 
@@ -70,15 +86,15 @@ impl<'a> IntoIterator for &'a Vars {
     type IntoIter = std::iter::Map<std::slice::Iter<'a, Pair>, fn(&'a Pair) -> (&'a String, &'a String)>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter().map(|(n, v)| (n, v))
+        self.pairs().iter().map(|(n, v)| (n, v))
     }
 }
 
 /// As a map of names to values.
 impl Serialize for Vars {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(self.0.len()))?;
-        for (n, v) in &self.0 {
+        let mut m = s.serialize_map(Some(self.len()))?;
+        for (n, v) in self.pairs() {
             m.serialize_entry(n, v)?;
         }
         m.end()
@@ -105,7 +121,13 @@ mod tests {
         assert_eq!(serde_json::to_string(&v).unwrap(), r#"{"b":"two","c":"3"}"#);
         let w = v.clone();
         assert_eq!(v, w);
+        // A copy shares the pairs until one side changes.
+        let mut x = w.clone();
+        assert!(Arc::ptr_eq(x.0.as_ref().unwrap(), w.0.as_ref().unwrap()));
+        x.insert("c".into(), "4".into());
+        assert_eq!((w.get("c").map(String::as_str), x.get("c").map(String::as_str)), (Some("3"), Some("4")));
         v.clear();
         assert!(v.is_empty());
+        assert_eq!(v, Vars::default());
     }
 }

@@ -308,13 +308,17 @@ fn go_sql_driver_suite_directly_and_through_sluice() {
     for (label, keys, moves) in [
         ("through sluice moving sessions at every safe point", "move_every_statement = true\n", "test"),
         ("through sluice multiplexing", "multiplex = true\n", ""),
+        ("through sluice multiplexing and parking at every command", "multiplex = true\npark_every_command = true\n", "park"),
     ] {
         let socket = db.socket.display().to_string();
         let s = TestConfig::new().proxy(keys).backend(&addr).backend(&socket).app_users().start();
         let target = Target { label, addr: &s.listen, tls: false };
         let run = suite.run(&target, None);
         problems.extend(suite.lost_passes(&runs[0], &run, &target));
-        if !moves.is_empty() {
+        if moves == "park" {
+            let n = metric(&s, "sluice_session_parks_total");
+            assert!(n > 1000, "sessions parked only {n} times in the run {label}");
+        } else if !moves.is_empty() {
             let n = metric(&s, &format!("sluice_session_moves_total{{reason=\"{moves}\",result=\"moved\"}}"));
             assert!(n > 1000, "only {n} sessions moved in the run {label}");
         }

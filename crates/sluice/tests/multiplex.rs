@@ -298,3 +298,62 @@ async fn sql_prepared_statements_follow_their_session_and_no_other() {
     let (_, body) = admin_get(&s, "/sessions", None);
     assert!(body.contains("\"sql_prepare\""), "{body}");
 }
+
+/// The `/sessions` entry of session `id`.
+fn session_info(s: &SluiceProc, id: u32) -> serde_json::Value {
+    let (_, body) = admin_get(s, "/sessions", None);
+    json(&body).as_array().unwrap().iter().find(|x| x["id"] == id).cloned().unwrap_or(serde_json::Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sessions_park_and_come_back_with_their_state() {
+    let db = MariaDb::start();
+    db.sql("CREATE DATABASE p1; CREATE TABLE p1.t (v VARCHAR(10)); INSERT INTO p1.t VALUES ('kept')");
+    let s = mux(&db, "max_backend_connections = 2\n");
+    // One session with state of every kind a parked session carries, one in a transaction
+    // (pinned: it keeps its connection and its task), one to be killed while parked.
+    let mut a = app(&s).await;
+    a.query_drop("USE p1").await.unwrap();
+    a.query_drop("SET time_zone = '+03:00', @u = 'mine'").await.unwrap();
+    let stmt = a.prep("SELECT v, ? FROM t").await.unwrap();
+    let mut pinned = app(&s).await;
+    pinned.query_drop("BEGIN").await.unwrap();
+    let doomed = app(&s).await;
+    for c in [&a, &doomed] {
+        let id = c.id();
+        wait_for("the idle session parks", || session_info(&s, id)["parked"] == true);
+    }
+    assert_eq!(session_info(&s, pinned.id())["parked"], false, "a session in a transaction holds its connection");
+    let (_, metrics) = admin_get(&s, "/metrics", None);
+    assert!(metrics.contains("sluice_parked_sessions 2"), "{metrics}");
+    // The parked session's next statements find everything as they left it.
+    let (schema, tz, u): (String, String, String) = a.query_first("SELECT DATABASE(), @@time_zone, @u").await.unwrap().unwrap();
+    assert_eq!((schema.as_str(), tz.as_str(), u.as_str()), ("p1", "+03:00", "mine"));
+    let (v, n): (String, i64) = a.exec_first(&stmt, (7,)).await.unwrap().unwrap();
+    assert_eq!((v.as_str(), n), ("kept", 7));
+    assert_eq!(session_info(&s, a.id())["parked"], false);
+    // It parks again once idle, and a kill reaches a parked session.
+    wait_for("the session parks again", || session_info(&s, a.id())["parked"] == true);
+    a.query_drop(format!("KILL {}", doomed.id())).await.unwrap();
+    wait_for("the killed session is gone", || session_info(&s, doomed.id()).is_null());
+    pinned.query_drop("COMMIT").await.unwrap();
+    wait_for("the session parks after its transaction", || session_info(&s, pinned.id())["parked"] == true);
+    let one: Option<i64> = pinned.query_first("SELECT 1").await.unwrap();
+    assert_eq!(one, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_park_does_not_restart_the_idle_timeout() {
+    let db = MariaDb::start();
+    let s = mux(&db, "idle_timeout = \"5s\"\n");
+    let mut c = app(&s).await;
+    c.query_drop("DO 1").await.unwrap();
+    let last_command = std::time::Instant::now();
+    let id = c.id();
+    wait_for("the idle session parks", || session_info(&s, id)["parked"] == true);
+    wait_for("the idle session is closed", || session_info(&s, id).is_null());
+    // A session parks after at least a second of idleness: a timeout restarted by the park
+    // would close it at least 6 s after its last command.
+    let idle = last_command.elapsed();
+    assert!(idle >= std::time::Duration::from_secs(5) && idle < std::time::Duration::from_secs(6), "closed after {idle:?} idle");
+}

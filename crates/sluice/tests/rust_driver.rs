@@ -1,9 +1,10 @@
 //! The test suite of the Rust driver mysql_async (its unit tests, which talk to the server named
 //! by DATABASE_URL), from the copy of the crate that cargo fetched for sluice's own tests, run
 //! against one MariaDB server: directly, through sluice, and in users mode through sluice moving
-//! every session to a fresh connection at every safe point, then multiplexing. Every test that
-//! passes directly must pass through sluice; one that does not is run again (twice at most)
-//! before it counts as broken by sluice, since some depend on timing.
+//! every session to a fresh connection at every safe point, then multiplexing (and parking at
+//! every command). Every test that passes directly must pass through sluice; one that does not
+//! is run again (twice at most) before it counts as broken by sluice, since some depend on
+//! timing.
 //!
 //! The driver by default reads `@@socket` after logging in over TCP to a local address and
 //! reconnects over that Unix socket, which would go around sluice: the URL turns it off
@@ -196,12 +197,21 @@ fn mysql_async_suite_directly_and_through_sluice() {
     for (label, keys, moves, expected) in [
         ("through sluice moving sessions at every safe point", "move_every_statement = true\n", "test", &moving[..]),
         ("through sluice multiplexing", "multiplex = true\n", "", &multiplexing[..]),
+        (
+            "through sluice multiplexing and parking at every command",
+            "multiplex = true\npark_every_command = true\n",
+            "park",
+            &multiplexing[..],
+        ),
     ] {
         let socket = db.socket.display().to_string();
         let s = TestConfig::new().proxy(keys).backend(&addr).backend(&socket).app_users().start();
         let run = suite.run(label, &s.listen, None);
         problems.extend(suite.lost_passes(&direct, &run, label, &s.listen, expected));
-        if !moves.is_empty() {
+        if moves == "park" {
+            let n = metric(&s, "sluice_session_parks_total");
+            assert!(n > 100, "sessions parked only {n} times in the run {label}");
+        } else if !moves.is_empty() {
             let n = metric(&s, &format!("sluice_session_moves_total{{reason=\"{moves}\",result=\"moved\"}}"));
             assert!(n > 100, "only {n} sessions moved in the run {label}");
         }

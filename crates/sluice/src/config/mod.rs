@@ -133,6 +133,10 @@ pub struct ProxyConfig {
     /// Testing aid: users-mode sessions move to a fresh connection on the next backend at every
     /// safe point, so that a client library's test suite runs across many connections.
     pub move_every_statement: bool,
+    /// Testing aid: multiplexed sessions park (`frontend/idle.rs`) whenever they wait for a
+    /// command, not only once idle for a second, so that a client library's test suite runs
+    /// through parks.
+    pub park_every_command: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -179,6 +183,7 @@ impl Default for ProxyConfig {
             rebalance_rate: 50,
             rebalance_interval: Duration::from_secs(60),
             move_every_statement: false,
+            park_every_command: false,
         }
     }
 }

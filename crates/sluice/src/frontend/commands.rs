@@ -32,7 +32,7 @@ pub(super) enum KillPlan {
     Refuse { code: u16, msg: String },
 }
 
-impl Session<'_> {
+impl Session {
     /// A command that fails [`Session::command_byte`]'s checks: the client gets the server's
     /// error for it, and the session ends with the returned error.
     pub(super) async fn bad_command(&mut self, h: Header) -> Error {
@@ -162,9 +162,9 @@ impl Session<'_> {
         let limit = self.ctx.config.proxy.response_timeout;
         self.backend.stream.write_within(limit, &pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
         let mut sink = StateSink::new(&mut self.state);
-        let watch = crate::deadline::Watch { clock: &self.ctx.clock, handle: self.handle, waker: &mut self.waker };
+        let watch = crate::deadline::Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
         self.tracker.start(Expect::Results, 0);
-        relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, self.ctx, watch).await?;
+        relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, &self.ctx, watch).await?;
         let changed = sink.changed;
         let ok = sink.error.is_none();
         if changed {
@@ -279,7 +279,7 @@ impl Session<'_> {
     }
 }
 
-impl Session<'_> {
+impl Session {
     /// COM_CHANGE_USER in users mode: sluice checks the new user's reply (computed over the
     /// scramble of the session's greeting), then changes the backend connection's user with the
     /// credentials it holds. On failure the session keeps its previous user, as the server does.
@@ -339,7 +339,7 @@ impl Session<'_> {
                 self.state.schema = (!cu.database.is_empty()).then(|| String::from_utf8_lossy(&cu.database).into_owned());
                 // A later login on the session's behalf is as the new user.
                 if let Some(p) = self.profile.as_mut() {
-                    p.user = cu.user.clone();
+                    p.set_user(&cu.user);
                 }
                 if let Some(k) = self.key.as_mut() {
                     k.user = Arc::from(self.state.user.as_str());

@@ -43,6 +43,30 @@ struct Backed {
     conn: Option<Box<ConnState>>,
 }
 
+/// What a new backend login on a session's behalf repeats (users mode): the client's handshake
+/// response without its auth response, kept encoded in one allocation (an idle session's
+/// memory counts) and decoded when such a login needs it.
+pub struct Profile(Box<[u8]>);
+
+impl Profile {
+    pub fn new(hr: &HandshakeResponse) -> Profile {
+        let mut out = Vec::new();
+        HandshakeResponse { auth_response: Vec::new(), ..hr.clone() }.write(&mut out);
+        Profile(out.into_boxed_slice())
+    }
+
+    /// The handshake response (written by `new`, so it parses).
+    pub fn get(&self) -> HandshakeResponse {
+        HandshakeResponse::parse(&self.0).unwrap_or_default()
+    }
+
+    /// A later login is as `user` (after COM_CHANGE_USER).
+    pub fn set_user(&mut self, user: &[u8]) {
+        let hr = HandshakeResponse { user: user.to_vec(), ..self.get() };
+        *self = Profile::new(&hr);
+    }
+}
+
 /// A logged-in session, ready for the command relay.
 pub struct LoggedIn {
     pub client: PacketConn,
@@ -60,7 +84,7 @@ pub struct LoggedIn {
     pub user_slot: Option<UserSlot>,
     pub scramble: [u8; 20],
     /// What a new backend login on the session's behalf repeats (users mode only).
-    pub profile: Option<Box<HandshakeResponse>>,
+    pub profile: Option<Profile>,
     /// Which clients may reuse the backend connection once this session ends.
     pub fit: Fit,
     /// The backend connection's place under `max_backend_connections`.
@@ -234,7 +258,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
         }
         AuthMode::Users => users(&mut attempt, &mut client, next).await,
     };
-    let profile = (listener.auth == AuthMode::Users).then(|| Box::new(HandshakeResponse { auth_response: Vec::new(), ..hr.clone() }));
+    let profile = (listener.auth == AuthMode::Users).then(|| Profile::new(&hr));
     match result {
         Ok(b) => Ok(LoggedIn {
             fit: Fit { backend_tls: b.guard.tls.wanted(client_tls), ..fit },
@@ -569,4 +593,30 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
     sluice_proto::basic::ok_payload(&mut ok, 0, 0, 0, status::AUTOCOMMIT, 0);
     client.write_packet(&ok, cseq).await.map_err(io_c)?;
     Ok(Backed { user_slot: Some(slot), ..b })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_profile_keeps_what_a_later_login_repeats_but_not_the_auth_response() {
+        let hr = HandshakeResponse {
+            capabilities: cap::PROTOCOL_41 | cap::SECURE_CONNECTION | cap::PLUGIN_AUTH | cap::CONNECT_ATTRS | cap::CONNECT_WITH_DB,
+            mariadb_capabilities: 0,
+            max_packet: 1 << 24,
+            collation: 45,
+            user: b"app".to_vec(),
+            auth_response: vec![7; 20],
+            database: Some(b"shop".to_vec()),
+            auth_plugin: Some(b"mysql_native_password".to_vec()),
+            attributes: vec![(b"_client_name".to_vec(), b"pymysql".to_vec()), (b"program_name".to_vec(), b"bench".to_vec())],
+            zstd_level: None,
+        };
+        let mut p = Profile::new(&hr);
+        let back = p.get();
+        assert_eq!(back, HandshakeResponse { auth_response: Vec::new(), ..hr.clone() });
+        p.set_user(b"other");
+        assert_eq!(p.get(), HandshakeResponse { auth_response: Vec::new(), user: b"other".to_vec(), ..hr });
+    }
 }

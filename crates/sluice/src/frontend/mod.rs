@@ -2,6 +2,7 @@
 
 mod client;
 mod commands;
+pub mod idle;
 mod login;
 mod relay;
 mod rules;
@@ -31,59 +32,86 @@ pub struct Listener {
     pub multiplex: bool,
 }
 
-/// Counts a client connection for as long as it lives.
-struct ConnectionSlot<'a>(&'a Ctx);
+/// Counts a client connection for as long as it lives, and keeps its session registered from
+/// its login on (the session may change tasks when it parks: this goes with it).
+pub(super) struct Admission {
+    ctx: Arc<Ctx>,
+    registered: Option<u32>,
+}
 
-impl Drop for ConnectionSlot<'_> {
+impl Drop for Admission {
     fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::Relaxed);
-        self.0.metrics.client_connections.dec();
+        if let Some(id) = self.registered {
+            self.ctx.sessions.remove(id);
+        }
+        self.ctx.connections.fetch_sub(1, Ordering::Relaxed);
+        self.ctx.metrics.client_connections.dec();
     }
 }
 
 /// Serves one client connection from accept to close.
 pub async fn serve(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Listener>) {
-    let ctx = &*ctx;
+    // The login runs in its own future: its locals (the login result, LoggedIn) then take no
+    // room in the task of the session that follows it, idle for hours, perhaps.
+    let Some((session, admission)) = Box::pin(admit(ctx, stream, peer, listener)).await else {
+        return;
+    };
+    live(session, admission, true).await;
+}
+
+/// Admits the connection and logs the client in: its session, or None when it was refused or
+/// the login failed.
+async fn admit(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Listener>) -> Option<(Box<relay::Session>, Admission)> {
     ctx.metrics.client_connections_total.inc();
     ctx.metrics.client_connections.inc();
     let open = ctx.connections.fetch_add(1, Ordering::Relaxed);
-    let _slot = ConnectionSlot(ctx);
+    let mut admission = Admission { ctx: ctx.clone(), registered: None };
     if ctx.is_draining() {
         ctx.metrics.reject(Reject::ShuttingDown);
-        Box::pin(refuse_early(stream, code::SERVER_SHUTDOWN, "sluice is shutting down")).await;
-        return;
+        refuse_early(stream, code::SERVER_SHUTDOWN, "sluice is shutting down").await;
+        return None;
     }
     if open >= ctx.config.proxy.max_connections {
         ctx.metrics.reject(Reject::MaxConnections);
         tracing::warn!(client = %peer, limit = ctx.config.proxy.max_connections, "refusing client: max_connections reached");
-        Box::pin(refuse_early(stream, code::CON_COUNT, "Too many connections")).await;
-        return;
+        refuse_early(stream, code::CON_COUNT, "Too many connections").await;
+        return None;
     }
     let id = ctx.sessions.next_id();
     let handle = Arc::new(SessionHandle::new(id, peer.clone(), listener.name.clone()));
     ctx.sessions.insert(handle.clone());
-    let _registered = Registered(ctx, id);
-    // The login runs in its own future: its locals (the login result, LoggedIn) then take no
-    // room in the task of the session that follows it, idle for hours, perhaps.
-    let Some(mut session) = start(ctx, stream, &handle, &listener, &peer).await else {
-        return;
+    admission.registered = Some(id);
+    let session = start(ctx, stream, handle, &listener, &peer).await?;
+    Some((session, admission))
+}
+
+/// Serves the session's commands until it ends (then ends it) or parks (`idle.rs`).
+///
+/// The session is boxed: it stays where it is when it parks and resumes, and the task's future
+/// does not hold it twice (an async fn keeps its arguments apart from its locals).
+async fn live(mut session: Box<relay::Session>, admission: Admission, first: bool) {
+    let result = if first { session.run().await } else { session.resume().await };
+    let result = match result {
+        Ok(relay::Ended::Parked) => return idle::spawn(session, admission),
+        Ok(relay::Ended::Done) => Ok(()),
+        Err(e) => Err(e),
     };
-    let result = session.run().await;
     if let Err(e) = &result {
-        log_error(ctx, id, &peer, e, "session ended with an error");
+        let peer = session.handle.info.lock().client.clone();
+        log_error(&session.ctx, session.handle.id, &peer, e, "session ended with an error");
     }
     session.close_client().await;
     session.user_slot = None;
     Box::pin(session.end_backend(result.is_ok())).await;
+    drop(admission);
 }
 
 /// Logs the client in (within handshake_timeout) and makes its session; None when the login
 /// failed, which is logged and counted here.
-async fn start<'a>(ctx: &'a Ctx, stream: Stream, handle: &'a SessionHandle, listener: &Listener, peer: &str) -> Option<relay::Session<'a>> {
+async fn start(ctx: Arc<Ctx>, stream: Stream, handle: Arc<SessionHandle>, listener: &Listener, peer: &str) -> Option<Box<relay::Session>> {
     let id = handle.id;
     let tls = stream.is_tls();
-    // Boxed: the login's state is freed once it is done.
-    let login = tokio::time::timeout(ctx.config.proxy.handshake_timeout, Box::pin(login::login(ctx, stream, handle, listener))).await;
+    let login = tokio::time::timeout(ctx.config.proxy.handshake_timeout, login::login(&ctx, stream, &handle, listener)).await;
     let logged_in = match login {
         Err(_) => {
             ctx.metrics.reject(Reject::HandshakeTimeout);
@@ -95,7 +123,7 @@ async fn start<'a>(ctx: &'a Ctx, stream: Stream, handle: &'a SessionHandle, list
             if let Some(reject) = r.reject {
                 ctx.metrics.reject(reject);
             }
-            log_error(ctx, id, peer, &r.error, "login failed");
+            log_error(&ctx, id, peer, &r.error, "login failed");
             return None;
         }
         Ok(Ok(l)) => l,
@@ -107,7 +135,7 @@ async fn start<'a>(ctx: &'a Ctx, stream: Stream, handle: &'a SessionHandle, list
         i.compressed = logged_in.compression.is_some();
     }
     tracing::debug!(session = id, client = %peer, user = %logged_in.state.user, backend = %logged_in.guard.name, "session started");
-    Some(relay::Session::new(ctx, handle, logged_in, listener.multiplex))
+    Some(Box::new(relay::Session::new(ctx, handle, logged_in, listener.multiplex)))
 }
 
 /// COM_RESET_CONNECTION on the way into `b`'s pool, counted; whether the backend said OK within
@@ -119,15 +147,6 @@ async fn reset_for_pool(b: &crate::backend::BackendGuard, conn: &mut PacketConn,
             && matches!(conn.read_packet(1 << 16).await, Ok((_, p)) if p.first() == Some(&0) && conn.rbuf.is_empty())
     };
     tokio::time::timeout(limit, reset).await.is_ok_and(|ok| ok)
-}
-
-/// Removes the session from the registry when it ends, however it ends.
-struct Registered<'a>(&'a Ctx, u32);
-
-impl Drop for Registered<'_> {
-    fn drop(&mut self) {
-        self.0.sessions.remove(self.1);
-    }
 }
 
 fn log_error(ctx: &Ctx, id: u32, peer: &str, e: &Error, what: &str) {
@@ -147,7 +166,7 @@ async fn refuse_early(stream: Stream, code: u16, msg: &str) {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), conn.write_packet(&p, 0)).await;
 }
 
-impl relay::Session<'_> {
+impl relay::Session {
     /// Leaves the backend connection in its backend's pool when the session ended `clean`ly
     /// and the connection is too (nothing in flight or unread, no KILL), after
     /// COM_RESET_CONNECTION has ended whatever the session left open on it: a transaction, locks,
@@ -163,7 +182,7 @@ impl relay::Session<'_> {
         if self.backend.is_detached() {
             return;
         }
-        let h = self.handle;
+        let h = self.handle.clone();
         let reusable = clean
             && self.lost.is_none()
             && !self.ctx.is_draining()
@@ -206,8 +225,9 @@ mod tests {
     use super::*;
 
     /// An idle session's memory is mostly its task, this future. The login's locals must not
-    /// stay in it after the login, and it must stay under tokio's threshold for boxing a
-    /// spawned future apart from its task (2 KB), so that a session costs one allocation.
+    /// stay in it after the login, nor the session twice, and it must stay under tokio's
+    /// threshold for boxing a spawned future apart from its task (2 KB); a parked session
+    /// waits in a task a fraction of that.
     #[tokio::test]
     async fn a_session_task_holds_the_session_not_its_login() {
         let config = crate::config::Config::parse("[[backends]]\naddress = \"127.0.0.1:1\"\n").unwrap();
@@ -218,5 +238,10 @@ mod tests {
         let task = serve(ctx, Stream::Tcp(c), "peer".into(), listener);
         let size = std::mem::size_of_val(&task);
         assert!(size <= 2048, "a session's task takes {size} bytes");
+        fn future_size<F: std::future::Future>(_: fn(Box<relay::Session>, Admission) -> F) -> usize {
+            std::mem::size_of::<F>()
+        }
+        let parked = future_size(idle::parked);
+        assert!(parked <= 128, "a parked session's task takes {parked} bytes");
     }
 }

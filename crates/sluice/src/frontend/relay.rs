@@ -2,15 +2,16 @@
 //! header by header while writing it to the client straight from the read buffer, update the
 //! session state, repeat.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Buf;
 use sluice_proto::consts::{com, err as code};
 use sluice_proto::packet::{HEADER, Header, RequestWalker};
 use sluice_proto::response::{Expect, ResponseTracker, State};
-use tokio::io::AsyncReadExt;
 
 use super::client::ClientConn;
+use super::idle::Wait;
 use super::login::LoggedIn;
 use super::rules::Seen;
 use super::statement::Done;
@@ -22,16 +23,16 @@ use crate::deadline::Watch;
 use crate::digest::Outcome;
 use crate::error::{Error, Result, Side};
 use crate::metrics::{Split, mono_ns};
-use crate::net::{BUF_SIZE, LARGE_BUF_SIZE, PacketConn, buffers};
+use crate::net::{BUF_SIZE, LARGE_BUF_SIZE, PacketConn};
 use crate::session::{SessionHandle, SessionState, StateSink};
 use sluice_proto::sql::SqlPrepare;
 
 /// Commands up to this size are read whole before being forwarded; larger ones are streamed.
 pub(super) const INSPECT_LIMIT: usize = 1 << 20;
 
-pub struct Session<'a> {
-    pub(super) ctx: &'a Ctx,
-    pub(super) handle: &'a SessionHandle,
+pub struct Session {
+    pub(super) ctx: Arc<Ctx>,
+    pub(super) handle: Arc<SessionHandle>,
     pub(super) client: ClientConn,
     pub(super) backend: PacketConn,
     pub(super) guard: BackendGuard,
@@ -46,7 +47,7 @@ pub struct Session<'a> {
     /// The connection counted against its user's limit (given back when the session ends).
     pub(super) user_slot: Option<crate::auth::UserSlot>,
     /// What a new backend login on the session's behalf repeats (users mode).
-    pub(super) profile: Option<Box<sluice_proto::handshake::HandshakeResponse>>,
+    pub(super) profile: Option<super::login::Profile>,
     /// Why the backend connection was lost while the session was idle; the session moves to a
     /// new one at its next command.
     pub(super) lost: Option<String>,
@@ -78,6 +79,11 @@ pub struct Session<'a> {
     pub(super) pinned: u32,
     /// The client's address (for query rules).
     pub(super) client_ip: Option<std::net::IpAddr>,
+    /// When the session began to wait for its next command (for `idle_timeout`, which a park
+    /// does not restart).
+    pub(super) idle_since: Option<tokio::time::Instant>,
+    /// It just came back from a park: its first wait looks at the client before parking again.
+    pub(super) resumed: bool,
 }
 
 /// Where a command goes.
@@ -97,14 +103,22 @@ struct Later {
     track: bool,
 }
 
+/// How [`Session::run`] returned.
+pub(super) enum Ended {
+    /// The session is over.
+    Done,
+    /// The session is idle and parked: it waits in `park.rs` and resumes in a task of its own.
+    Parked,
+}
+
 /// What to do after a command.
 pub(crate) enum Flow {
     Continue,
     Close,
 }
 
-impl<'a> Session<'a> {
-    pub fn new(ctx: &'a Ctx, handle: &'a SessionHandle, l: LoggedIn, multiplex: bool) -> Session<'a> {
+impl Session {
+    pub fn new(ctx: Arc<Ctx>, handle: Arc<SessionHandle>, l: LoggedIn, multiplex: bool) -> Session {
         use sluice_proto::consts::cap;
         let deprecate_eof = l.backend_caps & cap::DEPRECATE_EOF != 0;
         let session_track = l.backend_caps & cap::SESSION_TRACK != 0;
@@ -118,6 +132,10 @@ impl<'a> Session<'a> {
         let multiplex = (multiplex || split) && key.is_some();
         let mut state = l.state;
         state.stmt_ids_mapped |= multiplex;
+        let client_ip = handle.info.lock().client.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
+        if multiplex && client.can_wait_unbuffered() {
+            handle.parking.allow(ctx.config.proxy.park_every_command);
+        }
         Session {
             ctx,
             handle,
@@ -145,7 +163,9 @@ impl<'a> Session<'a> {
             slot: l.slot,
             conn_gen: 0,
             pinned: 0,
-            client_ip: handle.info.lock().client.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()),
+            client_ip,
+            idle_since: None,
+            resumed: false,
         }
     }
 
@@ -157,128 +177,36 @@ impl<'a> Session<'a> {
         self.backend_caps
     }
 
-    pub async fn run(&mut self) -> Result<()> {
+    /// Serves commands until the session ends (`Ended::Done`), or until it parks, idle
+    /// (`park.rs`), from where [`Session::resume`] carries on.
+    pub async fn run(&mut self) -> Result<Ended> {
         self.handle.publish(&self.state);
         // A multiplexed session holds no connection until its first statement.
         if self.multiplex {
             self.detach();
         }
+        self.resume().await
+    }
+
+    pub async fn resume(&mut self) -> Result<Ended> {
         loop {
-            let Some(h) = self.wait_command().await? else {
-                return Ok(());
+            let h = match self.wait_command().await? {
+                Wait::Command(h) => h,
+                Wait::End => return Ok(Ended::Done),
+                Wait::Park => return Ok(Ended::Parked),
             };
             self.handle.busy.store(true, Ordering::Relaxed);
             let flow = self.command(h).await;
             self.handle.busy.store(false, Ordering::Relaxed);
             match flow? {
                 Flow::Continue => {}
-                Flow::Close => return Ok(()),
+                Flow::Close => return Ok(Ended::Done),
             }
             if (self.key.is_some() || self.handle.move_asked()) && self.settle().await? {
-                return Ok(());
+                return Ok(Ended::Done);
             }
             if self.ctx.is_draining() && !self.state.in_transaction() {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Waits until a command's first packet (or its first megabyte) is buffered. Returns None
-    /// when the session should end: the client left, it was killed, it idled out, or sluice is
-    /// draining and the session is between transactions.
-    async fn wait_command(&mut self) -> Result<Option<Header>> {
-        let idle = self.ctx.config.proxy.idle_timeout;
-        let idle_deadline = (!idle.is_zero()).then(|| tokio::time::Instant::now() + idle);
-        // Whether to wait without read buffers (until the first readiness).
-        let mut may_park = self.client.can_wait_unbuffered() && self.backend.stream.can_wait_unbuffered();
-        loop {
-            if self.handle.move_asked() && self.client.rbuf.is_empty() && self.settle().await? {
-                return Ok(None);
-            }
-            if let Some(h) = Header::parse(&self.client.rbuf) {
-                let want = HEADER + h.len.min(INSPECT_LIMIT);
-                if self.client.rbuf.len() >= want {
-                    return Ok(Some(h));
-                }
-                self.client.rbuf.reserve(want - self.client.rbuf.len());
-            }
-            if self.handle.killed.load(Ordering::Relaxed) {
-                return Ok(None);
-            }
-            if self.ctx.is_draining() && !self.state.in_transaction() && self.client.rbuf.is_empty() {
-                return Ok(None);
-            }
-            let park = may_park && self.client.rbuf.is_empty() && self.backend.rbuf.is_empty();
-            if park {
-                buffers::park(&mut self.client.rbuf);
-                buffers::park(&mut self.backend.rbuf);
-            } else {
-                buffers::unpark(&mut self.client.rbuf);
-                buffers::unpark(&mut self.backend.rbuf);
-                if self.backend.rbuf.capacity() - self.backend.rbuf.len() < 1024 {
-                    self.backend.rbuf.reserve(BUF_SIZE);
-                }
-            }
-            let attached_to_nothing = self.backend.is_detached();
-            let Session { client, backend, handle, waker, .. } = self;
-            tokio::select! {
-                biased;
-                // The backend first: when it left and a command arrived at once, the session
-                // must know before forwarding the command.
-                r = backend_event(backend, park), if self.lost.is_none() && !attached_to_nothing => {
-                    if park {
-                        // Readiness only: read it with buffers on the next turn.
-                        may_park = false;
-                        continue;
-                    }
-                    // The backend spoke or left unasked (wait_timeout, a kill, a shutdown).
-                    let (reason, code) = match r {
-                        Ok(n) if n > 0 => lost_reason(&backend.rbuf),
-                        _ => ("the backend closed the connection".to_string(), None),
-                    };
-                    let handle = self.handle;
-                    let killed = handle.killed.load(Ordering::Relaxed) || handle.kill_pending.load(Ordering::Relaxed);
-                    // A connection killed on purpose is not revived.
-                    if self.may_move() && !killed && code != Some(code::CONNECTION_KILLED) {
-                        tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, "backend connection lost while idle; the session moves at its next command");
-                        self.backend.rbuf.clear();
-                        self.lost = Some(reason);
-                        continue;
-                    }
-                    // The client gets what the backend sent, as it would directly, and the
-                    // connection is closed, so that its driver sees a dead connection rather
-                    // than a failing one.
-                    tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, pins = ?self.state.pins(), "backend connection lost while idle; closing the client connection");
-                    if !self.backend.rbuf.is_empty() {
-                        let _ = Box::pin(self.client.write(&self.backend.rbuf)).await;
-                    }
-                    self.lost = Some(reason);
-                    return Ok(None);
-                }
-                r = client_event(client, park) => match r {
-                    _ if park => {
-                        // Readiness: read at once rather than wait again (a parked session is
-                        // plain, so its socket is read directly; a false readiness goes back to
-                        // waiting on everything).
-                        may_park = false;
-                        buffers::unpark(&mut self.client.rbuf);
-                        buffers::unpark(&mut self.backend.rbuf);
-                        match self.client.stream.try_read_buf(&mut self.client.rbuf) {
-                            Ok(0) => return Ok(None),
-                            Ok(_) => {}
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                            Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
-                        }
-                    }
-                    Ok(0) => return Ok(None),
-                    Ok(_) => {}
-                    Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
-                },
-                _ = std::future::poll_fn(|cx| handle.wake.poll_woken(cx, waker)) => {}
-                _ = sleep_until(idle_deadline) => {
-                    tracing::info!(session = handle.id, "closing idle session");
-                    return Ok(None);
-                }
+                return Ok(Ended::Done);
             }
         }
     }
@@ -358,9 +286,9 @@ impl<'a> Session<'a> {
         sink.executing = matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten();
         sink.conn_gen = self.conn_gen;
         sink.capture = seen.cache.is_some().then(Vec::new);
-        let watch = Watch { clock: &self.ctx.clock, handle: self.handle, waker: &mut self.waker };
+        let watch = Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
         self.tracker.start(expect, request_seq);
-        relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, self.ctx, watch).await?;
+        relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, &self.ctx, watch).await?;
         let (rows, captured) = (sink.rows, sink.capture.take());
         let done = Done {
             error: sink.error,
@@ -757,31 +685,5 @@ async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &C
             Ok(_) => {}
             Err(e) => return Err(Error::io(Side::Client, "reading file data", e)),
         }
-    }
-}
-
-/// Reads what a backend sent unasked (a shutdown or kill notice) to explain a lost connection.
-fn lost_reason(buf: &[u8]) -> (String, Option<u16>) {
-    let payload = buf.get(HEADER..).unwrap_or_default();
-    match sluice_proto::basic::Err::parse(payload) {
-        Ok(e) => (format!("{} {}", e.code, String::from_utf8_lossy(e.message)), Some(e.code)),
-        Err(_) => ("the backend sent data while the session was idle".into(), None),
-    }
-}
-
-/// The backend connection has data or an end: readiness alone when parked, else what was read.
-async fn backend_event(backend: &mut PacketConn, parked: bool) -> std::io::Result<usize> {
-    if parked { backend.stream.readable().await.map(|_| 1) } else { backend.stream.read_buf(&mut backend.rbuf).await }
-}
-
-/// The client sent something: readiness alone when parked, else the bytes read.
-async fn client_event(client: &mut ClientConn, parked: bool) -> std::io::Result<usize> {
-    if parked { client.stream.readable().await.map(|_| 1) } else { client.fill().await }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }

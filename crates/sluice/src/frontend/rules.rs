@@ -30,7 +30,7 @@ pub(super) struct Seen {
     pub(super) cache: Option<Box<[u8]>>,
 }
 
-impl Session<'_> {
+impl Session {
     /// Whether statements are looked at beyond the split's classification.
     #[inline]
     pub(super) fn looks_at_statements(&self) -> bool {
@@ -73,7 +73,9 @@ impl Session<'_> {
     /// (Some), a rewritten one replaces the request (`h` follows), a mirrored one is queued, a
     /// read whose answer the cache holds is answered from it (Some).
     pub(super) async fn rule_before(&mut self, seen: &mut Seen, cmd: u8, h: &mut Header) -> Result<Option<Flow>> {
-        let Some(rule) = seen.rule.map(|i| &self.ctx.rules.list[i]) else { return Ok(None) };
+        let Some(i) = seen.rule else { return Ok(None) };
+        let ctx = self.ctx.clone();
+        let rule = &ctx.rules.list[i];
         let a = &rule.action;
         if let Some((code, msg)) = &a.block {
             self.skip_request().await?;

@@ -57,7 +57,7 @@ pub(super) enum Target {
     Among(u64),
 }
 
-impl Session<'_> {
+impl Session {
     /// Where the command about to run should go, and why (None: no statement, it stays where
     /// the session is).
     /// `route`: where a query rule or a comment says it should run, which wins over the

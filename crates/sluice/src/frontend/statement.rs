@@ -42,7 +42,7 @@ fn is_plain_set(sql: &[u8]) -> bool {
     sluice_proto::lexer::statements(sql).nth(1).is_none()
 }
 
-impl Session<'_> {
+impl Session {
     /// Notes what a query does that sluice follows: its hazards, the user variables it names,
     /// a SQL PREPARE sluice can repeat elsewhere.
     pub(super) fn note_query(&mut self, body_end: usize, done: &mut Done) {

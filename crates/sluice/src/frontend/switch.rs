@@ -53,7 +53,7 @@ pub(super) struct Ready {
     slot: Option<Slot>,
 }
 
-impl Session<'_> {
+impl Session {
     /// Whether a lost backend connection could be replaced without the client noticing.
     pub(super) fn may_move(&self) -> bool {
         self.key.is_some() && self.state.movable() && self.state.unread_variables.is_empty()
@@ -220,7 +220,7 @@ impl Session<'_> {
         let (conn, g) = bconn::open(b, b.connect_timeout).await?;
         let client_tls = self.client.stream.is_tls();
         let tls = b.tls.decide(client_tls, &g)?;
-        let mut bhr = backend_response(profile, &g, self.client_caps(), tls);
+        let mut bhr = backend_response(&profile.get(), &g, self.client_caps(), tls);
         bhr.database = self.state.schema.as_ref().map(|s| s.as_bytes().to_vec());
         bhr.capabilities |= if bhr.database.is_some() { cap::CONNECT_WITH_DB } else { 0 };
         let mariadb = g.capabilities & cap::LONG_PASSWORD == 0;
@@ -508,7 +508,7 @@ fn queue_error(b: &Backend, waited: std::time::Duration, max: usize) -> Error {
     e
 }
 
-impl Session<'_> {
+impl Session {
     /// Remembers the parameter types an execute sends, and adds them to an execute that does
     /// not send them when the connection has not been sent these types for the statement (it
     /// was prepared again there, or another session bound other types). Reads the whole

@@ -1,0 +1,240 @@
+//! Between commands: the wait for the next one, and parked sessions. An idle multiplexed
+//! session, asked by the sweep (`crate::parking`), leaves its task, which is sized for a command
+//! in flight, and waits for its client in a small one; its next command, a kill, a move or the
+//! drain starts a full task again.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::Poll;
+use std::time::Duration;
+
+use sluice_proto::consts::err as code;
+use sluice_proto::packet::{HEADER, Header};
+use tokio::io::AsyncReadExt;
+
+use super::Admission;
+use super::client::ClientConn;
+use super::relay::{INSPECT_LIMIT, Session};
+use crate::error::{Error, Result, Side};
+use crate::net::{BUF_SIZE, PacketConn, buffers};
+use crate::session::Registry;
+
+/// What [`Session::wait_command`] saw.
+pub(super) enum Wait {
+    Command(Header),
+    End,
+    Park,
+}
+
+/// How often the sweep looks at the sessions: one idle for a whole interval parks.
+pub const INTERVAL: Duration = Duration::from_secs(1);
+
+/// Asks the sessions that stayed idle over a whole interval to park.
+pub async fn sweep(sessions: &Registry) {
+    loop {
+        tokio::time::sleep(INTERVAL).await;
+        sessions.for_each(|h| {
+            if h.parking.observe(h.queries.load(Ordering::Relaxed), h.busy.load(Ordering::Relaxed)) {
+                h.wake.notify();
+            }
+        });
+    }
+}
+
+impl Session {
+    /// Waits until a command's first packet (or its first megabyte) is buffered. `End` when the
+    /// session should end: the client left, it was killed, it idled out, or sluice is draining
+    /// and the session is between transactions; `Park` when it was asked to and can.
+    pub(super) async fn wait_command(&mut self) -> Result<Wait> {
+        let idle_deadline = self.idle_deadline();
+        // Whether to wait without read buffers (until the first readiness).
+        let mut may_park = self.client.can_wait_unbuffered() && self.backend.stream.can_wait_unbuffered();
+        loop {
+            if self.handle.move_asked() && self.client.rbuf.is_empty() && self.settle().await? {
+                return Ok(Wait::End);
+            }
+            if let Some(h) = Header::parse(&self.client.rbuf) {
+                let want = HEADER + h.len.min(INSPECT_LIMIT);
+                if self.client.rbuf.len() >= want {
+                    self.idle_since = None;
+                    self.resumed = false;
+                    return Ok(Wait::Command(h));
+                }
+                self.client.rbuf.reserve(want - self.client.rbuf.len());
+            }
+            if self.handle.killed.load(Ordering::Relaxed) {
+                return Ok(Wait::End);
+            }
+            if self.ctx.is_draining() && !self.state.in_transaction() && self.client.rbuf.is_empty() {
+                return Ok(Wait::End);
+            }
+            if self.handle.parking.asked() && !std::mem::take(&mut self.resumed) && self.park() {
+                return Ok(Wait::Park);
+            }
+            let park = may_park && self.client.rbuf.is_empty() && self.backend.rbuf.is_empty();
+            if park {
+                buffers::park(&mut self.client.rbuf);
+                buffers::park(&mut self.backend.rbuf);
+            } else {
+                buffers::unpark(&mut self.client.rbuf);
+                buffers::unpark(&mut self.backend.rbuf);
+                if self.backend.rbuf.capacity() - self.backend.rbuf.len() < 1024 {
+                    self.backend.rbuf.reserve(BUF_SIZE);
+                }
+            }
+            let attached_to_nothing = self.backend.is_detached();
+            let Session { client, backend, handle, waker, .. } = self;
+            tokio::select! {
+                biased;
+                // The backend first: when it left and a command arrived at once, the session
+                // must know before forwarding the command.
+                r = backend_event(backend, park), if self.lost.is_none() && !attached_to_nothing => {
+                    if park {
+                        // Readiness only: read it with buffers on the next turn.
+                        may_park = false;
+                        continue;
+                    }
+                    // The backend spoke or left unasked (wait_timeout, a kill, a shutdown).
+                    let (reason, code) = match r {
+                        Ok(n) if n > 0 => lost_reason(&backend.rbuf),
+                        _ => ("the backend closed the connection".to_string(), None),
+                    };
+                    let handle = &*self.handle;
+                    let killed = handle.killed.load(Ordering::Relaxed) || handle.kill_pending.load(Ordering::Relaxed);
+                    // A connection killed on purpose is not revived.
+                    if self.may_move() && !killed && code != Some(code::CONNECTION_KILLED) {
+                        tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, "backend connection lost while idle; the session moves at its next command");
+                        self.backend.rbuf.clear();
+                        self.lost = Some(reason);
+                        continue;
+                    }
+                    // The client gets what the backend sent, as it would directly, and the
+                    // connection is closed, so that its driver sees a dead connection rather
+                    // than a failing one.
+                    tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, pins = ?self.state.pins(), "backend connection lost while idle; closing the client connection");
+                    if !self.backend.rbuf.is_empty() {
+                        let _ = Box::pin(self.client.write(&self.backend.rbuf)).await;
+                    }
+                    self.lost = Some(reason);
+                    return Ok(Wait::End);
+                }
+                r = client_event(client, park) => match r {
+                    _ if park => {
+                        // Readiness: read at once rather than wait again (a parked session is
+                        // plain, so its socket is read directly; a false readiness goes back to
+                        // waiting on everything).
+                        may_park = false;
+                        buffers::unpark(&mut self.client.rbuf);
+                        buffers::unpark(&mut self.backend.rbuf);
+                        match self.client.stream.try_read_buf(&mut self.client.rbuf) {
+                            Ok(0) => return Ok(Wait::End),
+                            Ok(_) => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
+                        }
+                    }
+                    Ok(0) => return Ok(Wait::End),
+                    Ok(_) => {}
+                    Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
+                },
+                _ = std::future::poll_fn(|cx| handle.wake.poll_woken(cx, waker)) => {}
+                _ = sleep_until(idle_deadline) => {
+                    tracing::info!(session = handle.id, "closing idle session");
+                    return Ok(Wait::End);
+                }
+            }
+        }
+    }
+
+    /// Answers a request to park: true when the session can (a multiplexed session between
+    /// commands that holds no backend connection, no buffered byte and no move to make), its
+    /// read buffers then given back.
+    pub(super) fn park(&mut self) -> bool {
+        self.handle.parking.answered();
+        let can = self.multiplex
+            && self.backend.is_detached()
+            && self.lost.is_none()
+            && self.client.rbuf.is_empty()
+            && self.client.can_wait_unbuffered()
+            && !self.handle.move_asked();
+        if can {
+            buffers::park(&mut self.client.rbuf);
+            buffers::park(&mut self.backend.rbuf);
+        }
+        can
+    }
+
+    /// When an idle session times out (None: never); the idle time counts from the end of its
+    /// last command, across parks.
+    pub(super) fn idle_deadline(&mut self) -> Option<tokio::time::Instant> {
+        let idle = self.ctx.config.proxy.idle_timeout;
+        if idle.is_zero() {
+            return None;
+        }
+        Some(*self.idle_since.get_or_insert_with(tokio::time::Instant::now) + idle)
+    }
+
+    /// Waits, parked, until the client sent something or left, the handle was woken (a kill, a
+    /// move, the drain), or the idle timeout passed.
+    async fn wait_parked(&mut self) {
+        let mut idle = self.idle_deadline().map(|d| Box::pin(tokio::time::sleep_until(d)));
+        let Session { client, handle, waker, .. } = self;
+        std::future::poll_fn(|cx| {
+            if client.stream.poll_read_ready(cx).is_ready() || handle.wake.poll_woken(cx, waker).is_ready() {
+                return Poll::Ready(());
+            }
+            match &mut idle {
+                Some(s) => s.as_mut().poll(cx),
+                None => Poll::Pending,
+            }
+        })
+        .await;
+        // What a wake announced (a kill, a move, the drain) is looked at again by the full
+        // task before it waits.
+    }
+}
+
+/// Parks `session`: a small task waits for it, then serves it again in a task of its own.
+pub(super) fn spawn(session: Box<Session>, admission: Admission) {
+    session.handle.parking.parked.store(true, Ordering::Relaxed);
+    session.ctx.metrics.parked_sessions.inc();
+    session.ctx.metrics.session_parks.inc();
+    tokio::spawn(parked(session, admission));
+}
+
+/// The task of a parked session.
+pub(super) async fn parked(mut session: Box<Session>, admission: Admission) {
+    session.wait_parked().await;
+    session.resumed = true;
+    session.handle.parking.parked.store(false, Ordering::Relaxed);
+    session.ctx.metrics.parked_sessions.dec();
+    let live: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(super::live(session, admission, false));
+    tokio::spawn(live);
+}
+
+/// Reads what a backend sent unasked (a shutdown or kill notice) to explain a lost connection.
+fn lost_reason(buf: &[u8]) -> (String, Option<u16>) {
+    let payload = buf.get(HEADER..).unwrap_or_default();
+    match sluice_proto::basic::Err::parse(payload) {
+        Ok(e) => (format!("{} {}", e.code, String::from_utf8_lossy(e.message)), Some(e.code)),
+        Err(_) => ("the backend sent data while the session was idle".into(), None),
+    }
+}
+
+/// The backend connection has data or an end: readiness alone when parked, else what was read.
+async fn backend_event(backend: &mut PacketConn, parked: bool) -> std::io::Result<usize> {
+    if parked { backend.stream.readable().await.map(|_| 1) } else { backend.stream.read_buf(&mut backend.rbuf).await }
+}
+
+/// The client sent something: readiness alone when parked, else the bytes read.
+async fn client_event(client: &mut ClientConn, parked: bool) -> std::io::Result<usize> {
+    if parked { client.stream.readable().await.map(|_| 1) } else { client.fill().await }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
