@@ -309,7 +309,7 @@ impl Reject {
 pub struct Metrics {
     registry: Registry,
     pub client_connections: Gauge,
-    /// Idle sessions parked in a small task (`frontend/park.rs`).
+    /// Idle sessions parked (`frontend/idle.rs`, `frontend/lot.rs`).
     pub parked_sessions: Gauge,
     pub session_parks: Counter,
     pub client_connections_total: Counter,
@@ -476,7 +476,7 @@ impl Metrics {
         let client_connections = Gauge::default();
         registry.register("client_connections", "Client connections open now", client_connections.clone());
         let parked_sessions = Gauge::default();
-        registry.register("parked_sessions", "Idle sessions parked in a small task until their client speaks", parked_sessions.clone());
+        registry.register("parked_sessions", "Idle sessions parked until their client speaks", parked_sessions.clone());
         let session_parks = Counter::default();
         registry.register("session_parks", "Times an idle session parked", session_parks.clone());
         let client_connections_total = Counter::default();

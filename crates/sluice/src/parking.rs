@@ -1,11 +1,12 @@
 //! Which idle sessions are asked to park.
 //!
-//! A session's task is sized for its busiest moment (a command in flight), about 2 KB, and an
-//! idle session keeps it. A multiplexed session on a plain connection that holds no backend
-//! connection needs none of it between commands: once it has been idle for a sweep interval,
-//! it is asked to park, and it then waits for its client in a task a tenth of that size
-//! (`frontend/park.rs`). Busy sessions are never asked, so parking costs the relay nothing: the
-//! sweep compares the command counts it saw on its previous round with the current ones.
+//! A session's task is sized for its busiest moment (a command in flight), about 1 KB, and an
+//! idle session keeps it, with its socket's registration in tokio's reactor. A multiplexed
+//! session on a plain connection that holds no backend connection needs neither between
+//! commands: once it has been idle for a sweep interval, it is asked to park, and it then
+//! waits for its client in its worker's parking lot (`frontend/lot.rs`). Busy sessions are
+//! never asked, so parking costs the relay nothing: the sweep compares the command counts it
+//! saw on its previous round with the current ones.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

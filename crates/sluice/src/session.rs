@@ -466,7 +466,7 @@ pub struct SessionInfo {
     pub move_asked: Option<&'static str>,
     pub queries: u64,
     pub busy: bool,
-    /// Idle and parked: waiting for its client in a small task (`frontend/park.rs`).
+    /// Idle and parked: waiting for its client in the parking lot (`frontend/lot.rs`).
     pub parked: bool,
 }
 
@@ -685,6 +685,11 @@ impl Wake {
         *known = Some(cx.waker().clone());
         *self.waker.lock() = Some(cx.waker().clone());
         true
+    }
+
+    /// Makes `w` the waker that `notify` wakes (a parked session's, in the parking lot).
+    pub fn hand_to(&self, w: Waker) {
+        *self.waker.lock() = Some(w);
     }
 
     /// Ready once `notify` was called since it last returned Ready. `known` is the waker the

@@ -357,3 +357,24 @@ async fn a_park_does_not_restart_the_idle_timeout() {
     let idle = last_command.elapsed();
     assert!(idle >= std::time::Duration::from_secs(5) && idle < std::time::Duration::from_secs(6), "closed after {idle:?} idle");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_parked_sessions_come_back_and_leave_with_their_clients() {
+    let db = MariaDb::start();
+    let s = mux(&db, "");
+    // More sessions than the parking lot takes ready sockets per turn.
+    let n = 150;
+    let mut clients: Vec<Raw> = (0..n).map(|_| Raw::login(&s.listen, "app", "apppw", None)).collect();
+    wait_for("every idle session parks", || metric(&s, "sluice_parked_sessions") == n as u64);
+    // Half the clients leave at once: their sessions end.
+    clients.truncate(n / 2);
+    wait_for("the sessions of the clients that left end", || metric(&s, "sluice_client_connections") == (n / 2) as u64);
+    // The others speak and are answered.
+    for c in clients.iter_mut() {
+        let packets = c.query("SELECT 7");
+        assert!(packets.iter().any(|p| p.as_slice() == b"\x017"), "{packets:?}");
+    }
+    assert!(metric(&s, "sluice_parked_sessions") < n as u64 / 2);
+    drop(clients);
+    wait_for("every session ends", || metric(&s, "sluice_client_connections") == 0);
+}

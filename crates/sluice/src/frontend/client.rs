@@ -24,7 +24,8 @@ pub struct ClientConn {
     pub stream: Stream,
     /// Plain packet bytes from the client, not yet relayed.
     pub rbuf: BytesMut,
-    comp: Option<Compression>,
+    /// Boxed: few sessions compress, and every session's memory counts.
+    comp: Option<Box<Compression>>,
     /// How long a write may wait for the client to read (zero: forever).
     pub write_timeout: std::time::Duration,
 }
@@ -34,7 +35,7 @@ impl ClientConn {
         ClientConn {
             stream: conn.stream,
             rbuf: conn.rbuf,
-            comp: compression.map(|alg| Compression { alg, raw: BytesMut::with_capacity(BUF_SIZE), out: Vec::new(), seq: 0 }),
+            comp: compression.map(|alg| Box::new(Compression { alg, raw: BytesMut::with_capacity(BUF_SIZE), out: Vec::new(), seq: 0 })),
             write_timeout: std::time::Duration::ZERO,
         }
     }

@@ -195,12 +195,24 @@ impl Session {
     }
 }
 
-/// Parks `session`: a small task waits for it, then serves it again in a task of its own.
+/// Parks `session`: in the worker's lot (`lot.rs`), or else in a small task of its own; either
+/// serves it again in a full task once its client speaks or its handle is woken.
 pub(super) fn spawn(session: Box<Session>, admission: Admission) {
-    session.handle.parking.parked.store(true, Ordering::Relaxed);
-    session.ctx.metrics.parked_sessions.inc();
-    session.ctx.metrics.session_parks.inc();
-    tokio::spawn(parked(session, admission));
+    let metrics = &session.ctx.metrics;
+    metrics.session_parks.inc();
+    metrics.parked_sessions.inc();
+    let (handle, ctx) = (session.handle.clone(), session.ctx.clone());
+    handle.parking.parked.store(true, Ordering::Relaxed);
+    match super::lot::park(session, admission) {
+        super::lot::Outcome::Parked => {}
+        super::lot::Outcome::Back(session, admission) => {
+            tokio::spawn(parked(session, admission));
+        }
+        super::lot::Outcome::Gone => {
+            handle.parking.parked.store(false, Ordering::Relaxed);
+            ctx.metrics.parked_sessions.dec();
+        }
+    }
 }
 
 /// The task of a parked session.

@@ -4,6 +4,7 @@ mod client;
 mod commands;
 pub mod idle;
 mod login;
+mod lot;
 mod relay;
 mod rules;
 mod split;

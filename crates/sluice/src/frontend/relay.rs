@@ -107,7 +107,7 @@ struct Later {
 pub(super) enum Ended {
     /// The session is over.
     Done,
-    /// The session is idle and parked: it waits in `park.rs` and resumes in a task of its own.
+    /// The session is idle and parked (`idle.rs`): it resumes in a task of its own.
     Parked,
 }
 
@@ -178,7 +178,7 @@ impl Session {
     }
 
     /// Serves commands until the session ends (`Ended::Done`), or until it parks, idle
-    /// (`park.rs`), from where [`Session::resume`] carries on.
+    /// (`idle.rs`), from where [`Session::resume`] carries on.
     pub async fn run(&mut self) -> Result<Ended> {
         self.handle.publish(&self.state);
         // A multiplexed session holds no connection until its first statement.

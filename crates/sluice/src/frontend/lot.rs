@@ -1,0 +1,281 @@
+//! The parking lot: the parked sessions of a worker wait together in one task, on an epoll set
+//! of their client sockets, which leave tokio's reactor meanwhile. A parked session then holds
+//! no task and no reactor registration (about 700 bytes with the allocator's padding), only its
+//! boxed state and an entry here.
+//!
+//! A session leaves the lot when its socket is readable (a command or the client's end), when
+//! its handle is woken (KILL, a move, the drain: the waker the handle holds names the session),
+//! or when its idle timeout passes; its socket goes back to the reactor and a full task takes
+//! it on again.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::task::{Poll, Wake, Waker};
+
+use parking_lot::Mutex;
+use tokio::io::unix::AsyncFd;
+use tokio::time::Instant;
+
+use super::Admission;
+use super::relay::Session;
+use crate::net::Stream;
+
+/// A client socket out of the reactor.
+enum Socket {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Socket {
+    fn fd(&self) -> RawFd {
+        match self {
+            Socket::Tcp(s) => s.as_raw_fd(),
+            Socket::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+/// Ready sockets taken per turn of the lot's task.
+const BATCH: usize = 64;
+
+struct Parked {
+    session: Box<Session>,
+    admission: Admission,
+    socket: Socket,
+    deadline: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Inner {
+    parked: HashMap<u64, Parked, rustc_hash::FxBuildHasher>,
+    /// Sessions to resume though their socket is quiet (their handle was woken).
+    kicked: Vec<u64>,
+    /// A session with an idle deadline came: the lot's next wake-up is to be looked at again.
+    dirty: bool,
+    /// Idle deadlines, earliest first.
+    deadlines: BTreeSet<(Instant, u64)>,
+    next: u64,
+    /// The lot's task.
+    waker: Option<Waker>,
+}
+
+pub(super) struct Lot {
+    epoll: AsyncFd<OwnedFd>,
+    inner: Mutex<Inner>,
+}
+
+thread_local! {
+    /// This worker's lot (made at its first park).
+    static LOT: std::cell::RefCell<Option<Arc<Lot>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// What a parked session's handle wakes: the lot, naming the session.
+struct Kick {
+    lot: Weak<Lot>,
+    token: u64,
+}
+
+impl Wake for Kick {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if let Some(lot) = self.lot.upgrade() {
+            let waker = {
+                let mut i = lot.inner.lock();
+                i.kicked.push(self.token);
+                i.waker.clone()
+            };
+            if let Some(w) = waker {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// What became of a session given to the lot.
+pub(super) enum Outcome {
+    Parked,
+    /// It could not be parked here (no lot, or the epoll set refused it): park it otherwise.
+    Back(Box<Session>, Admission),
+    /// Its socket was lost on the way (the session is over).
+    Gone,
+}
+
+/// Parks `session` in this worker's lot.
+pub(super) fn park(mut session: Box<Session>, admission: Admission) -> Outcome {
+    let Some(lot) = LOT.with(|l| l.borrow().clone()).or_else(Lot::start) else {
+        return Outcome::Back(session, admission);
+    };
+    let socket = match std::mem::replace(&mut session.client.stream, Stream::Detached) {
+        Stream::Tcp(s) => s.into_std().map(Socket::Tcp),
+        Stream::Unix(s) => s.into_std().map(Socket::Unix),
+        other => {
+            session.client.stream = other;
+            return Outcome::Back(session, admission);
+        }
+    };
+    let socket = match socket {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::info!(session = session.handle.id, error = %e, "could not park the session's socket");
+            return Outcome::Gone;
+        }
+    };
+    let deadline = session.idle_deadline();
+    let mut i = lot.inner.lock();
+    let token = i.next;
+    i.next += 1;
+    let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, u64: token };
+    // SAFETY: both descriptors are open (owned by the lot and by `socket`); `ev` is valid.
+    if unsafe { libc::epoll_ctl(lot.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, socket.fd(), &mut ev) } != 0 {
+        drop(i);
+        return match resume_socket(session, socket) {
+            Some(s) => Outcome::Back(s, admission),
+            None => Outcome::Gone,
+        };
+    }
+    // A wake-up of the handle (KILL, a move, the drain) now reaches the lot, naming the session;
+    // the full task that resumes it registers its own waker again.
+    session.waker = None;
+    session.handle.wake.hand_to(Waker::from(Arc::new(Kick { lot: Arc::downgrade(&lot), token })));
+    if let Some(d) = deadline {
+        i.deadlines.insert((d, token));
+        i.dirty = true;
+    }
+    i.parked.insert(token, Parked { session, admission, socket, deadline });
+    let waker = deadline.and(i.waker.clone());
+    drop(i);
+    if let Some(w) = waker {
+        w.wake();
+    }
+    Outcome::Parked
+}
+
+/// Puts the socket back into the session, registered with the reactor again (None: it could not
+/// be, and the session ends).
+fn resume_socket(mut session: Box<Session>, socket: Socket) -> Option<Box<Session>> {
+    let stream = match socket {
+        Socket::Tcp(s) => tokio::net::TcpStream::from_std(s).map(Stream::Tcp),
+        Socket::Unix(s) => tokio::net::UnixStream::from_std(s).map(Stream::Unix),
+    };
+    match stream {
+        Ok(s) => {
+            session.client.stream = s;
+            Some(session)
+        }
+        Err(e) => {
+            tracing::info!(session = session.handle.id, error = %e, "could not resume a parked session's socket");
+            None
+        }
+    }
+}
+
+impl Lot {
+    /// Makes this worker's lot and spawns its task (None: no epoll set could be made).
+    fn start() -> Option<Arc<Lot>> {
+        // SAFETY: epoll_create1 returns a new descriptor or -1.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` was just made and is owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: the OwnedFd keeps its descriptor open, the same one, for the AsyncFd's life.
+        let epoll = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()?;
+        let lot = Arc::new(Lot { epoll, inner: Mutex::default() });
+        LOT.with(|l| *l.borrow_mut() = Some(lot.clone()));
+        tokio::spawn(lot.clone().run());
+        Some(lot)
+    }
+
+    async fn run(self: Arc<Lot>) {
+        let mut sleep = Box::pin(tokio::time::sleep_until(Instant::now() + std::time::Duration::from_secs(3600)));
+        let mut ready = Vec::new();
+        loop {
+            std::future::poll_fn(|cx| {
+                {
+                    let mut i = self.inner.lock();
+                    if !i.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        i.waker = Some(cx.waker().clone());
+                    }
+                    if !i.kicked.is_empty() || std::mem::take(&mut i.dirty) {
+                        return Poll::Ready(());
+                    }
+                }
+                if let Poll::Ready(r) = self.epoll.poll_read_ready(cx) {
+                    if let Ok(mut guard) = r {
+                        // One batch per turn: while a full batch comes, the readiness stays
+                        // and the next turn takes the next one (they leave the set meanwhile).
+                        if self.ready_batch(&mut ready) < BATCH {
+                            guard.clear_ready();
+                        }
+                    }
+                    return Poll::Ready(());
+                }
+                sleep.as_mut().poll(cx)
+            })
+            .await;
+            let out = self.leaving(&mut ready);
+            let next = self.inner.lock().deadlines.first().map(|(d, _)| *d);
+            sleep.as_mut().reset(next.unwrap_or_else(|| Instant::now() + std::time::Duration::from_secs(3600)));
+            for p in out {
+                let _ = libc_del(&self.epoll, &p.socket);
+                let Parked { session, admission, socket, .. } = p;
+                let Some(mut session) = resume_socket(session, socket) else { continue };
+                session.resumed = true;
+                session.handle.parking.parked.store(false, Ordering::Relaxed);
+                session.ctx.metrics.parked_sessions.dec();
+                let live: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(super::live(session, admission, false));
+                tokio::spawn(live);
+            }
+        }
+    }
+
+    /// Adds the tokens of up to `BATCH` ready sockets to `ready`; how many there were.
+    fn ready_batch(&self, ready: &mut Vec<u64>) -> usize {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; BATCH];
+        // SAFETY: the epoll descriptor is open; `events` has room for BATCH entries.
+        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), BATCH as i32, 0) };
+        let n = usize::try_from(n).unwrap_or(0);
+        ready.extend(events[..n].iter().map(|e| e.u64));
+        n
+    }
+
+    /// Takes out the sessions to resume: the `ready` sockets', woken handles', and those whose
+    /// idle deadline passed.
+    fn leaving(&self, ready: &mut Vec<u64>) -> Vec<Parked> {
+        let mut i = self.inner.lock();
+        let mut tokens = std::mem::take(ready);
+        tokens.append(&mut i.kicked);
+        let now = Instant::now();
+        while let Some(&(d, t)) = i.deadlines.first() {
+            if d > now {
+                break;
+            }
+            i.deadlines.pop_first();
+            tokens.push(t);
+        }
+        let mut out = Vec::new();
+        for t in tokens {
+            if let Some(p) = i.parked.remove(&t) {
+                if let Some(d) = p.deadline {
+                    i.deadlines.remove(&(d, t));
+                }
+                out.push(p);
+            }
+        }
+        out
+    }
+}
+
+/// Takes the socket out of the epoll set.
+fn libc_del(epoll: &AsyncFd<OwnedFd>, socket: &Socket) -> i32 {
+    // SAFETY: both descriptors are open.
+    unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, socket.fd(), std::ptr::null_mut()) }
+}
