@@ -687,6 +687,11 @@ impl Wake {
         true
     }
 
+    /// Whether `notify` was called since a wait last returned.
+    pub fn pending(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+
     /// Makes `w` the waker that `notify` wakes (a parked session's, in the parking lot).
     pub fn hand_to(&self, w: Waker) {
         *self.waker.lock() = Some(w);

@@ -12,7 +12,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Poll, Wake, Waker};
 
@@ -58,7 +58,6 @@ struct Inner {
     dirty: bool,
     /// Idle deadlines, earliest first.
     deadlines: BTreeSet<(Instant, u64)>,
-    next: u64,
     /// The lot's task.
     waker: Option<Waker>,
 }
@@ -66,6 +65,8 @@ struct Inner {
 pub(super) struct Lot {
     epoll: AsyncFd<OwnedFd>,
     inner: Mutex<Inner>,
+    /// The next session's token.
+    next: AtomicU64,
 }
 
 thread_local! {
@@ -128,9 +129,14 @@ pub(super) fn park(mut session: Box<Session>, admission: Admission) -> Outcome {
         }
     };
     let deadline = session.idle_deadline();
+    // From here a wake-up of the handle (KILL, a move, the drain) reaches the lot, naming the
+    // session; the full task that resumes it registers its own waker again. One that came just
+    // before is seen by its flag, once the session is in the lot.
+    let token = lot.next.fetch_add(1, Ordering::Relaxed);
+    let handle = session.handle.clone();
+    session.waker = None;
+    handle.wake.hand_to(Waker::from(Arc::new(Kick { lot: Arc::downgrade(&lot), token })));
     let mut i = lot.inner.lock();
-    let token = i.next;
-    i.next += 1;
     let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, u64: token };
     // SAFETY: both descriptors are open (owned by the lot and by `socket`); `ev` is valid.
     if unsafe { libc::epoll_ctl(lot.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, socket.fd(), &mut ev) } != 0 {
@@ -140,16 +146,16 @@ pub(super) fn park(mut session: Box<Session>, admission: Admission) -> Outcome {
             None => Outcome::Gone,
         };
     }
-    // A wake-up of the handle (KILL, a move, the drain) now reaches the lot, naming the session;
-    // the full task that resumes it registers its own waker again.
-    session.waker = None;
-    session.handle.wake.hand_to(Waker::from(Arc::new(Kick { lot: Arc::downgrade(&lot), token })));
     if let Some(d) = deadline {
         i.deadlines.insert((d, token));
         i.dirty = true;
     }
     i.parked.insert(token, Parked { session, admission, socket, deadline });
-    let waker = deadline.and(i.waker.clone());
+    let woken = handle.wake.pending();
+    if woken {
+        i.kicked.push(token);
+    }
+    let waker = (woken || deadline.is_some()).then(|| i.waker.clone()).flatten();
     drop(i);
     if let Some(w) = waker {
         w.wake();
@@ -188,7 +194,7 @@ impl Lot {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: the OwnedFd keeps its descriptor open, the same one, for the AsyncFd's life.
         let epoll = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()?;
-        let lot = Arc::new(Lot { epoll, inner: Mutex::default() });
+        let lot = Arc::new(Lot { epoll, inner: Mutex::default(), next: AtomicU64::new(0) });
         LOT.with(|l| *l.borrow_mut() = Some(lot.clone()));
         tokio::spawn(lot.clone().run());
         Some(lot)
