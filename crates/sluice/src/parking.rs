@@ -19,7 +19,7 @@ const BUSY: u64 = 1 << 62;
 #[derive(Default)]
 pub struct Parking {
     /// The session could park (a multiplexed session on a plain connection).
-    pub candidate: AtomicBool,
+    candidate: AtomicBool,
     /// The command count seen by the last sweep, with `BUSY` when a command was running then,
     /// `ASKED` once the session was asked at it.
     mark: AtomicU64,

@@ -218,9 +218,19 @@ pub(super) fn spawn(session: Box<Session>, admission: Admission) {
 /// The task of a parked session.
 pub(super) async fn parked(mut session: Box<Session>, admission: Admission) {
     session.wait_parked().await;
-    session.resumed = true;
+    unparked(&session);
+    resume(session, admission);
+}
+
+/// Counts a session out of the parked ones.
+pub(super) fn unparked(session: &Session) {
     session.handle.parking.parked.store(false, Ordering::Relaxed);
     session.ctx.metrics.parked_sessions.dec();
+}
+
+/// Serves a session that was parked again, in a full task of its own.
+pub(super) fn resume(mut session: Box<Session>, admission: Admission) {
+    session.resumed = true;
     let live: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(super::live(session, admission, false));
     tokio::spawn(live);
 }

@@ -11,7 +11,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Poll, Wake, Waker};
@@ -233,12 +232,10 @@ impl Lot {
             for p in out {
                 let _ = libc_del(&self.epoll, &p.socket);
                 let Parked { session, admission, socket, .. } = p;
-                let Some(mut session) = resume_socket(session, socket) else { continue };
-                session.resumed = true;
-                session.handle.parking.parked.store(false, Ordering::Relaxed);
-                session.ctx.metrics.parked_sessions.dec();
-                let live: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(super::live(session, admission, false));
-                tokio::spawn(live);
+                super::idle::unparked(&session);
+                if let Some(session) = resume_socket(session, socket) {
+                    super::idle::resume(session, admission);
+                }
             }
         }
     }
