@@ -148,6 +148,9 @@ pub struct BackendMetrics {
     pub pool_reused: Counter,
     /// Connections reset (COM_RESET_CONNECTION) on their way into the pool.
     pub pool_resets: Counter,
+    /// Idle connections (pooled or spare) closed because the backend refused a new one with
+    /// 1040 Too many connections.
+    pub idle_released: Counter,
     /// Statements (and logins) waiting for a connection at `max_backend_connections` now.
     pub queue_waiting: Gauge,
     /// How long they waited.
@@ -349,6 +352,7 @@ struct BackendFamilies {
     pool_idle: Family<Labels, Gauge>,
     pool_reused: Family<Labels, Counter>,
     pool_resets: Family<Labels, Counter>,
+    idle_released: Family<Labels, Counter>,
     queue_waiting: Family<Labels, Gauge>,
     queue_wait: Family<Labels, AtomicHistogram>,
     queue_timeouts: Family<Labels, Counter>,
@@ -390,6 +394,12 @@ impl BackendFamilies {
             "Backend connections reset on their way into the pool (sessions that ran nothing need none)",
             pool_resets.clone(),
         );
+        let idle_released = Family::<Labels, Counter>::default();
+        registry.register(
+            "backend_idle_released",
+            "Idle backend connections (pooled or spare) closed to make room when the backend refused a connection with 1040 Too many connections",
+            idle_released.clone(),
+        );
         let latency = Family::<Labels, AtomicHistogram>::default();
         registry.register(
             "backend_query_duration_seconds",
@@ -421,6 +431,7 @@ impl BackendFamilies {
             pool_idle,
             pool_reused,
             pool_resets,
+            idle_released,
             queue_waiting,
             queue_wait,
             queue_timeouts,
@@ -441,6 +452,7 @@ impl BackendFamilies {
             pool_idle: self.pool_idle.get_or_create(&l).clone(),
             pool_reused: self.pool_reused.get_or_create(&l).clone(),
             pool_resets: self.pool_resets.get_or_create(&l).clone(),
+            idle_released: self.idle_released.get_or_create(&l).clone(),
             queue_waiting: self.queue_waiting.get_or_create(&l).clone(),
             queue_wait: self.queue_wait.get_or_create(&l).clone(),
             queue_timeouts: self.queue_timeouts.get_or_create(&l).clone(),
@@ -460,6 +472,7 @@ impl BackendFamilies {
         self.pool_idle.remove(&l);
         self.pool_reused.remove(&l);
         self.pool_resets.remove(&l);
+        self.idle_released.remove(&l);
         self.queue_waiting.remove(&l);
         self.queue_wait.remove(&l);
         self.queue_timeouts.remove(&l);

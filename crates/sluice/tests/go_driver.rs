@@ -171,17 +171,23 @@ struct Target<'a> {
 }
 
 /// A copy of the driver's suite and the server it works on.
-struct Suite<'a> {
+struct Suite {
     go_root: PathBuf,
     src: PathBuf,
-    db: &'a MariaDb,
+    /// A connection to the server held from the start, for the statements that make the
+    /// suite's database: the server may be at its connection limit between runs (sluice keeps
+    /// the connections of TestConcurrent in its pool).
+    admin: std::cell::RefCell<Raw>,
 }
 
-impl Suite<'_> {
+impl Suite {
     /// Runs the suite (or only the named top-level tests) against `t` in a freshly created
     /// database and collects per-test results from `go test -json`.
     fn run(&self, t: &Target, only: Option<&BTreeSet<String>>) -> Run {
-        self.db.sql(&format!("DROP DATABASE IF EXISTS {DB_NAME}; CREATE DATABASE {DB_NAME}"));
+        for sql in [format!("DROP DATABASE IF EXISTS {DB_NAME}"), format!("CREATE DATABASE {DB_NAME}")] {
+            let answer = self.admin.borrow_mut().query(&sql);
+            assert!(answer.first().is_some_and(|p| err_code(p).is_none()), "{sql}: {answer:?}");
+        }
         let mut cmd = go_cmd(&self.go_root);
         cmd.args(["test", "-json", "-count=1", &format!("-timeout={GO_TEST_TIMEOUT}"), "-skip", SKIP])
             .current_dir(&self.src)
@@ -269,8 +275,9 @@ fn go_sql_driver_suite_directly_and_through_sluice() {
     // listen backlog (connects would fail at random even directly), so the limit is lowered,
     // and half of it is taken by sessions held for the whole test: every run reaches it.
     db.sql("SET GLOBAL max_connections = 100");
+    let admin = std::cell::RefCell::new(Raw::login(&db.addr(), "app", "apppw", None));
     let _held: Vec<Raw> = (0..50).map(|_| Raw::login(&db.addr(), "app", "apppw", None)).collect();
-    let suite = Suite { go_root, src, db: &db };
+    let suite = Suite { go_root, src, admin };
 
     let addr = db.addr();
     let direct = suite.run(&Target { label: "directly", addr: &addr, tls: false }, None);

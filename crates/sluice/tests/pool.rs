@@ -202,3 +202,58 @@ async fn a_full_pool_closes_the_connection_idle_longest_to_keep_a_new_one() {
     assert_eq!((reused(&s), pooled(&s)), (1, 0));
     r.write_packet(0, &[com::QUIT]).expect("send COM_QUIT");
 }
+
+/// A server at its connection limit while sluice keeps idle connections to it: the login that
+/// the server refuses with 1040 Too many connections gets through, because sluice closes its
+/// idle connections (with COM_QUIT) and tries again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_at_its_connection_limit_gets_the_pools_idle_connections_back() {
+    // A server of its own: its connection limit is lowered.
+    let own = MariaDb::start();
+    let db = &own;
+    db.sql("SET GLOBAL max_connections = 12");
+    for auth in [PASSTHROUGH, USERS] {
+        // Health checks that open no connection of their own while the server is full.
+        let config = TestConfig::new()
+            .listener(&format!("{auth}\n"))
+            .proxy("workers = 1\n")
+            .table("health", "interval = \"1h\"\n")
+            .dbs(&[db])
+            .app_users()
+            .text();
+        let s = start_sluice_config(&config);
+        // Four sessions at once leave four connections in the pool.
+        let mut sessions = Vec::new();
+        for _ in 0..4 {
+            sessions.push(app(&s).await);
+        }
+        for c in sessions {
+            c.disconnect().await.unwrap();
+        }
+        wait_for("four connections pooled", || pooled(&s) == 4);
+
+        // Others take every place the server has left.
+        let mut held = Vec::new();
+        let refused = loop {
+            match Conn::new(Opts::from(opts(&db.addr(), "app", "apppw"))).await {
+                Ok(c) => held.push(c),
+                Err(e) => break e,
+            }
+            assert!(held.len() < 20, "the server took more connections than its limit");
+        };
+        assert!(refused.to_string().contains("1040"), "{auth}: {refused}");
+
+        // A client no pooled connection fits needs a new one: it gets it.
+        let mut c = Conn::new(Opts::from(opts(&s.listen, "app", "apppw").client_found_rows(true)))
+            .await
+            .unwrap_or_else(|e| panic!("{auth}: the login was refused: {e}"));
+        c.query_drop("SELECT 1").await.unwrap();
+        assert_eq!(metric_sum(&s, "sluice_backend_idle_released_total{"), 4, "{auth}");
+        assert_eq!(pooled(&s), 0, "{auth}");
+        c.disconnect().await.unwrap();
+        drop(s);
+        for c in held {
+            c.disconnect().await.unwrap();
+        }
+    }
+}

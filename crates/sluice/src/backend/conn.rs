@@ -17,7 +17,39 @@ use crate::net::{PacketConn, Stream, tune_tcp};
 const LOGIN_PACKET_LIMIT: usize = 1 << 20;
 
 /// Connects and reads the greeting, all within `timeout`. Failures are retry-safe.
+///
+/// A backend at its connection limit (1040 Too many connections) while sluice keeps idle
+/// connections to it gets those back first ([`Backend::release_idle`]): they are closed with
+/// COM_QUIT and the connection is tried again a few times while the server frees their places.
 pub async fn open(b: &Backend, timeout: Duration) -> Result<(PacketConn, Greeting)> {
+    let first = open_once(b, timeout).await;
+    let full = |r: &Result<(PacketConn, Greeting)>| matches!(r, Err(e) if e.code == sluice_proto::consts::err::CON_COUNT);
+    if !full(&first) {
+        return first;
+    }
+    let idle = b.release_idle();
+    if idle.is_empty() {
+        return first;
+    }
+    tracing::info!(backend = %b.name, closed = idle.len(), "backend refused a connection (too many connections): closing the idle connections sluice keeps to it");
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        for c in idle {
+            quit(c).await;
+        }
+    })
+    .await;
+    let mut res = first;
+    for pause_ms in [0, 5, 20, 50, 100] {
+        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+        res = open_once(b, timeout).await;
+        if !full(&res) {
+            break;
+        }
+    }
+    res
+}
+
+async fn open_once(b: &Backend, timeout: Duration) -> Result<(PacketConn, Greeting)> {
     let res = tokio::time::timeout(timeout, async {
         let stream = match &b.address {
             Address::Tcp(a) => {

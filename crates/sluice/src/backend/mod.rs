@@ -18,6 +18,7 @@ use parking_lot::Mutex;
 
 use crate::config::{Address, BackendConfig, ProxyConfig, Role, parse_address};
 use crate::metrics::BackendMetrics;
+use crate::net::PacketConn;
 
 pub use tls::BackendTls;
 
@@ -260,6 +261,19 @@ impl Backend {
         let v = self.pool.expired(all || !self.is_up());
         self.metrics.pool_idle.dec_by(v.len() as i64);
         v
+    }
+
+    /// Takes every idle connection sluice keeps to this backend, on every worker (pooled ones
+    /// and multiplexing's spare ones), for the caller to close: the backend refused a
+    /// connection with 1040 Too many connections, and connections nobody uses must not be what
+    /// keeps a client out. (A connection belongs to its worker's event loop, but another
+    /// worker may write its COM_QUIT and close it.)
+    pub fn release_idle(&self) -> Vec<PacketConn> {
+        let pooled = self.pool.take_all();
+        self.metrics.pool_idle.dec_by(pooled.len() as i64);
+        let conns: Vec<PacketConn> = pooled.into_iter().map(|i| i.conn).chain(self.shared.take_all().into_iter().map(|s| s.conn)).collect();
+        self.metrics.idle_released.inc_by(conns.len() as u64);
+        conns
     }
 
     pub fn pooled(&self) -> usize {

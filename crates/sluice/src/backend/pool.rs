@@ -113,6 +113,12 @@ impl Pool {
         self.idle.lock().extract_if(.., |c| c.worker == w && (all || c.since.elapsed() >= self.timeout)).collect()
     }
 
+    /// Removes every worker's connections (the server is at its connection limit: see
+    /// [`super::Backend::release_idle`]).
+    pub fn take_all(&self) -> Vec<Idle> {
+        std::mem::take(&mut *self.idle.lock())
+    }
+
     pub fn count(&self) -> usize {
         self.idle.lock().len()
     }

@@ -330,6 +330,23 @@ impl Lanes {
         out
     }
 
+    /// Every worker's spare connections, to close (the server is at its connection limit);
+    /// their places under the cap are freed.
+    pub fn take_all(self: &Arc<Self>) -> Vec<Spare> {
+        let mut out = Vec::new();
+        for w in 0..self.lanes.len() {
+            let taken = std::mem::take(&mut self.lane(w).lock().spare);
+            self.metrics.shared_spare.dec_by(taken.len() as i64);
+            if self.capped {
+                for _ in &taken {
+                    self.free(w);
+                }
+            }
+            out.extend(taken);
+        }
+        out
+    }
+
     /// Spare connections now, in use under the cap now (all workers).
     pub fn counts(&self) -> (usize, usize) {
         self.lanes.iter().fold((0, 0), |(s, o), l| {
