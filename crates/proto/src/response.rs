@@ -45,7 +45,12 @@ pub trait Sink {
     fn err(&mut self, _err: &basic::Err<'_>) {}
     /// A result set begins (column count known).
     fn result_set(&mut self, _columns: u64) {}
-    fn row(&mut self) {}
+    /// A row begins: its payload when the buffer holds it whole, else nothing, and the payload
+    /// follows through [`Sink::row_more`] as it passes (a row longer than the buffer, or one of
+    /// 16 MiB and more, continued in further packets).
+    fn row(&mut self, _payload: &[u8]) {}
+    /// More of the payload of the row last begun.
+    fn row_more(&mut self, _bytes: &[u8]) {}
     fn prepared(&mut self, _stmt_id: u32, _columns: u16, _params: u16) {}
 }
 
@@ -116,6 +121,8 @@ pub struct ResponseTracker {
     skip: usize,
     /// The packet being skipped is 0xffffff long: the next one continues it.
     continued: bool,
+    /// The bytes being skipped are a row's ([`Sink::row_more`]).
+    in_row: bool,
     /// The command may be answered by several results (the more-results flag is followed).
     multi: bool,
     /// The command asked for a cursor (the cursor-exists flag after column definitions ends
@@ -138,6 +145,7 @@ impl ResponseTracker {
             rewrite: false,
             skip: 0,
             continued: false,
+            in_row: false,
             multi: false,
             cursor: false,
             last_status: None,
@@ -169,6 +177,7 @@ impl ResponseTracker {
         };
         self.skip = 0;
         self.continued = false;
+        self.in_row = false;
         self.last_status = None;
     }
 
@@ -200,6 +209,9 @@ impl ResponseTracker {
             }
             if self.skip > 0 {
                 let n = self.skip.min(buf.len() - pos);
+                if self.in_row {
+                    sink.row_more(&buf[pos..pos + n]);
+                }
                 pos += n;
                 self.skip -= n;
                 if self.skip > 0 {
@@ -228,6 +240,7 @@ impl ResponseTracker {
                 return Ok(Scan { consumed: pos, state: State::Pending });
             }
             let first = if h.len > 0 { Some(body[0]) } else { None };
+            self.in_row = false;
             if self.inspect(first, h.len) {
                 if h.len >= MAX_PAYLOAD {
                     return Err(Malformed("oversized control packet"));
@@ -277,7 +290,8 @@ impl ResponseTracker {
                 }
             }
             Phase::Rows => {
-                sink.row();
+                sink.row(&[]);
+                self.in_row = true;
                 Phase::Rows
             }
             Phase::Params { left, columns } if left > 1 => Phase::Params { left: left - 1, columns },
@@ -418,7 +432,7 @@ fn skip_whole_rows<S: Sink>(buf: &[u8], mut pos: usize, last_seq: &mut u8, sink:
         if len == 0 || len >= MAX_PAYLOAD || b[HEADER] >= 0xfe || buf.len() - pos - HEADER < len {
             break;
         }
-        sink.row();
+        sink.row(&buf[pos + HEADER..pos + HEADER + len]);
         seq = Some(b[3]);
         pos += HEADER + len;
     }

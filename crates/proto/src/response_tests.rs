@@ -58,6 +58,8 @@ struct Count {
     eofs: usize,
     errs: usize,
     rows: usize,
+    /// Each row's payload, as the sink got it (whole or in pieces).
+    payloads: Vec<Vec<u8>>,
     sets: usize,
     prepared: Option<(u32, u16, u16)>,
 }
@@ -75,8 +77,12 @@ impl Sink for Count {
     fn result_set(&mut self, _: u64) {
         self.sets += 1;
     }
-    fn row(&mut self) {
+    fn row(&mut self, payload: &[u8]) {
         self.rows += 1;
+        self.payloads.push(payload.to_vec());
+    }
+    fn row_more(&mut self, bytes: &[u8]) {
+        self.payloads.last_mut().expect("a row began").extend_from_slice(bytes);
     }
     fn prepared(&mut self, id: u32, c: u16, p: u16) {
         self.prepared = Some((id, c, p));
@@ -135,6 +141,8 @@ fn text_result_classic_eof() {
     s.count(2).coldef().coldef().eof(0).row(b"").row(b"x").eof(status::AUTOCOMMIT);
     let c = check(Expect::Results, false, &s.out);
     assert_eq!((c.sets, c.rows, c.eofs), (1, 2, 2));
+    // Each row's payload reaches the sink, whether the buffer held it whole or in pieces.
+    assert_eq!(c.payloads, [b"\x00".to_vec(), b"\x01x".to_vec()]);
 }
 
 #[test]
@@ -174,6 +182,12 @@ fn rows_larger_than_one_packet() {
     let mut c = Count::default();
     let (n, st) = drive(&mut t, &s.out, 1 << 20, &mut c);
     assert_eq!((n, st, c.rows), (s.out.len(), State::Done, 2));
+    // The payload of a row continued over three packets, without their headers.
+    let mut whole = Vec::new();
+    put_lenenc(&mut whole, big.len() as u64);
+    whole.extend_from_slice(&big);
+    assert!(c.payloads[0] == whole, "the long row's payload is whole");
+    assert_eq!(c.payloads[1], b"\x05small");
 }
 
 #[test]

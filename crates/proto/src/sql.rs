@@ -308,9 +308,65 @@ fn collect_user_variables(sql: &[u8], names: &mut Vec<String>) {
     }
 }
 
+/// Whether a statement may carry a password or a key, and so must not be recorded as written
+/// (traffic capture keeps its normalized text, literals taken out, instead): account
+/// statements (`CREATE USER`, `ALTER USER`, `GRANT`, `SET PASSWORD`), anything with
+/// `IDENTIFIED`, a `PASSWORD(...)`-like call, and replication set-up (`CHANGE MASTER` with its
+/// `MASTER_PASSWORD`). Conservative: a column named `password` that is called like a function
+/// is taken for one.
+pub fn carries_secret(sql: &[u8]) -> bool {
+    use crate::digest::{Part, parts};
+    let word = |p: &Option<Part>, w: &str| matches!(p, Some(Part::Word(x)) if x.eq_ignore_ascii_case(w.as_bytes()));
+    let mut it = parts(sql);
+    let (first, second) = (it.next(), it.next());
+    let leading = [("create", "user"), ("alter", "user"), ("set", "password"), ("change", "master"), ("change", "replication")];
+    if word(&first, "grant") || leading.iter().any(|(a, b)| word(&first, a) && word(&second, b)) {
+        return true;
+    }
+    let mut last = None;
+    for p in parts(sql) {
+        let cur = Some(p);
+        if word(&cur, "identified") || (matches!(p, Part::Keep(b"(")) && (word(&last, "password") || word(&last, "old_password"))) {
+            return true;
+        }
+        last = cur;
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statements_that_may_carry_a_secret() {
+        for sql in [
+            "CREATE USER u IDENTIFIED BY 'pw'",
+            "create user if not exists u@'%' identified via ed25519 using PASSWORD('pw')",
+            "ALTER USER u IDENTIFIED BY 'pw'",
+            "SET PASSWORD FOR u = PASSWORD('pw')",
+            "set password = 'pw'",
+            "GRANT ALL ON *.* TO u IDENTIFIED BY 'pw'",
+            "grant select on t to u",
+            "SELECT PASSWORD('pw')",
+            "SELECT old_password ('pw')",
+            "/* c */ CHANGE MASTER TO MASTER_PASSWORD = 'pw'",
+            "CHANGE REPLICATION SOURCE TO SOURCE_PASSWORD = 'pw'",
+            "INSERT INTO t SELECT 1 FROM u WHERE x IDENTIFIED",
+        ] {
+            assert!(carries_secret(sql.as_bytes()), "{sql}");
+        }
+        for sql in [
+            "SELECT password FROM users WHERE id = 1",
+            "UPDATE users SET password = 'hash' WHERE id = 1",
+            "SELECT 'IDENTIFIED BY', 'PASSWORD(1)'",
+            "SELECT `password` (1)",
+            "SET @user = 'create user'",
+            "",
+        ] {
+            assert!(!carries_secret(sql.as_bytes()), "{sql}");
+        }
+    }
 
     fn kills(sql: &str) -> Vec<KillTarget> {
         find_kills(sql.as_bytes(), true).map(|k| k.found.into_iter().map(|f| f.target).collect()).unwrap_or_default()

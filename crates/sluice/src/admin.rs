@@ -28,6 +28,9 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/sessions", get(sessions))
         .route("/digests", get(digests).delete(reset_digests))
         .route("/rules", get(rules))
+        .route("/capture", get(capture_status))
+        .route("/capture/start", post(capture_start))
+        .route("/capture/stop", post(capture_stop))
         .route("/sessions/{id}/move", post(move_session))
         .route("/backends/{name}/drain", post(drain))
         .route("/backends/{name}/undrain", post(undrain))
@@ -378,4 +381,38 @@ async fn undrain(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>) -> Respo
         }
     });
     (StatusCode::OK, Json(serde_json::json!({ "backend": name, "draining": false }))).into_response()
+}
+
+/// Starts a traffic capture (`crate::capture::Options` as JSON).
+async fn capture_start(State(ctx): State<Arc<Ctx>>, Json(opts): Json<crate::capture::Options>) -> Response {
+    let backends = ctx
+        .backends
+        .list()
+        .iter()
+        .map(|b| crate::capture::BackendInfo {
+            name: b.name.clone(),
+            address: b.address.to_string(),
+            version: b.info.lock().as_ref().map(|i| String::from_utf8_lossy(&i.version).into_owned()),
+        })
+        .collect();
+    let c = ctx.clone();
+    match tokio::task::spawn_blocking(move || c.capture.start(opts, backends)).await {
+        Ok(Ok(status)) => (StatusCode::CREATED, Json(status)).into_response(),
+        Ok(Err(e)) => (StatusCode::CONFLICT, Json(serde_json::json!({ "error": e }))).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "error": e.to_string() }))).into_response(),
+    }
+}
+
+/// Stops the running capture once its files are complete; its final status.
+async fn capture_stop(State(ctx): State<Arc<Ctx>>) -> Response {
+    let c = ctx.clone();
+    match tokio::task::spawn_blocking(move || c.capture.stop()).await {
+        Ok(Some(status)) => Json(status).into_response(),
+        Ok(None) => not_found("no capture has run".into()),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "error": e.to_string() }))).into_response(),
+    }
+}
+
+async fn capture_status(State(ctx): State<Arc<Ctx>>) -> Json<crate::capture::Status> {
+    Json(ctx.capture.status())
 }

@@ -39,6 +39,26 @@ pub struct Cli {
 pub enum Command {
     /// Validate a configuration file without starting.
     CheckConfig { file: PathBuf },
+    /// Look into a traffic capture.
+    #[command(subcommand)]
+    Capture(CaptureCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CaptureCommand {
+    /// Print what a capture directory holds, and some of its records.
+    Inspect {
+        dir: PathBuf,
+        /// Print this many records, one per line.
+        #[arg(long, default_value_t = 0)]
+        dump: usize,
+        /// Only the records of this session.
+        #[arg(long)]
+        session: Option<u64>,
+        /// The key file of an encrypted capture.
+        #[arg(long)]
+        key_file: Option<PathBuf>,
+    },
 }
 
 fn parse_flavor(s: &str) -> Result<RuntimeFlavor, String> {

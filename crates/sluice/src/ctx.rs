@@ -37,6 +37,8 @@ pub struct Ctx {
     pub latest_writes: crate::gtid::LatestWrites,
     /// Answers kept by rules with `cache_ttl`.
     pub cache: crate::cache::ResultCache,
+    /// Traffic capture (off until started through the admin API).
+    pub capture: crate::capture::Capture,
 }
 
 impl Ctx {
@@ -60,6 +62,7 @@ impl Ctx {
             rules,
             latest_writes: Default::default(),
             cache: crate::cache::ResultCache::new(config.routing.cache_size, &metrics),
+            capture: crate::capture::Capture::new(shards, metrics.capture_records.clone(), metrics.capture_dropped.clone()),
             mirrors: crate::backend::mirror::Mirrors::new(rules_mirror_targets, config.routing.mirror_queue, &metrics),
             users: Users::from_config(&config.users, config.proxy.max_connections_per_user),
             backends: Backends::new(list, config.proxy.balance),

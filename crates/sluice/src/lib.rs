@@ -5,6 +5,7 @@ pub mod admin;
 pub mod auth;
 pub mod backend;
 pub mod cache;
+pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod ctx;

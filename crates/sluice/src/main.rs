@@ -1,5 +1,5 @@
 use clap::Parser;
-use sluice::cli::{Cli, Command};
+use sluice::cli::{CaptureCommand, Cli, Command};
 
 fn main() {
     let cli = Cli::parse();
@@ -14,6 +14,17 @@ fn main() {
                 std::process::exit(2);
             }
         }
+    }
+    if let Some(Command::Capture(CaptureCommand::Inspect { dir, dump, session, key_file })) = &cli.command {
+        let key = key_file.as_deref().map(sluice::capture::files::load_key).transpose();
+        match key.and_then(|k| sluice::capture::inspect::inspect(dir, k.as_ref(), *dump, *session)) {
+            Ok(text) => print!("{text}"),
+            Err(e) => {
+                eprintln!("sluice: {e}");
+                std::process::exit(2);
+            }
+        }
+        return;
     }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).init();

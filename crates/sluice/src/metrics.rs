@@ -315,6 +315,9 @@ pub struct Metrics {
     /// Idle sessions parked (`frontend/idle.rs`, `frontend/lot.rs`).
     pub parked_sessions: Gauge,
     pub session_parks: Counter,
+    /// Records written by traffic capture, and those dropped because its writer fell behind.
+    pub capture_records: Counter,
+    pub capture_dropped: Counter,
     pub client_connections_total: Counter,
     rejected: Vec<Counter>,
     /// Indexed by command byte.
@@ -492,6 +495,14 @@ impl Metrics {
         registry.register("parked_sessions", "Idle sessions parked until their client speaks", parked_sessions.clone());
         let session_parks = Counter::default();
         registry.register("session_parks", "Times an idle session parked", session_parks.clone());
+        let capture_records = Counter::default();
+        registry.register("capture_records", "Records traffic capture wrote (commands, results, session states)", capture_records.clone());
+        let capture_dropped = Counter::default();
+        registry.register(
+            "capture_dropped_records",
+            "Capture records dropped because the capture writer could not keep up (the relay never waits for it)",
+            capture_dropped.clone(),
+        );
         let client_connections_total = Counter::default();
         registry.register("client_connections_accepted", "Client connections accepted", client_connections_total.clone());
 
@@ -577,6 +588,8 @@ impl Metrics {
             client_connections,
             parked_sessions,
             session_parks,
+            capture_records,
+            capture_dropped,
             client_connections_total,
             rejected,
             commands,

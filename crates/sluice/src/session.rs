@@ -349,6 +349,10 @@ pub struct StateSink<'a> {
     pub reported: Reported,
     /// Rows sent.
     pub rows: u64,
+    /// Affected rows, summed over the results.
+    pub affected: u64,
+    /// Checksums of the rows (a capture records this command).
+    pub sums: Option<Box<crate::capture::sums::RowSums>>,
     /// The answer's packets as the client got them, for the result cache (None: not kept).
     pub capture: Option<Vec<u8>>,
 }
@@ -367,6 +371,8 @@ impl<'a> StateSink<'a> {
             prepared_id: None,
             reported: Reported::default(),
             rows: 0,
+            affected: 0,
+            sums: None,
             capture: None,
         }
     }
@@ -397,6 +403,7 @@ impl Sink for StateSink<'_> {
             self.state.last_insert_id = ok.last_insert_id;
         }
         self.warnings = ok.warnings;
+        self.affected = self.affected.saturating_add(ok.affected_rows);
         self.status(ok.status);
     }
 
@@ -409,8 +416,17 @@ impl Sink for StateSink<'_> {
         self.error = Some(e.code);
     }
 
-    fn row(&mut self) {
+    fn row(&mut self, payload: &[u8]) {
         self.rows += 1;
+        if let Some(s) = self.sums.as_mut() {
+            s.row(payload);
+        }
+    }
+
+    fn row_more(&mut self, bytes: &[u8]) {
+        if let Some(s) = self.sums.as_mut() {
+            s.more(bytes);
+        }
     }
 
     fn prepared(&mut self, id: u32, columns: u16, params: u16) {

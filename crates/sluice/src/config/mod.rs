@@ -434,6 +434,29 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     parse_duration(&text).map_err(serde::de::Error::custom)
 }
 
+/// A duration that may be absent (`#[serde(default)]` gives None).
+pub fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Secs(u64),
+        Text(String),
+    }
+    match Option::<Raw>::deserialize(d)? {
+        None => Ok(None),
+        Some(Raw::Secs(n)) => parse_duration(&n.to_string()).map(Some).map_err(serde::de::Error::custom),
+        Some(Raw::Text(s)) => parse_duration(&s).map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+/// Writes an optional duration as [`optional_duration`] reads it ("1500ms").
+pub fn show_optional_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&format!("{}ms", d.as_millis())),
+        None => s.serialize_none(),
+    }
+}
+
 /// Reads the PEM certificates of a file the configuration names (`[tls] cert`, `tls_ca`).
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{ConfigError, duration};
+use super::ConfigError;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -43,19 +43,15 @@ pub struct RuleConfig {
     /// A backend that also receives the statement; its answers are discarded.
     pub mirror: Option<Spanned<String>>,
     /// A statement still running after this long is killed on its backend (KILL QUERY).
-    #[serde(default, deserialize_with = "optional_duration")]
+    #[serde(default, deserialize_with = "super::optional_duration")]
     pub timeout: Option<Duration>,
     /// Reads whose results are kept and served again for this long.
-    #[serde(default, deserialize_with = "optional_duration")]
+    #[serde(default, deserialize_with = "super::optional_duration")]
     pub cache_ttl: Option<Duration>,
 }
 
 fn blocked_code() -> u16 {
     1148
-}
-
-fn optional_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    duration(d).map(Some)
 }
 
 /// `[digests]`: statistics per statement digest.

@@ -1,5 +1,6 @@
 //! Client sessions: admission, login, the command relay, and clean-up.
 
+mod capture;
 mod client;
 mod commands;
 pub mod idle;
@@ -100,6 +101,9 @@ async fn live(mut session: Box<relay::Session>, admission: Admission, first: boo
     if let Err(e) = &result {
         let peer = session.handle.info.lock().client.clone();
         log_error(&session.ctx, session.handle.id, &peer, e, "session ended with an error");
+    }
+    if session.capture.is_some() {
+        session.capture_end();
     }
     session.close_client().await;
     session.user_slot = None;

@@ -84,6 +84,8 @@ pub struct Session {
     pub(super) idle_since: Option<tokio::time::Instant>,
     /// It just came back from a park: its first wait looks at the client before parking again.
     pub(super) resumed: bool,
+    /// Its side of traffic capture (once a capture has seen it).
+    pub(super) capture: Option<Box<super::capture::Mark>>,
 }
 
 /// Where a command goes.
@@ -166,6 +168,7 @@ impl Session {
             client_ip,
             idle_since: None,
             resumed: false,
+            capture: None,
         }
     }
 
@@ -198,6 +201,9 @@ impl Session {
             self.handle.busy.store(true, Ordering::Relaxed);
             let flow = self.command(h).await;
             self.handle.busy.store(false, Ordering::Relaxed);
+            if self.capture.is_some() {
+                self.capture_result();
+            }
             match flow? {
                 Flow::Continue => {}
                 Flow::Close => return Ok(Ended::Done),
@@ -220,6 +226,8 @@ impl Session {
         };
         self.ctx.metrics.command(cmd);
         self.handle.queries.fetch_add(1, Ordering::Relaxed);
+        let capture = self.ctx.capture.generation();
+        let recording = capture != 0 && self.capture_command(capture, cmd, h);
         // COM_PING changes nothing on the server.
         self.touched |= cmd != com::PING && cmd != com::QUIT;
         // Its digest and rule (which may answer it, or rewrite it).
@@ -286,10 +294,18 @@ impl Session {
         sink.executing = matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten();
         sink.conn_gen = self.conn_gen;
         sink.capture = seen.cache.is_some().then(Vec::new);
+        sink.sums = recording.then(Default::default);
         let watch = Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
         self.tracker.start(expect, request_seq);
         relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, &self.ctx, watch).await?;
         let (rows, captured) = (sink.rows, sink.capture.take());
+        let response = recording.then(|| super::capture::Response {
+            error: sink.error,
+            stmt_id: sink.prepared_id,
+            rows,
+            affected: sink.affected,
+            sums: sink.sums.take(),
+        });
         let done = Done {
             error: sink.error,
             changed: sink.changed,
@@ -298,6 +314,9 @@ impl Session {
             reported: sink.reported,
             ..done
         };
+        if let Some(r) = response {
+            self.capture_response(r);
+        }
         let now = mono_ns();
         self.note_outcome(&seen, Outcome { at: now, nanos: now.saturating_sub(started), rows, error: done.error.is_some() });
         if let (Some(packets), None, false) = (captured, done.error, done.reported.state_changed) {
@@ -528,6 +547,9 @@ impl Session {
     /// Sends an ERR to the client (best effort: it may be gone). Boxed, like every rare path:
     /// its future stays out of the session's task.
     pub(super) async fn client_error(&mut self, seq: u8, code: u16, state: &[u8; 5], msg: &str) {
+        if self.capture.is_some() {
+            self.capture_error(code);
+        }
         let _ = Box::pin(self.client.send_err(seq, code, state, msg)).await;
     }
 

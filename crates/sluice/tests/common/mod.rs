@@ -190,12 +190,26 @@ pub fn admin_post(s: &SluiceProc, path: &str) -> (u16, String) {
     admin_request(s, "POST", path, None)
 }
 
+/// POST with a JSON body on the admin API; returns (status, body).
+pub fn admin_post_json(s: &SluiceProc, path: &str, body: &serde_json::Value) -> (u16, String) {
+    admin_send(s, "POST", path, None, Some(&body.to_string()))
+}
+
 fn admin_request(s: &SluiceProc, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    admin_send(s, method, path, token, None)
+}
+
+fn admin_send(s: &SluiceProc, method: &str, path: &str, token: Option<&str>, json: Option<&str>) -> (u16, String) {
     use std::io::{Read, Write};
     let addr = s.admin.as_ref().expect("admin API enabled");
     let mut t = std::net::TcpStream::connect(addr).expect("admin connect");
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(t, "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n").expect("admin write");
+    let (kind, body) = match json {
+        Some(b) => ("Content-Type: application/json\r\n", b),
+        None => ("", ""),
+    };
+    write!(t, "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}{kind}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+        .expect("admin write");
     let mut out = String::new();
     t.read_to_string(&mut out).expect("admin read");
     let status = out.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);

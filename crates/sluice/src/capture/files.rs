@@ -1,0 +1,148 @@
+//! Capture files on disk: a directory with `meta.json` and one series of files per worker
+//! (`w00-00000.cap`, `w00-00001.cap`, ... as they rotate), each [`MAGIC`] and then chunks:
+//! `u32` length of the records, `u32` length stored, a codec byte, the stored bytes.
+
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use super::Status;
+use super::record::{self, MAGIC, Record};
+
+/// Codec byte: zstd; with [`SEALED`], then sealed with AES-256-GCM (a 12-byte random nonce
+/// before the sealed bytes, the tag after them).
+const ZSTD: u8 = 1;
+const SEALED: u8 = 0x80;
+const NONCE: usize = 12;
+
+/// The key of an encrypted capture.
+pub type Key = aws_lc_rs::aead::LessSafeKey;
+
+/// Reads a capture key: a file of 32 bytes, or of 64 hexadecimal digits.
+pub fn load_key(path: &Path) -> Result<Key, String> {
+    let raw = std::fs::read(path).map_err(|e| format!("reading the key file {}: {e}", path.display()))?;
+    let text = String::from_utf8_lossy(&raw);
+    let hex = text.trim();
+    let bytes: Vec<u8> = if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        (0..32).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex digits")).collect()
+    } else {
+        raw
+    };
+    let unbound = aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_256_GCM, &bytes)
+        .map_err(|_| format!("{}: a key is 32 bytes, or 64 hexadecimal digits", path.display()))?;
+    Ok(Key::new(unbound))
+}
+/// Largest chunk a reader accepts (records before compression).
+const MAX_CHUNK: usize = 64 << 20;
+
+/// Makes `dir` for a capture: created if missing; an existing one must be empty.
+pub fn prepare_dir(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let mut entries = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    if entries.next().is_some() {
+        return Err(format!("{} is not empty: a capture goes to a new directory", dir.display()));
+    }
+    Ok(())
+}
+
+pub fn file_name(worker: usize, index: u32) -> String {
+    format!("w{worker:02}-{index:05}.cap")
+}
+
+/// A worker's file being written.
+pub struct Out {
+    pub name: String,
+    file: BufWriter<File>,
+    pub size: u64,
+}
+
+impl Out {
+    pub fn create(dir: &Path, name: String) -> std::io::Result<Out> {
+        let mut file = BufWriter::with_capacity(1 << 20, File::create(dir.join(&name))?);
+        file.write_all(MAGIC)?;
+        Ok(Out { name, file, size: MAGIC.len() as u64 })
+    }
+
+    /// Compresses `records` into a chunk (sealed with `key`, if given) and appends it; returns
+    /// the bytes written.
+    pub fn chunk(&mut self, records: &[u8], key: Option<&Key>) -> std::io::Result<u64> {
+        let mut stored = zstd::bulk::compress(records, 1)?;
+        let mut codec = ZSTD;
+        if let Some(key) = key {
+            let mut nonce = [0u8; NONCE];
+            aws_lc_rs::rand::fill(&mut nonce).map_err(|_| std::io::Error::other("no random bytes for a nonce"))?;
+            let n = aws_lc_rs::aead::Nonce::assume_unique_for_key(nonce);
+            key.seal_in_place_append_tag(n, aws_lc_rs::aead::Aad::empty(), &mut stored)
+                .map_err(|_| std::io::Error::other("sealing a chunk failed"))?;
+            stored.splice(0..0, nonce);
+            codec |= SEALED;
+        }
+        self.file.write_all(&(records.len() as u32).to_le_bytes())?;
+        self.file.write_all(&(stored.len() as u32).to_le_bytes())?;
+        self.file.write_all(&[codec])?;
+        self.file.write_all(&stored)?;
+        let n = 9 + stored.len() as u64;
+        self.size += n;
+        Ok(n)
+    }
+
+    pub fn finish(mut self) -> std::io::Result<()> {
+        self.file.flush()?;
+        self.file.get_ref().sync_data()
+    }
+}
+
+/// Writes `meta.json` (through a temporary file, so that a reader never sees half of it).
+pub fn write_meta(dir: &Path, status: &Status) -> std::io::Result<()> {
+    let tmp = dir.join("meta.json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(status).map_err(std::io::Error::other)?)?;
+    std::fs::rename(tmp, dir.join("meta.json"))
+}
+
+pub fn read_meta(dir: &Path) -> Result<Status, String> {
+    let path = dir.join("meta.json");
+    let text = std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The capture files of `dir`, by worker and then in the order they were written.
+pub fn list(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let rd = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    let mut v: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "cap")).collect();
+    v.sort();
+    Ok(v)
+}
+
+/// The records of one file, chunk by chunk (`key`: the capture's, if it is encrypted).
+pub fn read_file(path: &Path, key: Option<&Key>) -> Result<Vec<Record>, String> {
+    let at = |e: String| format!("{}: {e}", path.display());
+    let mut bytes = Vec::new();
+    File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(|e| at(e.to_string()))?;
+    let mut rest = bytes.strip_prefix(MAGIC.as_slice()).ok_or_else(|| at("not a sluice capture file".into()))?;
+    let mut out = Vec::new();
+    while !rest.is_empty() {
+        let Some((head, body)) = rest.split_first_chunk::<9>() else { return Err(at("a chunk header cut short".into())) };
+        let raw = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let stored = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+        if head[8] & !SEALED != ZSTD || raw > MAX_CHUNK || stored > body.len() {
+            return Err(at(format!("a chunk that does not make sense (codec {}, {raw} bytes, {stored} stored)", head[8])));
+        }
+        let mut opened = Vec::new();
+        let compressed = if head[8] & SEALED == 0 {
+            &body[..stored]
+        } else {
+            let Some(key) = key else { return Err(at("the capture is encrypted: give its key file".into())) };
+            let (nonce, sealed) = body[..stored].split_first_chunk::<NONCE>().ok_or_else(|| at("a sealed chunk cut short".into()))?;
+            opened.extend_from_slice(sealed);
+            let n = aws_lc_rs::aead::Nonce::assume_unique_for_key(*nonce);
+            let plain = key
+                .open_in_place(n, aws_lc_rs::aead::Aad::empty(), &mut opened)
+                .map_err(|_| at("the key does not open this capture".into()))?;
+            &plain[..]
+        };
+        let records = zstd::bulk::decompress(compressed, raw).map_err(|e| at(format!("decompressing a chunk: {e}")))?;
+        out.extend(record::decode(&records).map_err(at)?);
+        rest = &body[stored..];
+    }
+    Ok(out)
+}

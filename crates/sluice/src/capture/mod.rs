@@ -1,0 +1,353 @@
+//! Traffic capture: every command of the sessions a capture takes, with a summary of its
+//! response (`record.rs`), in files that a replay plays against another server.
+//!
+//! While no capture runs, the relay pays one relaxed load per command ([`Capture::generation`]).
+//! While one runs, a session writes its records into its worker's buffer (a [`Shard`], whose
+//! lock no other worker takes but the writer, now and then); a full buffer goes to the writer
+//! thread over a bounded queue, and when the queue is full its records are dropped and counted:
+//! the relay never waits for compression or the disk. The writer (`writer.rs`) compresses each
+//! buffer into a chunk of its worker's file, rotates files by size, and keeps `meta.json`.
+
+pub mod files;
+pub mod inspect;
+pub mod record;
+pub mod sums;
+mod writer;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use serde::{Deserialize, Serialize};
+
+/// A buffer this large goes to the writer.
+const CHUNK: usize = 256 << 10;
+/// Full buffers waiting for the writer, per capture; past it records are dropped.
+const QUEUE: usize = 16;
+
+/// What a capture takes and where it goes (`POST /capture/start`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Options {
+    /// A directory that does not exist yet, or is empty.
+    pub dir: PathBuf,
+    /// The capture stops by itself after this long ("30s", "5m"); none: until stopped.
+    #[serde(default, deserialize_with = "crate::config::optional_duration", serialize_with = "crate::config::show_optional_duration")]
+    pub duration: Option<Duration>,
+    /// Only sessions of these users (all when empty).
+    #[serde(default)]
+    pub users: Vec<String>,
+    /// Only sessions whose schema is one of these when the capture first sees them.
+    #[serde(default)]
+    pub schemas: Vec<String>,
+    /// The share of sessions taken (whole sessions, so that each can be replayed), 0 to 1.
+    #[serde(default = "all")]
+    pub sample: f64,
+    /// A worker's file is closed and the next one begun past this size (MiB).
+    #[serde(default = "rotate_mib")]
+    pub rotate_mib: u64,
+    /// Encrypt the files (AES-256-GCM) with the key in this file (32 bytes, or 64 hexadecimal
+    /// digits); reading them then needs it.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// Testing: the writer pauses this long before each chunk (to see drops).
+    #[serde(default, deserialize_with = "crate::config::optional_duration", serialize_with = "crate::config::show_optional_duration")]
+    pub writer_delay: Option<Duration>,
+}
+
+fn all() -> f64 {
+    1.0
+}
+
+fn rotate_mib() -> u64 {
+    256
+}
+
+/// A backend as the capture's meta file names it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackendInfo {
+    pub name: String,
+    pub address: String,
+    pub version: Option<String>,
+}
+
+/// Where a capture stands (`GET /capture`, and `meta.json`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Status {
+    /// "idle" (none ever ran), "running", "done" or "failed".
+    pub state: String,
+    pub dir: Option<PathBuf>,
+    pub started_at_ms: u64,
+    pub ended_at_ms: Option<u64>,
+    pub sessions: u64,
+    pub commands: u64,
+    pub records: u64,
+    pub dropped_records: u64,
+    /// Record bytes before compression, and file bytes written.
+    pub bytes_raw: u64,
+    pub bytes_written: u64,
+    pub files: Vec<String>,
+    pub error: Option<String>,
+    /// The files are sealed with a key.
+    pub encrypted: bool,
+    pub options: Option<Options>,
+    pub backends: Vec<BackendInfo>,
+    pub sluice_version: String,
+}
+
+/// What a record counts as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Begin,
+    Command,
+    Other,
+}
+
+/// A full buffer on its way to the writer.
+struct Chunk {
+    worker: usize,
+    bytes: Vec<u8>,
+}
+
+/// One worker's buffer.
+#[derive(Default)]
+struct Shard {
+    /// The capture the buffer is for (0: none runs).
+    generation: u64,
+    buf: Vec<u8>,
+    records: u64,
+    tx: Option<SyncSender<Chunk>>,
+}
+
+/// Counters of the capture running, read by the writer for its status.
+#[derive(Default)]
+struct Counts {
+    sessions: AtomicU64,
+    commands: AtomicU64,
+    records: AtomicU64,
+    dropped: AtomicU64,
+    bytes_raw: AtomicU64,
+}
+
+struct Inner {
+    generation: AtomicU64,
+    /// `metrics::mono_ns` when the running capture started.
+    t0_ns: AtomicU64,
+    shards: Box<[Mutex<Shard>]>,
+    counts: Counts,
+    filters: Mutex<Arc<Options>>,
+    /// The running capture's status as its writer last published it.
+    status: Mutex<Status>,
+    stop: AtomicBool,
+    records_total: Counter,
+    dropped_total: Counter,
+}
+
+/// A running capture: its writer thread and what it will report.
+struct Running {
+    thread: std::thread::JoinHandle<Status>,
+}
+
+pub struct Capture {
+    inner: Arc<Inner>,
+    running: Mutex<Option<Running>>,
+    last: Mutex<Option<Status>>,
+    next_generation: AtomicU64,
+}
+
+impl Capture {
+    /// `shards` buffers (one per worker, and one for the shared runtime); the counters are the
+    /// metrics' `sluice_capture_records_total` and `sluice_capture_dropped_records_total`.
+    pub fn new(shards: usize, records_total: Counter, dropped_total: Counter) -> Capture {
+        let inner = Inner {
+            generation: AtomicU64::new(0),
+            t0_ns: AtomicU64::new(0),
+            shards: (0..shards.max(1)).map(|_| Mutex::new(Shard::default())).collect(),
+            counts: Counts::default(),
+            filters: Mutex::new(Arc::new(Options {
+                dir: PathBuf::new(),
+                duration: None,
+                users: Vec::new(),
+                schemas: Vec::new(),
+                sample: 1.0,
+                rotate_mib: rotate_mib(),
+                key_file: None,
+                writer_delay: None,
+            })),
+            status: Mutex::new(Status::default()),
+            stop: AtomicBool::new(false),
+            records_total,
+            dropped_total,
+        };
+        Capture { inner: Arc::new(inner), running: Mutex::new(None), last: Mutex::new(None), next_generation: AtomicU64::new(1) }
+    }
+
+    /// The capture running (0: none). A session compares it with the one it last decided on.
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.inner.generation.load(Ordering::Relaxed)
+    }
+
+    /// Microseconds since the capture started.
+    pub fn at_us(&self) -> u64 {
+        crate::metrics::mono_ns().saturating_sub(self.inner.t0_ns.load(Ordering::Relaxed)) / 1000
+    }
+
+    /// Whether capture `generation` takes session `id` of `user`, in `schema` now: its filters
+    /// and its sample (a hash of the id, so that the same share is taken at any rate).
+    pub fn admits(&self, id: u64, user: &str, schema: Option<&str>) -> bool {
+        let f = self.inner.filters.lock().clone();
+        if !f.users.is_empty() && !f.users.iter().any(|u| u == user) {
+            return false;
+        }
+        if !f.schemas.is_empty() && !schema.is_some_and(|s| f.schemas.iter().any(|x| x == s)) {
+            return false;
+        }
+        if f.sample >= 1.0 {
+            return true;
+        }
+        let h = id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 11;
+        (h as f64 / (1u64 << 53) as f64) < f.sample
+    }
+
+    /// Writes one record into `worker`'s buffer with `write`, if capture `generation` still
+    /// runs; false when it ended (the record is not written).
+    pub fn append(&self, worker: usize, generation: u64, kind: Kind, write: impl FnOnce(&mut Vec<u8>)) -> bool {
+        let inner = &self.inner;
+        let w = worker % inner.shards.len();
+        let mut shard = inner.shards[w].lock();
+        if shard.generation != generation {
+            return false;
+        }
+        let before = shard.buf.len();
+        write(&mut shard.buf);
+        shard.records += 1;
+        let c = &inner.counts;
+        c.records.fetch_add(1, Ordering::Relaxed);
+        c.bytes_raw.fetch_add((shard.buf.len() - before) as u64, Ordering::Relaxed);
+        match kind {
+            Kind::Begin => c.sessions.fetch_add(1, Ordering::Relaxed),
+            Kind::Command => c.commands.fetch_add(1, Ordering::Relaxed),
+            Kind::Other => 0,
+        };
+        inner.records_total.inc();
+        if shard.buf.len() >= CHUNK {
+            let bytes = std::mem::replace(&mut shard.buf, Vec::with_capacity(CHUNK + CHUNK / 4));
+            let records = std::mem::take(&mut shard.records);
+            let sent = shard.tx.as_ref().map(|tx| tx.try_send(Chunk { worker: w, bytes }));
+            if let Some(Err(TrySendError::Full(back) | TrySendError::Disconnected(back))) = sent {
+                // The writer cannot keep up: these records are lost, and counted.
+                c.dropped.fetch_add(records, Ordering::Relaxed);
+                inner.dropped_total.inc_by(records);
+                shard.buf = back.bytes;
+                shard.buf.clear();
+            }
+        }
+        true
+    }
+
+    /// Starts a capture. Err: one runs already, or the directory cannot be used.
+    pub fn start(&self, opts: Options, backends: Vec<BackendInfo>) -> Result<Status, String> {
+        let mut running = self.running.lock();
+        if running.as_ref().is_some_and(|r| !r.thread.is_finished()) {
+            return Err("a capture is running: stop it first".into());
+        }
+        if let Some(r) = running.take() {
+            *self.last.lock() = Some(r.thread.join().unwrap_or_else(|_| failed("the capture writer panicked")));
+        }
+        if !(opts.sample > 0.0 && opts.sample <= 1.0) {
+            return Err(format!("sample must be above 0 and at most 1, not {}", opts.sample));
+        }
+        if opts.rotate_mib == 0 {
+            return Err("rotate_mib must be at least 1".into());
+        }
+        let key = opts.key_file.as_deref().map(files::load_key).transpose()?;
+        files::prepare_dir(&opts.dir)?;
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let inner = &self.inner;
+        for c in [&inner.counts.sessions, &inner.counts.commands, &inner.counts.records, &inner.counts.dropped, &inner.counts.bytes_raw] {
+            c.store(0, Ordering::Relaxed);
+        }
+        inner.stop.store(false, Ordering::Relaxed);
+        *inner.filters.lock() = Arc::new(opts.clone());
+        let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
+        let status = Status {
+            state: "running".into(),
+            dir: Some(opts.dir.clone()),
+            started_at_ms: unix_ms(),
+            encrypted: key.is_some(),
+            options: Some(opts.clone()),
+            backends,
+            sluice_version: env!("CARGO_PKG_VERSION").into(),
+            ..Status::default()
+        };
+        let writer = writer::Writer::new(opts, key, status.clone(), generation, Arc::clone(inner))?;
+        inner.t0_ns.store(crate::metrics::mono_ns(), Ordering::Relaxed);
+        for s in inner.shards.iter() {
+            let mut s = s.lock();
+            s.generation = generation;
+            s.buf.clear();
+            s.records = 0;
+            s.tx = Some(tx.clone());
+        }
+        drop(tx);
+        inner.generation.store(generation, Ordering::Relaxed);
+        let thread = std::thread::Builder::new()
+            .name("sluice-capture".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| format!("starting the capture writer: {e}"))?;
+        *running = Some(Running { thread });
+        tracing::info!(dir = %status.dir.as_ref().map(|d| d.display().to_string()).unwrap_or_default(), "capture started");
+        Ok(status)
+    }
+
+    /// Stops the running capture and waits for its writer to finish the files; its final
+    /// status (None when none ran). Blocks: call it off the event loop.
+    pub fn stop(&self) -> Option<Status> {
+        self.inner.stop.store(true, Ordering::Relaxed);
+        let r = self.running.lock().take();
+        if let Some(r) = r {
+            let st = r.thread.join().unwrap_or_else(|_| failed("the capture writer panicked"));
+            *self.last.lock() = Some(st);
+        }
+        self.last.lock().clone()
+    }
+
+    /// The running capture's status, else the last one's.
+    pub fn status(&self) -> Status {
+        let finished = {
+            let running = self.running.lock();
+            match running.as_ref() {
+                Some(r) if !r.thread.is_finished() => {
+                    let c = &self.inner.counts;
+                    let mut st = self.inner.status.lock().clone();
+                    st.sessions = c.sessions.load(Ordering::Relaxed);
+                    st.commands = c.commands.load(Ordering::Relaxed);
+                    st.records = c.records.load(Ordering::Relaxed);
+                    st.dropped_records = c.dropped.load(Ordering::Relaxed);
+                    st.bytes_raw = c.bytes_raw.load(Ordering::Relaxed);
+                    return st;
+                }
+                Some(_) => true,
+                None => false,
+            }
+        };
+        // A capture that ended by itself (its duration, a disk error): its final status.
+        if finished {
+            return self.stop().unwrap_or_default();
+        }
+        self.last.lock().clone().unwrap_or_else(|| Status { state: "idle".into(), ..Status::default() })
+    }
+}
+
+fn failed(msg: &str) -> Status {
+    Status { state: "failed".into(), error: Some(msg.into()), ..Status::default() }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}

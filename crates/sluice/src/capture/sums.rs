@@ -1,0 +1,77 @@
+//! Checksums of the rows of a response, as capture records them and replay recomputes them
+//! (the same code on both sides, fed by the response tracker's [`sluice_proto::response::Sink`]).
+//! Each row's payload is hashed (XXH3, 64 bits); `ordered` folds the row hashes in order,
+//! `unordered` adds them, so that rows that came in another order give the same sum.
+
+use std::hash::Hasher;
+
+use twox_hash::XxHash3_64;
+
+#[derive(Default)]
+pub struct RowSums {
+    /// The row being hashed (its payload may come in pieces).
+    row: Option<XxHash3_64>,
+    ordered: u64,
+    unordered: u64,
+}
+
+impl RowSums {
+    /// A row begins, with its payload or the first part of it.
+    pub fn row(&mut self, payload: &[u8]) {
+        self.end_row();
+        let mut h = XxHash3_64::with_seed(0);
+        h.write(payload);
+        self.row = Some(h);
+    }
+
+    /// More of the payload of the row last begun.
+    pub fn more(&mut self, bytes: &[u8]) {
+        if let Some(h) = self.row.as_mut() {
+            h.write(bytes);
+        }
+    }
+
+    fn end_row(&mut self) {
+        if let Some(h) = self.row.take() {
+            let v = h.finish();
+            self.ordered = (self.ordered ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+            self.unordered = self.unordered.wrapping_add(v.wrapping_mul(0xff51_afd7_ed55_8ccd));
+        }
+    }
+
+    /// The checksums of all rows: in order, and in any order.
+    pub fn finish(&mut self) -> (u64, u64) {
+        self.end_row();
+        (self.ordered, self.unordered)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sums(rows: &[&[u8]]) -> (u64, u64) {
+        let mut s = RowSums::default();
+        for r in rows {
+            s.row(r);
+        }
+        s.finish()
+    }
+
+    #[test]
+    fn order_counts_only_for_the_ordered_sum_and_pieces_do_not() {
+        let (o1, u1) = sums(&[b"a", b"bc"]);
+        let (o2, u2) = sums(&[b"bc", b"a"]);
+        assert_ne!(o1, o2);
+        assert_eq!(u1, u2);
+        // Row boundaries count: "a","bc" is not "ab","c".
+        assert_ne!(sums(&[b"ab", b"c"]).1, u1);
+        let mut s = RowSums::default();
+        s.row(b"");
+        s.more(b"a");
+        s.row(b"b");
+        s.more(b"c");
+        assert_eq!(s.finish(), (o1, u1));
+        assert_eq!(sums(&[]), (0, 0));
+    }
+}

@@ -1,0 +1,158 @@
+//! The capture's writer thread: compresses the workers' full buffers into chunks of their
+//! files, takes the buffers that filled slowly once a second, rotates files, keeps `meta.json`,
+//! and ends the capture (stopped, its duration over, or the disk failing).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use super::files::{self, Out};
+use super::{Chunk, Inner, Options, Status};
+
+pub(super) struct Writer {
+    opts: Options,
+    key: Option<files::Key>,
+    status: Status,
+    generation: u64,
+    inner: Arc<Inner>,
+    /// Each worker's file being written, and how many it began.
+    outs: Vec<(Option<Out>, u32)>,
+}
+
+impl Writer {
+    pub(super) fn new(
+        opts: Options,
+        key: Option<files::Key>,
+        status: Status,
+        generation: u64,
+        inner: Arc<Inner>,
+    ) -> Result<Writer, String> {
+        files::write_meta(&opts.dir, &status).map_err(|e| format!("writing {}/meta.json: {e}", opts.dir.display()))?;
+        *inner.status.lock() = status.clone();
+        let outs = (0..inner.shards.len()).map(|_| (None, 0)).collect();
+        Ok(Writer { opts, key, status, generation, inner, outs })
+    }
+
+    pub(super) fn run(mut self, rx: Receiver<Chunk>) -> Status {
+        let deadline = self.opts.duration.map(|d| Instant::now() + d);
+        let mut flushed = Instant::now();
+        while self.status.error.is_none() && !self.inner.stop.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(c) => self.write(c.worker, &c.bytes),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            if flushed.elapsed() >= Duration::from_secs(1) {
+                self.take_slow_buffers(&rx);
+                self.publish();
+                flushed = Instant::now();
+            }
+        }
+        self.finish(rx)
+    }
+
+    /// Writes the buffers that are not full yet, so that a quiet capture reaches the disk too.
+    /// A worker's buffer is taken under its lock after the chunks it queued before: its
+    /// records stay in order.
+    fn take_slow_buffers(&mut self, rx: &Receiver<Chunk>) {
+        for w in 0..self.inner.shards.len() {
+            let (queued, bytes) = {
+                let mut s = self.inner.shards[w].lock();
+                if s.generation != self.generation || s.buf.is_empty() {
+                    continue;
+                }
+                let queued: Vec<Chunk> = rx.try_iter().collect();
+                s.records = 0;
+                (queued, std::mem::take(&mut s.buf))
+            };
+            for c in queued {
+                self.write(c.worker, &c.bytes);
+            }
+            self.write(w, &bytes);
+        }
+    }
+
+    /// Appends a chunk to `worker`'s file, beginning a new file past the rotation size.
+    fn write(&mut self, worker: usize, records: &[u8]) {
+        if records.is_empty() || self.status.error.is_some() {
+            return;
+        }
+        if let Some(d) = self.opts.writer_delay {
+            std::thread::sleep(d);
+        }
+        let rotate = self.opts.rotate_mib.saturating_mul(1 << 20);
+        let dir = self.opts.dir.clone();
+        let (out, begun) = &mut self.outs[worker];
+        let res = (|| -> std::io::Result<u64> {
+            if out.as_ref().is_some_and(|o| o.size >= rotate)
+                && let Some(full) = out.take()
+            {
+                full.finish()?;
+            }
+            if out.is_none() {
+                let name = files::file_name(worker, *begun);
+                *begun += 1;
+                self.status.files.push(name.clone());
+                *out = Some(Out::create(&dir, name)?);
+            }
+            out.as_mut().expect("made above").chunk(records, self.key.as_ref())
+        })();
+        match res {
+            Ok(n) => self.status.bytes_written += n,
+            Err(e) => {
+                tracing::error!(dir = %dir.display(), error = %e, "capture stopped: writing its files failed");
+                self.status.error = Some(format!("writing the capture files: {e}"));
+            }
+        }
+    }
+
+    /// The status with the counts of now, for `GET /capture` and `meta.json`.
+    fn publish(&mut self) {
+        let c = &self.inner.counts;
+        let s = &mut self.status;
+        s.sessions = c.sessions.load(Ordering::Relaxed);
+        s.commands = c.commands.load(Ordering::Relaxed);
+        s.records = c.records.load(Ordering::Relaxed);
+        s.dropped_records = c.dropped.load(Ordering::Relaxed);
+        s.bytes_raw = c.bytes_raw.load(Ordering::Relaxed);
+        *self.inner.status.lock() = s.clone();
+        if let Err(e) = files::write_meta(&self.opts.dir, s) {
+            tracing::warn!(error = %e, "writing the capture's meta.json");
+        }
+    }
+
+    /// Ends the capture: no session writes any more, every buffer and queued chunk reaches
+    /// its file (queued ones first: they are older), files are synced, `meta.json` is final.
+    fn finish(mut self, rx: Receiver<Chunk>) -> Status {
+        let _ = self.inner.generation.compare_exchange(self.generation, 0, Ordering::Relaxed, Ordering::Relaxed);
+        let mut last = Vec::new();
+        for (w, s) in self.inner.shards.iter().enumerate() {
+            let mut s = s.lock();
+            if s.generation == self.generation {
+                s.generation = 0;
+                s.tx = None;
+                s.records = 0;
+                last.push((w, std::mem::take(&mut s.buf)));
+            }
+        }
+        for c in rx.try_iter().collect::<Vec<_>>() {
+            self.write(c.worker, &c.bytes);
+        }
+        for (w, bytes) in last {
+            self.write(w, &bytes);
+        }
+        for (out, _) in &mut self.outs {
+            if let Some(o) = out.take()
+                && let Err(e) = o.finish()
+            {
+                self.status.error.get_or_insert(format!("closing a capture file: {e}"));
+            }
+        }
+        self.status.ended_at_ms = Some(super::unix_ms());
+        self.status.state = if self.status.error.is_some() { "failed" } else { "done" }.into();
+        self.publish();
+        tracing::info!(records = self.status.records, dropped = self.status.dropped_records, "capture ended");
+        self.status
+    }
+}

@@ -1,0 +1,164 @@
+//! What a session records while a capture runs (`crate::capture`): its state when the capture
+//! first sees it (so that replay can rebuild it, whether it opened before the capture or
+//! during it), each command as the client sent it, and a summary of each response.
+//! Passwords never reach the files: a statement that may carry one is recorded normalized
+//! (its literals taken out), the executes of such a prepared statement without their
+//! parameters, and COM_CHANGE_USER without its authentication data.
+
+use sluice_proto::consts::com;
+use sluice_proto::packet::{HEADER, Header};
+
+use super::relay::{INSPECT_LIMIT, Session};
+use crate::backend::pool::worker;
+use crate::capture::Kind;
+use crate::capture::record::{self, Begin, Summary, flag};
+use crate::capture::sums::RowSums;
+use crate::metrics::mono_ns;
+
+/// The session's side of the capture running.
+#[derive(Default)]
+pub(super) struct Mark {
+    /// The capture this was decided for.
+    generation: u64,
+    /// The capture takes this session.
+    on: bool,
+    /// Commands recorded (the next one's number is this + 1).
+    number: u64,
+    /// A command is recorded and its result is not yet.
+    pending: bool,
+    started_ns: u64,
+    summary: Summary,
+}
+
+/// What the relay saw of a recorded command's response.
+pub(super) struct Response {
+    pub error: Option<u16>,
+    /// The id a COM_STMT_PREPARE gave the client.
+    pub stmt_id: Option<u32>,
+    pub rows: u64,
+    pub affected: u64,
+    pub sums: Option<Box<RowSums>>,
+}
+
+impl Session {
+    /// Records the command whose first header is `h` (its bytes are in the client buffer), if
+    /// the capture `generation` takes this session; whether it did (its response is then
+    /// summed up).
+    #[inline(never)]
+    pub(super) fn capture_command(&mut self, generation: u64, cmd: u8, h: Header) -> bool {
+        let mark = self.capture.get_or_insert_with(Default::default);
+        if mark.generation != generation {
+            let on = self.ctx.capture.admits(u64::from(self.handle.id), &self.state.user, self.state.schema.as_deref());
+            let mark = self.capture.as_mut().expect("inserted above");
+            **mark = Mark { generation, on, ..Mark::default() };
+            if on && !self.capture_begin(generation) {
+                return false;
+            }
+        }
+        let Some(mark) = self.capture.as_ref().filter(|m| m.on) else { return false };
+        let number = mark.number + 1;
+        let whole = h.len <= INSPECT_LIMIT;
+        let body = &self.client.rbuf[HEADER..HEADER + h.len.min(INSPECT_LIMIT)];
+        let mut flags = if whole { 0 } else { flag::TRUNCATED };
+        let mut kept = Vec::new();
+        let payload: &[u8] = match cmd {
+            com::CHANGE_USER => {
+                flags |= flag::CHANGE_USER;
+                let user = body[1..].split(|&b| b == 0).next().unwrap_or_default();
+                kept.push(cmd);
+                kept.extend_from_slice(user);
+                &kept
+            }
+            com::QUERY | com::STMT_PREPARE if sluice_proto::sql::carries_secret(&body[1..]) => {
+                flags |= flag::REDACTED;
+                kept.push(cmd);
+                sluice_proto::digest::normalize(&body[1..], &mut kept, usize::MAX);
+                &kept
+            }
+            com::STMT_EXECUTE | com::STMT_SEND_LONG_DATA if self.executes_secret(body) => {
+                flags |= flag::REDACTED;
+                &body[..5]
+            }
+            _ => body,
+        };
+        let (session, at_us) = (u64::from(self.handle.id), self.ctx.capture.at_us());
+        let len = h.len as u64;
+        if !self
+            .ctx
+            .capture
+            .append(worker(), generation, Kind::Command, |out| record::put_command(out, session, at_us, number, flags, len, payload))
+        {
+            return false;
+        }
+        let mark = self.capture.as_mut().expect("checked above");
+        mark.number = number;
+        mark.pending = true;
+        mark.started_ns = mono_ns();
+        mark.summary = Summary::default();
+        true
+    }
+
+    /// Whether the statement an execute (or its long data) names was recorded redacted.
+    fn executes_secret(&self, body: &[u8]) -> bool {
+        let Some(id) = body.get(1..5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])) else { return false };
+        self.state.prepared.get(&id).is_some_and(|p| sluice_proto::sql::carries_secret(p.sql.as_bytes()))
+    }
+
+    /// The session's state as the capture first sees it; false when the capture ended.
+    fn capture_begin(&mut self, generation: u64) -> bool {
+        let s = &self.state;
+        let pairs = |v: &crate::vars::Vars| v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut prepared: Vec<(u32, Vec<u8>, Vec<u8>)> =
+            s.prepared.iter().map(|(id, p)| (*id, p.sql.as_bytes().to_vec(), p.param_types.clone())).collect();
+        prepared.sort_by_key(|p| p.0);
+        let begin = Begin {
+            user: s.user.clone(),
+            schema: s.schema.clone(),
+            client: self.handle.info.lock().client.clone(),
+            collation: s.collation,
+            capabilities: self.client_caps(),
+            in_transaction: s.in_transaction(),
+            variables: pairs(&s.variables),
+            prepared,
+            sql_prepared: pairs(&s.sql_prepared),
+            user_variables: pairs(&s.user_variables),
+            backend: self.guard.name.clone(),
+        };
+        let (session, at_us) = (u64::from(self.handle.id), self.ctx.capture.at_us());
+        self.ctx.capture.append(worker(), generation, Kind::Begin, |out| record::put_begin(out, session, at_us, &begin))
+    }
+
+    /// Notes what the response to the recorded command was.
+    pub(super) fn capture_response(&mut self, r: Response) {
+        if let Some(m) = self.capture.as_mut().filter(|m| m.pending) {
+            let (ordered, unordered) = r.sums.map(|mut s| s.finish()).unwrap_or_default();
+            let (error, stmt_id) = (r.error.unwrap_or(0), r.stmt_id.unwrap_or(0));
+            m.summary = Summary { error, affected: r.affected, rows: r.rows, ordered, unordered, latency_us: 0, stmt_id };
+        }
+    }
+
+    /// An error sluice answered the recorded command with (no backend response).
+    pub(super) fn capture_error(&mut self, code: u16) {
+        if let Some(m) = self.capture.as_mut().filter(|m| m.pending) {
+            m.summary.error = code;
+        }
+    }
+
+    /// Writes the recorded command's result, once the command is through.
+    pub(super) fn capture_result(&mut self) {
+        let Some(m) = self.capture.as_mut().filter(|m| m.pending) else { return };
+        m.pending = false;
+        m.summary.latency_us = mono_ns().saturating_sub(m.started_ns) / 1000;
+        let (session, number, summary) = (u64::from(self.handle.id), m.number, m.summary);
+        self.ctx.capture.append(worker(), m.generation, Kind::Other, |out| record::put_result(out, session, number, &summary));
+    }
+
+    /// The session ends: recorded when the capture took it.
+    pub(super) fn capture_end(&mut self) {
+        self.capture_result();
+        if let Some(m) = self.capture.as_ref().filter(|m| m.on) {
+            let (session, at_us) = (u64::from(self.handle.id), self.ctx.capture.at_us());
+            self.ctx.capture.append(worker(), m.generation, Kind::Other, |out| record::put_end(out, session, at_us));
+        }
+    }
+}
