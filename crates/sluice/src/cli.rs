@@ -42,6 +42,36 @@ pub enum Command {
     /// Look into a traffic capture.
     #[command(subcommand)]
     Capture(CaptureCommand),
+    /// Play a traffic capture against a server and compare the results with the captured ones.
+    Replay(ReplayArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// The capture directory.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// The server to replay against, HOST:PORT or a Unix socket path.
+    #[arg(long)]
+    pub target: String,
+    /// Every session logs in as this user.
+    #[arg(long)]
+    pub user: String,
+    /// Its password (or in the SLUICE_REPLAY_PASSWORD environment variable).
+    #[arg(long)]
+    pub password: Option<String>,
+    /// Time runs this many times faster than it did when captured.
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
+    /// Replay only commands that change nothing (for a replica).
+    #[arg(long)]
+    pub read_only: bool,
+    /// Write report.md and report.json here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// The key file of an encrypted capture.
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod net;
 pub mod parking;
 pub mod rebalance;
+pub mod replay;
 pub mod rules;
 pub mod runtime;
 pub mod session;

@@ -26,6 +26,9 @@ fn main() {
         }
         return;
     }
+    if let Some(Command::Replay(r)) = &cli.command {
+        std::process::exit(replay(r));
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).init();
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -48,6 +51,40 @@ fn main() {
     if let Err(e) = sluice::runtime::run(ctx) {
         eprintln!("sluice: {e}");
         std::process::exit(1);
+    }
+}
+
+/// `sluice replay`: prints the totals (and where the report is); the exit code.
+fn replay(r: &sluice::cli::ReplayArgs) -> i32 {
+    let password = r.password.clone().or_else(|| std::env::var("SLUICE_REPLAY_PASSWORD").ok()).unwrap_or_default();
+    let args = sluice::replay::Args {
+        input: r.input.clone(),
+        target: r.target.clone(),
+        user: r.user.clone(),
+        password,
+        speed: r.speed,
+        read_only: r.read_only,
+        report: r.report.clone(),
+        key_file: r.key_file.clone(),
+    };
+    match sluice::replay::run(&args) {
+        Ok(rep) => {
+            println!(
+                "replayed {} of {} commands ({} sessions) in {:.1} s: {} same, {} different, {} errors",
+                rep.replayed, rep.commands, rep.sessions, rep.replay_seconds, rep.same, rep.differing, rep.replay_errors
+            );
+            for (why, n) in &rep.skipped {
+                println!("not replayed: {why}: {n}");
+            }
+            if let Some(d) = &r.report {
+                println!("report: {}", d.join("report.md").display());
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("sluice replay: {e}");
+            2
+        }
     }
 }
 

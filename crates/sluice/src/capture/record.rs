@@ -58,7 +58,7 @@ pub struct Begin {
 }
 
 /// What a response was.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Summary {
     /// The error code, 0 when the command succeeded.
     pub error: u16,

@@ -1,0 +1,235 @@
+//! `sluice replay`: plays a capture against a server (any MySQL-protocol server, sluice
+//! included) and compares what each command did there with what it did when captured.
+//!
+//! Each captured session runs on a connection of its own, as the replay user, started at its
+//! captured time (scaled by `--speed`) and brought to its captured state; its commands follow in
+//! order, each at its captured time unless the one before ran late. Commands that cannot be
+//! replayed faithfully are skipped and counted by reason: redacted (may carry a password),
+//! truncated (over 1 MiB), COM_CHANGE_USER, and with `--read-only` anything that may write.
+//! The comparison and the report are in `report.rs`.
+
+pub mod conn;
+pub mod report;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_proto::consts::com;
+use sluice_proto::rw::{Class, classify};
+
+use crate::backend::Backend;
+use crate::capture::files;
+use crate::capture::record::{Begin, Record, Summary, flag};
+
+/// What `sluice replay` is asked to do.
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub input: PathBuf,
+    pub target: String,
+    pub user: String,
+    pub password: String,
+    pub speed: f64,
+    pub read_only: bool,
+    pub report: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+/// A captured command.
+#[derive(Debug, Clone)]
+pub struct Command {
+    pub number: u64,
+    pub at_us: u64,
+    pub flags: u8,
+    pub payload: Vec<u8>,
+    pub captured: Option<Summary>,
+}
+
+/// A captured session: its state when first seen, and its commands.
+#[derive(Debug, Clone, Default)]
+pub struct Captured {
+    pub id: u64,
+    pub begin: Option<(u64, Box<Begin>)>,
+    pub commands: Vec<Command>,
+    /// Commands are missing (the capture dropped records).
+    pub gap: bool,
+}
+
+/// What became of one command in the replay.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub session: u64,
+    pub number: u64,
+    pub command: u8,
+    /// The statement's text (a query's, a prepare's, an execute's prepared statement's).
+    pub text: Option<String>,
+    pub captured: Option<Summary>,
+    /// The replay's summary, or why the command was not replayed.
+    pub replayed: Result<Summary, String>,
+}
+
+/// The captured sessions of `dir`, by id.
+pub fn load(dir: &std::path::Path, key: Option<&files::Key>) -> Result<BTreeMap<u64, Captured>, String> {
+    let mut sessions: BTreeMap<u64, Captured> = BTreeMap::new();
+    for path in files::list(dir)? {
+        for r in files::read_file(&path, key)? {
+            let id = r.session();
+            let s = sessions.entry(id).or_insert_with(|| Captured { id, ..Captured::default() });
+            match r {
+                Record::Begin { at_us, begin, .. } => s.begin = Some((at_us, begin)),
+                Record::Command { at_us, number, flags, payload, .. } => {
+                    s.gap |= number != s.commands.last().map_or(1, |c| c.number + 1);
+                    s.commands.push(Command { number, at_us, flags, payload, captured: None });
+                }
+                Record::Result { number, summary, .. } => {
+                    if let Some(c) = s.commands.iter_mut().rev().find(|c| c.number == number) {
+                        c.captured = Some(summary);
+                    }
+                }
+                Record::End { .. } => {}
+            }
+        }
+    }
+    Ok(sessions)
+}
+
+/// Replays the capture in `args.input` and writes the report (when asked); the report.
+pub fn run(args: &Args) -> Result<report::Report, String> {
+    let key = args.key_file.as_deref().map(files::load_key).transpose()?;
+    let meta = files::read_meta(&args.input)?;
+    let sessions = load(&args.input, key.as_ref())?;
+    if !(args.speed > 0.0 && args.speed.is_finite()) {
+        return Err(format!("--speed must be above 0, not {}", args.speed));
+    }
+    let config = crate::config::Config::parse(&format!("[[backends]]\naddress = {:?}\n", args.target)).map_err(|e| e.to_string())?;
+    let metrics = crate::metrics::Metrics::new(std::slice::from_ref(&args.target));
+    let b = Backend::from_config(0, &config.backends[0], metrics.backends[0].clone(), &config.proxy, 1)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("starting the replay runtime: {e}"))?;
+    let started = Instant::now();
+    let outcomes = rt.block_on(replay_all(Arc::new(b), sessions, args));
+    let report = report::build(&meta, args, &outcomes, started.elapsed());
+    if let Some(dir) = &args.report {
+        report::write(dir, &report)?;
+    }
+    Ok(report)
+}
+
+/// Sessions log in this long (of replay time) before their first command is due.
+const LEAD: Duration = Duration::from_secs(1);
+
+async fn replay_all(b: Arc<Backend>, sessions: BTreeMap<u64, Captured>, args: &Args) -> Vec<Outcome> {
+    let t0 = tokio::time::Instant::now() + LEAD;
+    let tasks: Vec<_> = sessions
+        .into_values()
+        .map(|s| {
+            let (b, args) = (b.clone(), args.clone());
+            tokio::spawn(async move { replay_session(b, s, t0, &args).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        if let Ok(v) = t.await {
+            out.extend(v);
+        }
+    }
+    out
+}
+
+/// Why a command is not replayed, if it is not.
+fn skip_reason(c: &Command, read_only: bool) -> Option<&'static str> {
+    let cmd = c.payload.first().copied()?;
+    if c.flags & flag::REDACTED != 0 {
+        return Some("redacted (may carry a password)");
+    }
+    if c.flags & flag::TRUNCATED != 0 {
+        return Some("longer than capture keeps");
+    }
+    if c.flags & flag::CHANGE_USER != 0 || cmd == com::CHANGE_USER {
+        return Some("COM_CHANGE_USER");
+    }
+    if read_only && !reads_only(cmd, &c.payload[1..]) {
+        return Some("may write (--read-only)");
+    }
+    None
+}
+
+/// Whether a command changes nothing (for `--read-only`): reads and session settings.
+fn reads_only(cmd: u8, body: &[u8]) -> bool {
+    match cmd {
+        com::QUERY | com::STMT_PREPARE => matches!(classify(body), Class::Read | Class::Session),
+        com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_CLOSE | com::STMT_RESET | com::STMT_SEND_LONG_DATA => true,
+        com::PING | com::INIT_DB | com::FIELD_LIST | com::STATISTICS | com::SET_OPTION | com::RESET_CONNECTION | com::QUIT => true,
+        _ => false,
+    }
+}
+
+async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, args: &Args) -> Vec<Outcome> {
+    let at = |us: u64| t0 + Duration::from_secs_f64(us as f64 / 1e6 / args.speed);
+    let mut texts: BTreeMap<u32, String> = BTreeMap::new();
+    let mut out = Vec::new();
+    let outcome = |c: &Command, texts: &BTreeMap<u32, String>, replayed| Outcome {
+        session: s.id,
+        number: c.number,
+        command: c.payload.first().copied().unwrap_or(0),
+        text: text_of(&c.payload, texts),
+        captured: c.captured,
+        replayed,
+    };
+    let Some((begin_at, begin)) = &s.begin else {
+        out.extend(s.commands.iter().map(|c| outcome(c, &texts, Err("the session's state was not captured".into()))));
+        return out;
+    };
+    for (id, sql, _) in &begin.prepared {
+        texts.insert(*id, String::from_utf8_lossy(sql).into_owned());
+    }
+    tokio::time::sleep_until(at(*begin_at) - LEAD).await;
+    let timeout = Duration::from_secs(10);
+    let mut conn = match conn::Conn::open(&b, &args.user, &args.password, begin, timeout).await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            let why = format!("connecting: {e}");
+            out.extend(s.commands.iter().map(|c| outcome(c, &texts, Err(why.clone()))));
+            return out;
+        }
+    };
+    for c in &s.commands {
+        if let (Some(&com::STMT_PREPARE), Some(sum)) = (c.payload.first(), c.captured) {
+            texts.insert(sum.stmt_id, String::from_utf8_lossy(&c.payload[1..]).into_owned());
+        }
+        if c.payload.first() == Some(&com::QUIT) {
+            break;
+        }
+        if let Some(why) = skip_reason(c, args.read_only) {
+            out.push(outcome(c, &texts, Err(why.into())));
+            continue;
+        }
+        let Some(open) = conn.as_mut() else {
+            out.push(outcome(c, &texts, Err("the connection was lost".into())));
+            continue;
+        };
+        tokio::time::sleep_until(at(c.at_us)).await;
+        let captured_stmt = c.captured.map_or(0, |s| s.stmt_id);
+        let r = open.run(&c.payload, captured_stmt).await;
+        if r.as_ref().is_err_and(|e| !e.starts_with("statement ")) {
+            conn = None;
+        }
+        out.push(outcome(c, &texts, r));
+    }
+    if let Some(c) = conn {
+        c.quit().await;
+    }
+    out
+}
+
+/// The statement a command runs, as text.
+fn text_of(payload: &[u8], texts: &BTreeMap<u32, String>) -> Option<String> {
+    match *payload.first()? {
+        com::QUERY | com::STMT_PREPARE => Some(String::from_utf8_lossy(&payload[1..]).into_owned()),
+        com::STMT_EXECUTE => {
+            let id = u32::from_le_bytes(payload.get(1..5)?.try_into().ok()?);
+            texts.get(&id).cloned()
+        }
+        _ => None,
+    }
+}

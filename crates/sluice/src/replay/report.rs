@@ -1,0 +1,289 @@
+//! The replay's report: for every replayed command, what it did against what it did when
+//! captured (error and code, affected rows, rows, row checksum, latency), with totals, the
+//! statements whose results differ grouped by digest (both results shown), latency by digest
+//! (p50/p99 captured and replayed, regressions first) and the errors. Written as `report.json`
+//! and `report.md`.
+//!
+//! Rows are compared by their checksum in order when the statement has ORDER BY, else in any
+//! order (a server may return unordered rows in another order).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+use sluice_proto::consts::com;
+
+use super::{Args, Outcome};
+use crate::capture::Status;
+use crate::capture::record::Summary;
+
+/// Samples of differing results kept per digest.
+const SAMPLES: usize = 3;
+/// Digest rows shown in the Markdown tables.
+const SHOWN: usize = 50;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub input: String,
+    pub target: String,
+    pub speed: f64,
+    pub read_only: bool,
+    pub captured_at_ms: u64,
+    pub replay_seconds: f64,
+    pub sessions: usize,
+    pub commands: usize,
+    pub replayed: usize,
+    /// Commands not replayed, by reason.
+    pub skipped: BTreeMap<String, usize>,
+    pub same: usize,
+    pub differing: usize,
+    /// Replayed commands answered with an error (whether the capture had it too or not).
+    pub replay_errors: usize,
+    pub differences: Vec<DiffGroup>,
+    pub latency: Vec<LatencyRow>,
+    pub errors: Vec<ErrorRow>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DiffGroup {
+    pub digest: String,
+    pub count: usize,
+    pub samples: Vec<DiffSample>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DiffSample {
+    pub session: u64,
+    pub number: u64,
+    pub text: String,
+    pub what: String,
+    pub captured: Summary,
+    pub replayed: Summary,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyRow {
+    pub digest: String,
+    pub count: usize,
+    pub captured_p50_us: u64,
+    pub captured_p99_us: u64,
+    pub replayed_p50_us: u64,
+    pub replayed_p99_us: u64,
+    /// Replayed p99 over captured p99.
+    pub p99_ratio: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ErrorRow {
+    pub code: u16,
+    pub captured_code: u16,
+    pub digest: String,
+    pub count: usize,
+}
+
+/// The digest text a command is grouped by.
+fn digest_of(o: &Outcome) -> String {
+    match &o.text {
+        Some(t) => {
+            let mut out = Vec::new();
+            sluice_proto::digest::normalize(t.as_bytes(), &mut out, 300);
+            String::from_utf8_lossy(&out).into_owned()
+        }
+        None => com::name(o.command).to_string(),
+    }
+}
+
+fn has_order_by(text: Option<&str>) -> bool {
+    let Some(t) = text else { return false };
+    let words: Vec<&[u8]> = sluice_proto::digest::parts(t.as_bytes())
+        .filter_map(|p| if let sluice_proto::digest::Part::Word(w) = p { Some(w) } else { None })
+        .collect();
+    words.windows(2).any(|w| w[0].eq_ignore_ascii_case(b"order") && w[1].eq_ignore_ascii_case(b"by"))
+}
+
+/// How a replayed result differs from the captured one (None: the same).
+pub fn difference(captured: &Summary, replayed: &Summary, ordered: bool) -> Option<String> {
+    if captured.error != replayed.error {
+        return Some(format!("error {} captured, {} replayed", captured.error, replayed.error));
+    }
+    if captured.affected != replayed.affected {
+        return Some(format!("{} rows affected captured, {} replayed", captured.affected, replayed.affected));
+    }
+    if captured.rows != replayed.rows {
+        return Some(format!("{} rows captured, {} replayed", captured.rows, replayed.rows));
+    }
+    let (a, b) = if ordered { (captured.ordered, replayed.ordered) } else { (captured.unordered, replayed.unordered) };
+    (a != b).then(|| format!("other row values ({} rows{})", captured.rows, if ordered { ", in order" } else { "" }))
+}
+
+fn percentile(v: &mut [u64], p: f64) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+pub fn build(meta: &Status, args: &Args, outcomes: &[Outcome], took: Duration) -> Report {
+    let mut r = Report {
+        input: args.input.display().to_string(),
+        target: args.target.clone(),
+        speed: args.speed,
+        read_only: args.read_only,
+        captured_at_ms: meta.started_at_ms,
+        replay_seconds: took.as_secs_f64(),
+        sessions: outcomes.iter().map(|o| o.session).collect::<std::collections::BTreeSet<_>>().len(),
+        commands: outcomes.len(),
+        replayed: 0,
+        skipped: BTreeMap::new(),
+        same: 0,
+        differing: 0,
+        replay_errors: 0,
+        differences: Vec::new(),
+        latency: Vec::new(),
+        errors: Vec::new(),
+    };
+    let mut diffs: BTreeMap<String, DiffGroup> = BTreeMap::new();
+    let mut lat: BTreeMap<String, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
+    let mut errors: BTreeMap<(u16, u16, String), usize> = BTreeMap::new();
+    for o in outcomes {
+        let replayed = match &o.replayed {
+            Ok(s) => s,
+            Err(why) => {
+                *r.skipped.entry(why.clone()).or_default() += 1;
+                continue;
+            }
+        };
+        r.replayed += 1;
+        let digest = digest_of(o);
+        let captured = o.captured.unwrap_or_default();
+        if replayed.error != 0 {
+            r.replay_errors += 1;
+            *errors.entry((replayed.error, captured.error, digest.clone())).or_default() += 1;
+        }
+        let l = lat.entry(digest.clone()).or_default();
+        l.0.push(captured.latency_us);
+        l.1.push(replayed.latency_us);
+        match difference(&captured, replayed, has_order_by(o.text.as_deref())) {
+            None => r.same += 1,
+            Some(what) => {
+                r.differing += 1;
+                let g = diffs.entry(digest.clone()).or_insert_with(|| DiffGroup { digest, count: 0, samples: Vec::new() });
+                g.count += 1;
+                if g.samples.len() < SAMPLES {
+                    let text = o.text.clone().unwrap_or_else(|| com::name(o.command).to_string());
+                    g.samples.push(DiffSample { session: o.session, number: o.number, text, what, captured, replayed: *replayed });
+                }
+            }
+        }
+    }
+    r.differences = diffs.into_values().collect();
+    r.differences.sort_by(|a, b| b.count.cmp(&a.count).then(a.digest.cmp(&b.digest)));
+    r.latency = lat
+        .into_iter()
+        .map(|(digest, (mut c, mut p))| {
+            let (c50, c99, p50, p99) =
+                (percentile(&mut c, 0.5), percentile(&mut c, 0.99), percentile(&mut p, 0.5), percentile(&mut p, 0.99));
+            LatencyRow {
+                digest,
+                count: c.len(),
+                captured_p50_us: c50,
+                captured_p99_us: c99,
+                replayed_p50_us: p50,
+                replayed_p99_us: p99,
+                p99_ratio: p99 as f64 / c99.max(1) as f64,
+            }
+        })
+        .collect();
+    r.latency.sort_by(|a, b| b.p99_ratio.total_cmp(&a.p99_ratio));
+    r.errors = errors.into_iter().map(|((code, captured_code, digest), count)| ErrorRow { code, captured_code, digest, count }).collect();
+    r.errors.sort_by_key(|e| std::cmp::Reverse(e.count));
+    r
+}
+
+/// Writes `report.json` and `report.md` into `dir` (made if missing).
+pub fn write(dir: &Path, r: &Report) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let json = serde_json::to_vec_pretty(r).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("report.json"), json).map_err(|e| format!("writing report.json: {e}"))?;
+    std::fs::write(dir.join("report.md"), markdown(r)).map_err(|e| format!("writing report.md: {e}"))
+}
+
+fn cell(s: &str) -> String {
+    let one_line: String = s.chars().map(|c| if c == '\n' || c == '\r' { ' ' } else { c }).collect();
+    one_line.replace('|', "\\|")
+}
+
+fn result(s: &Summary) -> String {
+    if s.error != 0 {
+        return format!("error {}", s.error);
+    }
+    format!("{} rows, {} affected, sum {:016x}/{:016x}", s.rows, s.affected, s.ordered, s.unordered)
+}
+
+pub fn markdown(r: &Report) -> String {
+    let mut m = String::new();
+    let _ = writeln!(m, "# Replay of {} against {}\n", r.input, r.target);
+    let mode = if r.read_only { ", read-only" } else { "" };
+    let _ = writeln!(m, "Speed {}x{mode}; replayed in {:.1} s.\n", r.speed, r.replay_seconds);
+    let _ = writeln!(m, "| | commands |\n|---|---|");
+    let _ = writeln!(m, "| captured | {} (in {} sessions) |", r.commands, r.sessions);
+    let _ = writeln!(m, "| replayed | {} |", r.replayed);
+    let _ = writeln!(m, "| same result | {} |", r.same);
+    let _ = writeln!(m, "| **different result** | **{}** |", r.differing);
+    let _ = writeln!(m, "| errors in the replay | {} |", r.replay_errors);
+    for (why, n) in &r.skipped {
+        let _ = writeln!(m, "| not replayed: {} | {n} |", cell(why));
+    }
+    let _ = writeln!(m, "\n## Statements whose results differ\n");
+    if r.differences.is_empty() {
+        let _ = writeln!(m, "None.");
+    }
+    for g in r.differences.iter().take(SHOWN) {
+        let _ = writeln!(m, "### `{}` ({} commands)\n", cell(&g.digest), g.count);
+        let _ = writeln!(m, "| session #command | statement | difference | captured | replayed |\n|---|---|---|---|---|");
+        for s in &g.samples {
+            let _ = writeln!(
+                m,
+                "| {} #{} | `{}` | {} | {} | {} |",
+                s.session,
+                s.number,
+                cell(&s.text),
+                cell(&s.what),
+                result(&s.captured),
+                result(&s.replayed)
+            );
+        }
+        m.push('\n');
+    }
+    let _ = writeln!(m, "## Latency by digest (regressions first)\n");
+    let _ = writeln!(
+        m,
+        "| digest | commands | captured p50 / p99 (us) | replayed p50 / p99 (us) | p99 replayed / captured |\n|---|---|---|---|---|"
+    );
+    for l in r.latency.iter().take(SHOWN) {
+        let _ = writeln!(
+            m,
+            "| `{}` | {} | {} / {} | {} / {} | {:.2} |",
+            cell(&l.digest),
+            l.count,
+            l.captured_p50_us,
+            l.captured_p99_us,
+            l.replayed_p50_us,
+            l.replayed_p99_us,
+            l.p99_ratio
+        );
+    }
+    let _ = writeln!(m, "\n## Errors in the replay\n");
+    if r.errors.is_empty() {
+        let _ = writeln!(m, "None.");
+    } else {
+        let _ = writeln!(m, "| error | captured | digest | commands |\n|---|---|---|---|");
+        for e in r.errors.iter().take(SHOWN) {
+            let _ = writeln!(m, "| {} | {} | `{}` | {} |", e.code, e.captured_code, cell(&e.digest), e.count);
+        }
+    }
+    m
+}

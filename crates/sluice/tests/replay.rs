@@ -1,0 +1,103 @@
+//! Capture through sluice in front of one real server, replay against others made as the first
+//! was when the capture started: the report finds no difference against a faithful copy, and
+//! against a copy with one change it names exactly the statements that change affects.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::*;
+use mysql_async::prelude::*;
+
+const SETUP: &str = "CREATE DATABASE rp; CREATE TABLE rp.t (id INT PRIMARY KEY, v VARCHAR(20), k INT, KEY k (k)); \
+    INSERT INTO rp.t SELECT seq, CONCAT('v', seq), seq % 5 FROM rp.seq_1_to_50";
+
+/// A server with the data as it was when the capture started, then `change`.
+fn target(change: &str) -> MariaDb {
+    let db = MariaDb::start();
+    db.sql(SETUP);
+    if !change.is_empty() {
+        db.sql(change);
+    }
+    db
+}
+
+/// Replays `dir` against `db`; the report's JSON.
+fn replay(dir: &std::path::Path, db: &MariaDb, name: &str) -> serde_json::Value {
+    let report = dir.with_extension(format!("report-{name}"));
+    let out = std::process::Command::new(bin())
+        .args(["replay", "--input"])
+        .arg(dir)
+        .args(["--target", &db.addr(), "--user", "app", "--password", "apppw", "--speed", "1", "--report"])
+        .arg(&report)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert!(std::fs::read_to_string(report.join("report.md")).unwrap().contains("## Statements whose results differ"));
+    json(&std::fs::read_to_string(report.join("report.json")).unwrap())
+}
+
+fn digest(sql: &str) -> String {
+    let mut out = Vec::new();
+    sluice_proto::digest::normalize(sql.as_bytes(), &mut out, 300);
+    String::from_utf8(out).unwrap()
+}
+
+fn differing(r: &serde_json::Value) -> BTreeSet<String> {
+    r["differences"].as_array().unwrap().iter().map(|g| g["digest"].as_str().unwrap().to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_finds_no_difference_on_a_faithful_copy_and_names_what_each_change_affects() {
+    let source = MariaDb::start();
+    source.sql(SETUP);
+    let s = start_sluice(&[&source], &[]);
+
+    // A session opened before the capture, with a schema and a statement prepared already.
+    let mut before = connect(&s.listen, "app", "apppw").await;
+    before.query_drop("USE rp").await.unwrap();
+    let by_id = before.prep("SELECT v FROM t WHERE id = ?").await.unwrap();
+    let _: Option<String> = before.exec_first(&by_id, (1,)).await.unwrap();
+
+    let dir = sluice_testkit::mariadb::work_root().join(format!("replay-{}-{}", std::process::id(), sluice_testkit::unique_id()));
+    let (code, text) = admin_post_json(&s, "/capture/start", &serde_json::json!({ "dir": dir }));
+    assert_eq!(code, 201, "{text}");
+
+    let _: Option<String> = before.exec_first(&by_id, (5,)).await.unwrap();
+    before.query_drop("SELECT id, v FROM t ORDER BY id").await.unwrap();
+    before.query_drop("SELECT id, v FROM t WHERE id > 40").await.unwrap();
+    before.query_drop("UPDATE t SET v = 'seven' WHERE id = 7").await.unwrap();
+    before.query_drop("SELECT v FROM t FORCE INDEX (k) WHERE k = 3").await.unwrap();
+    before.query_drop("SELECT k, COUNT(*) FROM t GROUP BY k ORDER BY k").await.unwrap();
+    before.query_drop("SELECT k, v FROM t WHERE id < 3 GROUP BY k ORDER BY k").await.unwrap();
+    // (Replay keeps the captured times: sessions apart by this much keep their order.)
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let mut during = connect(&s.listen, "app", "apppw").await;
+    during.query_drop("INSERT INTO rp.t VALUES (1000, 'new', 1)").await.unwrap();
+    during.query_drop("SELECT COUNT(*) FROM rp.t").await.unwrap();
+    during.query_drop("SELECT * FROM rp.nope").await.expect_err("no such table");
+    during.disconnect().await.unwrap();
+    before.disconnect().await.unwrap();
+    wait_for("the sessions ended", || json(&admin_get(&s, "/sessions", None).1).as_array().unwrap().is_empty());
+    let (code, text) = admin_post(&s, "/capture/stop");
+    assert_eq!(code, 200, "{text}");
+
+    // A faithful copy: every command replayed gives what it gave.
+    let r = replay(&dir, &target(""), "same");
+    assert_eq!(r["differing"], 0, "{r:#}");
+    assert!(r["replayed"].as_u64().unwrap() >= 10, "{r:#}");
+    assert_eq!(r["replay_errors"], 1, "the missing table, as captured: {r:#}");
+    assert!(r["skipped"].as_object().unwrap().is_empty(), "{r:#}");
+
+    // One change each: the report names exactly the statements it affects.
+    for (change, affected) in [
+        ("UPDATE rp.t SET v = 'changed' WHERE id = 5", &["SELECT v FROM t WHERE id = ?", "SELECT id, v FROM t ORDER BY id"][..]),
+        ("ALTER TABLE rp.t DROP INDEX k", &["SELECT v FROM t FORCE INDEX (k) WHERE k = 3"][..]),
+        ("SET GLOBAL sql_mode = 'ONLY_FULL_GROUP_BY'", &["SELECT k, v FROM t WHERE id < 3 GROUP BY k ORDER BY k"][..]),
+    ] {
+        let r = replay(&dir, &target(change), "changed");
+        let want: BTreeSet<String> = affected.iter().map(|s| digest(s)).collect();
+        assert_eq!(differing(&r), want, "after {change}: {r:#}");
+    }
+}
