@@ -31,6 +31,7 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/capture", get(capture_status))
         .route("/capture/start", post(capture_start))
         .route("/capture/stop", post(capture_stop))
+        .route("/capture/open", post(capture_open))
         .route("/sessions/{id}/move", post(move_session))
         .route("/backends/{name}/drain", post(drain))
         .route("/backends/{name}/undrain", post(undrain))
@@ -396,8 +397,12 @@ async fn capture_start(State(ctx): State<Arc<Ctx>>, Json(opts): Json<crate::capt
         })
         .collect();
     let c = ctx.clone();
+    let gate = opts.consistent.then(|| opts.gate_timeout.unwrap_or(crate::capture::GATE_TIMEOUT));
     match tokio::task::spawn_blocking(move || c.capture.start(opts, backends)).await {
-        Ok(Ok(status)) => (StatusCode::CREATED, Json(status)).into_response(),
+        Ok(Ok(status)) => match gate {
+            Some(limit) => gate_closed(&ctx, status, limit).await,
+            None => (StatusCode::CREATED, Json(status)).into_response(),
+        },
         Ok(Err(e)) => (StatusCode::CONFLICT, Json(serde_json::json!({ "error": e }))).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "error": e.to_string() }))).into_response(),
     }
@@ -415,4 +420,40 @@ async fn capture_stop(State(ctx): State<Arc<Ctx>>) -> Response {
 
 async fn capture_status(State(ctx): State<Arc<Ctx>>) -> Json<crate::capture::Status> {
     Json(ctx.capture.status())
+}
+
+/// A consistent start: waits until no session runs anything (each is held at the gate, or idle
+/// outside a transaction), then answers with state "gated"; a copy of the data taken now is
+/// what the capture starts from. Sessions still busy after `limit` fail the start.
+async fn gate_closed(ctx: &Arc<Ctx>, mut status: crate::capture::Status, limit: std::time::Duration) -> Response {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let mut busy = Vec::new();
+        ctx.sessions.for_each(|h| {
+            let in_trans = h.status.load(Ordering::Relaxed) & sluice_proto::consts::status::IN_TRANS != 0;
+            if !h.gated.load(Ordering::Relaxed) && (h.busy.load(Ordering::Relaxed) || in_trans) {
+                busy.push(h.id);
+            }
+        });
+        if busy.is_empty() {
+            status.state = "gated".into();
+            return (StatusCode::CREATED, Json(status)).into_response();
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let c = ctx.clone();
+            let _ = tokio::task::spawn_blocking(move || c.capture.stop()).await;
+            let msg =
+                format!("sessions {busy:?} were still running a statement or a transaction after {limit:?}: the capture did not start");
+            return (StatusCode::CONFLICT, Json(serde_json::json!({ "error": msg }))).into_response();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Opens the gate of a consistent start: recording begins.
+async fn capture_open(State(ctx): State<Arc<Ctx>>) -> Response {
+    match ctx.capture.open() {
+        Ok(()) => Json(ctx.capture.status()).into_response(),
+        Err(e) => (StatusCode::CONFLICT, Json(serde_json::json!({ "error": e }))).into_response(),
+    }
 }

@@ -72,6 +72,11 @@ pub struct ReplayArgs {
     /// The key file of an encrypted capture.
     #[arg(long)]
     pub key_file: Option<PathBuf>,
+    /// Keep the captured times only: commands of different sessions may then run in another
+    /// order than they did (by default a command waits for every command that had ended when
+    /// it began).
+    #[arg(long)]
+    pub unordered: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -66,6 +66,7 @@ fn replay(r: &sluice::cli::ReplayArgs) -> i32 {
         read_only: r.read_only,
         report: r.report.clone(),
         key_file: r.key_file.clone(),
+        unordered: r.unordered,
     };
     match sluice::replay::run(&args) {
         Ok(rep) => {

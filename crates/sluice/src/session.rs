@@ -519,6 +519,8 @@ pub struct SessionHandle {
     /// Sluice could move the session at its next safe point: it holds the credentials (users
     /// mode) and nothing it cannot recreate is open (as last published).
     pub can_move: AtomicBool,
+    /// It waits at the gate of a consistent capture start.
+    pub gated: AtomicBool,
     /// Its statements are routed one by one (read/write split): the backend it is bound to
     /// changes with them, and the rebalancer leaves it alone.
     pub split: AtomicBool,
@@ -550,6 +552,7 @@ impl SessionHandle {
             move_to: AtomicU32::new(NO_MOVE),
             move_why: AtomicU8::new(0),
             can_move: AtomicBool::new(false),
+            gated: AtomicBool::new(false),
             split: AtomicBool::new(false),
             moved_at_ms: AtomicU64::new(0),
             parking: Default::default(),

@@ -242,4 +242,20 @@ async fn an_encrypted_capture_is_unreadable_without_its_key_and_whole_with_it() 
     let out = inspect(&["--key-file".as_ref(), key.as_os_str(), "--dump".as_ref(), "50".as_ref()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("encrypted") && text.contains("plain-marker-in-the-clear"), "{text}");
+
+    // Replayed with its key: the same results.
+    let report = dir.with_extension("report");
+    let out = std::process::Command::new(bin())
+        .args(["replay", "--input"])
+        .arg(&dir)
+        .args(["--target", &db.addr(), "--user", "app", "--password", "apppw", "--key-file"])
+        .arg(&key)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    let r = json(&std::fs::read_to_string(report.join("report.json")).unwrap());
+    assert_eq!((r["differing"].as_u64(), r["same"].as_u64().is_some_and(|n| n >= 1)), (Some(0), true), "{r:#}");
 }

@@ -24,6 +24,12 @@ use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use serde::{Deserialize, Serialize};
 
+/// Set in [`Capture::generation`] while a consistent start holds sessions at the gate.
+pub const GATE: u64 = 1 << 63;
+
+/// How long a consistent start waits for sessions to be quiet, unless told otherwise.
+pub const GATE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A buffer this large goes to the writer.
 const CHUNK: usize = 256 << 10;
 /// Full buffers waiting for the writer, per capture; past it records are dropped.
@@ -54,6 +60,16 @@ pub struct Options {
     /// digits); reading them then needs it.
     #[serde(default)]
     pub key_file: Option<PathBuf>,
+    /// Start at a consistent point: sessions wait before their next command (those in a
+    /// transaction once it ends) until none runs anything; the start answers then, with
+    /// state "gated", so that a copy of the data can be taken that the capture starts from;
+    /// `POST /capture/open` (or `gate_timeout`) lets them go and starts recording.
+    #[serde(default)]
+    pub consistent: bool,
+    /// How long sessions may be held at the gate, at most (the start fails when they are not
+    /// all quiet by then; the gate opens by itself once this long passed after that).
+    #[serde(default, deserialize_with = "crate::config::optional_duration", serialize_with = "crate::config::show_optional_duration")]
+    pub gate_timeout: Option<Duration>,
     /// Testing: the writer pauses this long before each chunk (to see drops).
     #[serde(default, deserialize_with = "crate::config::optional_duration", serialize_with = "crate::config::show_optional_duration")]
     pub writer_delay: Option<Duration>,
@@ -135,8 +151,10 @@ struct Counts {
 
 struct Inner {
     generation: AtomicU64,
-    /// `metrics::mono_ns` when the running capture started.
+    /// `metrics::mono_ns` when the running capture started (its gate opened).
     t0_ns: AtomicU64,
+    /// Sessions held at the gate wait on this.
+    gate: tokio::sync::Notify,
     shards: Box<[Mutex<Shard>]>,
     counts: Counts,
     filters: Mutex<Arc<Options>>,
@@ -166,6 +184,7 @@ impl Capture {
         let inner = Inner {
             generation: AtomicU64::new(0),
             t0_ns: AtomicU64::new(0),
+            gate: tokio::sync::Notify::new(),
             shards: (0..shards.max(1)).map(|_| Mutex::new(Shard::default())).collect(),
             counts: Counts::default(),
             filters: Mutex::new(Arc::new(Options {
@@ -176,6 +195,8 @@ impl Capture {
                 sample: 1.0,
                 rotate_mib: rotate_mib(),
                 key_file: None,
+                consistent: false,
+                gate_timeout: None,
                 writer_delay: None,
             })),
             status: Mutex::new(Status::default()),
@@ -186,10 +207,28 @@ impl Capture {
         Capture { inner: Arc::new(inner), running: Mutex::new(None), last: Mutex::new(None), next_generation: AtomicU64::new(1) }
     }
 
-    /// The capture running (0: none). A session compares it with the one it last decided on.
+    /// The capture running (0: none; with [`GATE`]: held at its gate). A session compares it
+    /// with the one it last decided on.
     #[inline]
     pub fn generation(&self) -> u64 {
         self.inner.generation.load(Ordering::Relaxed)
+    }
+
+    /// Waits while the gate of a consistent start is closed.
+    pub async fn wait_gate(&self) {
+        loop {
+            let opened = self.inner.gate.notified();
+            if self.generation() & GATE == 0 {
+                return;
+            }
+            // (Bounded, in case the wake-up came between the check and the wait.)
+            let _ = tokio::time::timeout(Duration::from_millis(100), opened).await;
+        }
+    }
+
+    /// Opens the gate of a consistent start: recording begins now. Err: no capture is gated.
+    pub fn open(&self) -> Result<(), String> {
+        self.inner.open()
     }
 
     /// Microseconds since the capture started.
@@ -220,7 +259,7 @@ impl Capture {
         let inner = &self.inner;
         let w = worker % inner.shards.len();
         let mut shard = inner.shards[w].lock();
-        if shard.generation != generation {
+        if shard.generation != generation || generation & GATE != 0 {
             return false;
         }
         let before = shard.buf.len();
@@ -295,7 +334,9 @@ impl Capture {
             s.tx = Some(tx.clone());
         }
         drop(tx);
-        inner.generation.store(generation, Ordering::Relaxed);
+        inner
+            .generation
+            .store(if status.options.as_ref().is_some_and(|o| o.consistent) { generation | GATE } else { generation }, Ordering::Relaxed);
         let thread = std::thread::Builder::new()
             .name("sluice-capture".into())
             .spawn(move || writer.run(rx))
@@ -341,6 +382,22 @@ impl Capture {
             return self.stop().unwrap_or_default();
         }
         self.last.lock().clone().unwrap_or_else(|| Status { state: "idle".into(), ..Status::default() })
+    }
+}
+
+impl Inner {
+    fn open(&self) -> Result<(), String> {
+        let now = self.generation.load(Ordering::Relaxed);
+        if now & GATE == 0 {
+            return Err("no capture waits at its gate".into());
+        }
+        self.t0_ns.store(crate::metrics::mono_ns(), Ordering::Relaxed);
+        if self.generation.compare_exchange(now, now & !GATE, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+            return Err("the capture ended".into());
+        }
+        self.gate.notify_waiters();
+        tracing::info!("capture gate opened: recording");
+        Ok(())
     }
 }
 

@@ -35,9 +35,19 @@ impl Writer {
     }
 
     pub(super) fn run(mut self, rx: Receiver<Chunk>) -> Status {
-        let deadline = self.opts.duration.map(|d| Instant::now() + d);
+        let started = Instant::now();
+        // The duration counts from the gate's opening (a consistent start's), else from now.
+        let mut deadline = None;
         let mut flushed = Instant::now();
         while self.status.error.is_none() && !self.inner.stop.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
+            if self.inner.generation.load(Ordering::Relaxed) & super::GATE != 0 {
+                if started.elapsed() >= 2 * self.opts.gate_timeout.unwrap_or(super::GATE_TIMEOUT) {
+                    tracing::warn!("capture gate held too long: opening it");
+                    let _ = self.inner.open();
+                }
+            } else if deadline.is_none() {
+                deadline = self.opts.duration.map(|d| Instant::now() + d).or(Some(Instant::now() + Duration::from_secs(u32::MAX.into())));
+            }
             match rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(c) => self.write(c.worker, &c.bytes),
                 Err(RecvTimeoutError::Timeout) => {}
@@ -125,7 +135,11 @@ impl Writer {
     /// Ends the capture: no session writes any more, every buffer and queued chunk reaches
     /// its file (queued ones first: they are older), files are synced, `meta.json` is final.
     fn finish(mut self, rx: Receiver<Chunk>) -> Status {
-        let _ = self.inner.generation.compare_exchange(self.generation, 0, Ordering::Relaxed, Ordering::Relaxed);
+        for word in [self.generation, self.generation | super::GATE] {
+            let _ = self.inner.generation.compare_exchange(word, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        // Sessions held at a gate that never opened go on, unrecorded.
+        self.inner.gate.notify_waiters();
         let mut last = Vec::new();
         for (w, s) in self.inner.shards.iter().enumerate() {
             let mut s = s.lock();

@@ -41,11 +41,24 @@ pub(super) struct Response {
 }
 
 impl Session {
+    /// Waits at the gate of a consistent capture start (the command waits with it); the
+    /// capture's generation once it opens.
+    pub(super) async fn wait_gate(&mut self) -> u64 {
+        self.handle.gated.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.ctx.capture.wait_gate().await;
+        self.handle.gated.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.ctx.capture.generation()
+    }
+
     /// Records the command whose first header is `h` (its bytes are in the client buffer), if
     /// the capture `generation` takes this session; whether it did (its response is then
     /// summed up).
     #[inline(never)]
     pub(super) fn capture_command(&mut self, generation: u64, cmd: u8, h: Header) -> bool {
+        if generation & crate::capture::GATE != 0 {
+            // (A session in a transaction runs on while the gate is closed, unrecorded.)
+            return false;
+        }
         let mark = self.capture.get_or_insert_with(Default::default);
         if mark.generation != generation {
             let on = self.ctx.capture.admits(u64::from(self.handle.id), &self.state.user, self.state.schema.as_deref());

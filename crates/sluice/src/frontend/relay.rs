@@ -226,7 +226,10 @@ impl Session {
         };
         self.ctx.metrics.command(cmd);
         self.handle.queries.fetch_add(1, Ordering::Relaxed);
-        let capture = self.ctx.capture.generation();
+        let mut capture = self.ctx.capture.generation();
+        if capture & crate::capture::GATE != 0 && !self.state.in_transaction() {
+            capture = Box::pin(self.wait_gate()).await;
+        }
         let recording = capture != 0 && self.capture_command(capture, cmd, h);
         // COM_PING changes nothing on the server.
         self.touched |= cmd != com::PING && cmd != com::QUIT;
@@ -269,7 +272,9 @@ impl Session {
             Route::ChangeUser => return Box::pin(self.change_user(h)).await,
         };
         let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        if (self.state.stmt_ids_mapped || (cmd == com::STMT_EXECUTE && self.credential.is_some()))
+        // (Every session remembers the parameter types it sent: a move, multiplexing and a
+        // capture's replay need them when a later execute does not send them again.)
+        if (self.state.stmt_ids_mapped || cmd == com::STMT_EXECUTE)
             && let Some(flow) = self.statement_ids(cmd, h, stmt_id).await?
         {
             return Ok(flow);
@@ -430,11 +435,7 @@ impl Session {
             }
         }
         // (With MySQL's query attributes the execute layout differs; those sessions are not helped.)
-        if cmd == com::STMT_EXECUTE
-            && self.credential.is_some()
-            && h.len < INSPECT_LIMIT
-            && self.backend_caps & sluice_proto::consts::cap::QUERY_ATTRIBUTES == 0
-        {
+        if cmd == com::STMT_EXECUTE && h.len < INSPECT_LIMIT && self.backend_caps & sluice_proto::consts::cap::QUERY_ATTRIBUTES == 0 {
             self.execute_types(h)?;
         }
         if let (true, Some(id)) = (mapped, stmt_id) {

@@ -3,7 +3,10 @@
 //!
 //! Each captured session runs on a connection of its own, as the replay user, started at its
 //! captured time (scaled by `--speed`) and brought to its captured state; its commands follow in
-//! order, each at its captured time unless the one before ran late. Commands that cannot be
+//! order, each at its captured time unless the one before ran late, and never before every
+//! command that had ended when it began in the capture has ended in the replay ([`Order`]: what
+//! one session saw another do, it sees again; only commands that overlapped may run in
+//! another order than they did). Commands that cannot be
 //! replayed faithfully are skipped and counted by reason: redacted (may carry a password),
 //! truncated (over 1 MiB), COM_CHANGE_USER, and with `--read-only` anything that may write.
 //! The comparison and the report are in `report.rs`.
@@ -34,6 +37,8 @@ pub struct Args {
     pub read_only: bool,
     pub report: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
+    /// Keep only the captured times, not the order of commands across sessions.
+    pub unordered: bool,
 }
 
 /// A captured command.
@@ -44,6 +49,13 @@ pub struct Command {
     pub flags: u8,
     pub payload: Vec<u8>,
     pub captured: Option<Summary>,
+}
+
+impl Command {
+    /// When it ended in the capture (its start when its result was not captured).
+    fn end_us(&self) -> u64 {
+        self.at_us + self.captured.map_or(0, |s| s.latency_us)
+    }
 }
 
 /// A captured session: its state when first seen, and its commands.
@@ -107,24 +119,96 @@ pub fn run(args: &Args) -> Result<report::Report, String> {
     let b = Backend::from_config(0, &config.backends[0], metrics.backends[0].clone(), &config.proxy, 1)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("starting the replay runtime: {e}"))?;
     let started = Instant::now();
-    let outcomes = rt.block_on(replay_all(Arc::new(b), sessions, args));
-    let report = report::build(&meta, args, &outcomes, started.elapsed());
+    let (outcomes, cut) = rt.block_on(replay_all(Arc::new(b), sessions, args));
+    let mut report = report::build(&meta, args, &outcomes, started.elapsed());
+    report.order_waits_cut = cut;
     if let Some(dir) = &args.report {
         report::write(dir, &report)?;
     }
     Ok(report)
 }
 
+/// The order of commands across sessions: a command waits until every command that had ended
+/// when it began (in the capture) has ended in the replay. Commands are ranked by their
+/// captured end; `prefix` counts the ranks done from the first on.
+pub struct Order {
+    /// Captured ends, ascending.
+    ends: Vec<u64>,
+    done: parking_lot::Mutex<(Vec<bool>, usize)>,
+    prefix: tokio::sync::watch::Sender<usize>,
+    /// Waits cut short by [`ORDER_WAIT`].
+    pub cut: std::sync::atomic::AtomicU64,
+}
+
+impl Order {
+    fn new(sessions: &BTreeMap<u64, Captured>) -> Order {
+        let mut ends: Vec<u64> = sessions.values().flat_map(|s| s.commands.iter().map(Command::end_us)).collect();
+        ends.sort_unstable();
+        let n = ends.len();
+        Order {
+            ends,
+            done: parking_lot::Mutex::new((vec![false; n], 0)),
+            prefix: tokio::sync::watch::Sender::new(0),
+            cut: Default::default(),
+        }
+    }
+
+    /// Waits until every command that ended before `start_us` is done, or [`ORDER_WAIT`]
+    /// passed; false when it gave up. (Commands that overlapped in the capture may take locks in
+    /// another order in the replay: a command may wait for a lock held by a transaction whose
+    /// next command waits here for it. The bound breaks such a cycle.)
+    async fn before(&self, start_us: u64) -> bool {
+        let need = self.ends.partition_point(|&e| e < start_us);
+        let mut rx = self.prefix.subscribe();
+        tokio::time::timeout(ORDER_WAIT, rx.wait_for(|&p| p >= need)).await.is_ok()
+    }
+
+    /// A command that ended at `end_us` (captured) is done (replayed, skipped or failed).
+    fn done(&self, end_us: u64) {
+        let mut g = self.done.lock();
+        let (done, prefix) = &mut *g;
+        // The first rank of this end not taken yet (equal ends are interchangeable).
+        let mut at = self.ends.partition_point(|&e| e < end_us);
+        while at < done.len() && done[at] {
+            at += 1;
+        }
+        if at < done.len() {
+            done[at] = true;
+        }
+        let before = *prefix;
+        while *prefix < done.len() && done[*prefix] {
+            *prefix += 1;
+        }
+        if *prefix != before {
+            self.prefix.send_replace(*prefix);
+        }
+    }
+}
+
+/// The longest a command waits for the commands that ended before it began (see
+/// [`Order::before`]).
+const ORDER_WAIT: Duration = Duration::from_millis(100);
+
 /// Sessions log in this long (of replay time) before their first command is due.
 const LEAD: Duration = Duration::from_secs(1);
 
-async fn replay_all(b: Arc<Backend>, sessions: BTreeMap<u64, Captured>, args: &Args) -> Vec<Outcome> {
+/// The outcomes, and how many order waits were cut short.
+async fn replay_all(b: Arc<Backend>, sessions: BTreeMap<u64, Captured>, args: &Args) -> (Vec<Outcome>, u64) {
     let t0 = tokio::time::Instant::now() + LEAD;
+    let order = Arc::new(Order::new(&sessions));
     let tasks: Vec<_> = sessions
         .into_values()
         .map(|s| {
-            let (b, args) = (b.clone(), args.clone());
-            tokio::spawn(async move { replay_session(b, s, t0, &args).await })
+            let (b, args, order) = (b.clone(), args.clone(), order.clone());
+            tokio::spawn(async move {
+                let ends: Vec<u64> = s.commands.iter().map(Command::end_us).collect();
+                let (out, marked) = replay_session(b, s, t0, &args, &order).await;
+                // Every command of the session is done, whatever became of it.
+                for e in &ends[marked..] {
+                    order.done(*e);
+                }
+                out
+            })
         })
         .collect();
     let mut out = Vec::new();
@@ -133,7 +217,7 @@ async fn replay_all(b: Arc<Backend>, sessions: BTreeMap<u64, Captured>, args: &A
             out.extend(v);
         }
     }
-    out
+    (out, order.cut.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 /// Why a command is not replayed, if it is not.
@@ -164,7 +248,9 @@ fn reads_only(cmd: u8, body: &[u8]) -> bool {
     }
 }
 
-async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, args: &Args) -> Vec<Outcome> {
+/// The outcomes of a session's commands, and how many of them (from the first) it marked done
+/// in `order`.
+async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, args: &Args, order: &Order) -> (Vec<Outcome>, usize) {
     let at = |us: u64| t0 + Duration::from_secs_f64(us as f64 / 1e6 / args.speed);
     let mut texts: BTreeMap<u32, String> = BTreeMap::new();
     let mut out = Vec::new();
@@ -176,9 +262,10 @@ async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, 
         captured: c.captured,
         replayed,
     };
+    // (Commands not replayed are done at once: the others do not wait for them.)
     let Some((begin_at, begin)) = &s.begin else {
         out.extend(s.commands.iter().map(|c| outcome(c, &texts, Err("the session's state was not captured".into()))));
-        return out;
+        return (out, 0);
     };
     for (id, sql, _) in &begin.prepared {
         texts.insert(*id, String::from_utf8_lossy(sql).into_owned());
@@ -190,7 +277,7 @@ async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, 
         Err(e) => {
             let why = format!("connecting: {e}");
             out.extend(s.commands.iter().map(|c| outcome(c, &texts, Err(why.clone()))));
-            return out;
+            return (out, 0);
         }
     };
     for c in &s.commands {
@@ -202,15 +289,21 @@ async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, 
         }
         if let Some(why) = skip_reason(c, args.read_only) {
             out.push(outcome(c, &texts, Err(why.into())));
+            order.done(c.end_us());
             continue;
         }
         let Some(open) = conn.as_mut() else {
             out.push(outcome(c, &texts, Err("the connection was lost".into())));
+            order.done(c.end_us());
             continue;
         };
         tokio::time::sleep_until(at(c.at_us)).await;
+        if !args.unordered && !order.before(c.at_us).await {
+            order.cut.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let captured_stmt = c.captured.map_or(0, |s| s.stmt_id);
         let r = open.run(&c.payload, captured_stmt).await;
+        order.done(c.end_us());
         if r.as_ref().is_err_and(|e| !e.starts_with("statement ")) {
             conn = None;
         }
@@ -219,7 +312,8 @@ async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, 
     if let Some(c) = conn {
         c.quit().await;
     }
-    out
+    let marked = out.len();
+    (out, marked)
 }
 
 /// The statement a command runs, as text.

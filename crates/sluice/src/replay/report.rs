@@ -39,6 +39,11 @@ pub struct Report {
     pub skipped: BTreeMap<String, usize>,
     pub same: usize,
     pub differing: usize,
+    /// Replayed, but with no captured result to compare with (in flight when the capture ended).
+    pub not_compared: usize,
+    /// Commands that stopped waiting for the commands that had ended before they began (a
+    /// cycle with a lock wait; see `Order`): where results may differ by the replay's order.
+    pub order_waits_cut: u64,
     /// Replayed commands answered with an error (whether the capture had it too or not).
     pub replay_errors: usize,
     pub differences: Vec<DiffGroup>,
@@ -140,6 +145,8 @@ pub fn build(meta: &Status, args: &Args, outcomes: &[Outcome], took: Duration) -
         skipped: BTreeMap::new(),
         same: 0,
         differing: 0,
+        not_compared: 0,
+        order_waits_cut: 0,
         replay_errors: 0,
         differences: Vec::new(),
         latency: Vec::new(),
@@ -157,8 +164,11 @@ pub fn build(meta: &Status, args: &Args, outcomes: &[Outcome], took: Duration) -
             }
         };
         r.replayed += 1;
+        let Some(captured) = o.captured else {
+            r.not_compared += 1;
+            continue;
+        };
         let digest = digest_of(o);
-        let captured = o.captured.unwrap_or_default();
         if replayed.error != 0 {
             r.replay_errors += 1;
             *errors.entry((replayed.error, captured.error, digest.clone())).or_default() += 1;
@@ -233,6 +243,12 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(m, "| replayed | {} |", r.replayed);
     let _ = writeln!(m, "| same result | {} |", r.same);
     let _ = writeln!(m, "| **different result** | **{}** |", r.differing);
+    if r.order_waits_cut > 0 {
+        let _ = writeln!(m, "| run without waiting for all that ended before them (a lock wait) | {} |", r.order_waits_cut);
+    }
+    if r.not_compared > 0 {
+        let _ = writeln!(m, "| no captured result to compare (in flight at the end) | {} |", r.not_compared);
+    }
     let _ = writeln!(m, "| errors in the replay | {} |", r.replay_errors);
     for (why, n) in &r.skipped {
         let _ = writeln!(m, "| not replayed: {} | {n} |", cell(why));
