@@ -35,7 +35,8 @@ import suites  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling", "floor", "multiplex", "idle", "drain", "split", "features"]
+ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling", "floor", "multiplex", "idle", "drain", "split", "features",
+              "capture"]
 # Not part of the default run: the comparison of sluice's two runtime flavours.
 EXTRA_SUITES = ["runtime"]
 
@@ -128,6 +129,7 @@ class Env:
         self.extra_basic = []
         self.procs = []
         self.conns_bin = ROOT / "target/release/sluice-conns"
+        self.root, self.work = ROOT, WORK
 
     def spawn(self, argv, log_name, stdout=subprocess.DEVNULL):
         p = subprocess.Popen(argv, stdout=stdout, stderr=open(WORK / log_name, "w"), text=True,
@@ -305,12 +307,15 @@ password = "sbtest"
         if out.returncode != 0 or not m:
             raise RuntimeError(f"sysbench {workload} failed on {t.name}: {out.stderr or text}")
         queries = int(m.group(1))
+        # One-second samples, when asked for (--report-interval=1): the lowest.
+        samples = [float(q) for q in re.findall(r"^\[ *\d+s \] thds: \d+ tps: [\d.]+ qps: ([\d.]+)", text, re.M)]
         cell = {
             "qps": float(m.group(2)),
             "avg_ms": float(re.search(r"avg:\s+([\d.]+)", text).group(1)),
             "p95_ms": float(re.search(r"95th percentile:\s+([\d.]+)", text).group(1)),
             "queries": queries,
             "errors": int(re.search(r"ignored errors:\s+(\d+)", text).group(1)),
+            **({"min_qps": min(samples), "samples": len(samples)} if samples else {}),
             # The whole machine, in % of one core (all cores busy: 100 x cores), and sysbench.
             "machine_busy_pct": 100.0 * os.cpu_count() * (m1[0] - m0[0]) / max(m1[2] - m0[2], 1),
             "machine_steal_pct": 100.0 * os.cpu_count() * (m1[1] - m0[1]) / max(m1[2] - m0[2], 1),
@@ -400,6 +405,7 @@ def parse_args():
     p.add_argument("--mux-cap", type=int, default=32, help="max_backend_connections of the multiplexing sluice")
     p.add_argument("--idle-clients", type=int, default=3000, help="idle driver connections of the idle suite")
     p.add_argument("--split-threads", default="8,64,256", help="client threads of the split suite")
+    p.add_argument("--capture-threads", default="20,50,100", help="client threads of the capture suite")
     p.add_argument("--drain-sessions", default="16,1000", help="idle sessions moved by a drain in the drain suite")
     p.add_argument("--steal-limit", type=float, default=5.0,
                    help="a measurement during which the host stole more than this %% of the CPU is taken again")
@@ -413,7 +419,7 @@ def parse_args():
         a.duration, a.rounds, a.threads, a.table_size, a.tables = 2, 1, "4", 1000, 1
         a.range_sizes, a.idle_conns, a.churn_rate = "10,100", 50, 50
         a.mux_clients, a.mux_cap, a.idle_clients, a.drain_sessions = "40", 4, 50, "16"
-        a.split_threads = "4"
+        a.split_threads, a.capture_threads = "4", "4"
         a.workloads = "oltp_point_select,oltp_read_only"
         a.steal_retries = 0
         a.name = a.name or "smoke"
@@ -425,6 +431,7 @@ def parse_args():
     a.mux_clients = [int(x) for x in a.mux_clients.split(",")]
     a.drain_sessions = [int(x) for x in a.drain_sessions.split(",")]
     a.split_threads = [int(x) for x in a.split_threads.split(",")]
+    a.capture_threads = [int(x) for x in a.capture_threads.split(",")]
     if a.idle_conns == 0:
         # Each idle client costs the proxy two descriptors, and the backend one connection.
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -508,6 +515,10 @@ def main():
             env.start_sluice_split("sluice-split", args.workers)
         if "features" in args.suites:
             env.start_features(args.workers)
+        if "capture" in args.suites:
+            backend = f'[[backends]]\naddress = "127.0.0.1:{env.backend_port}"\n'
+            env.start_sluice_users("capture-off", args.workers, 'tls = "off"\n', "", backend)
+            env.start_sluice_users("capture-on", args.workers, 'tls = "off"\n', "", backend)
         if "floor" in args.suites:
             env.start_forward("forward-epoll", "epoll", env.backend_port)
             env.start_forward("forward-uring", "uring", env.backend_port)

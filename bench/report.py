@@ -202,6 +202,35 @@ def features(med, args, lines):
     lines.append("")
 
 
+def capture(med, args, lines):
+    lines += ["Traffic capture's cost, as in the TiProxy seed's table: oltp_read_write through sluice (users mode, TLS "
+              "off) with capture off and on, in one run. Min QPS is the lowest one-second sample. The capture's rate "
+              "is what it wrote (zstd) per second of the run; replay plays each capture back against the server, "
+              "as fast as it goes in order (`--speed 1000`), and its differences come from reads that overlapped "
+              "writes of other sessions.", "",
+              "| threads | capture | QPS | min QPS | p95 ms | proxy CPU % | QPS loss | min QPS loss | MB/s | bytes/command | "
+              "dropped | replay commands/s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for t in args.capture_threads:
+        off, on = f"capture/oltp_read_write/{t}/capture-off", f"capture/oltp_read_write/{t}/capture-on"
+        for k, label in ((off, "off"), (on, "on")):
+            if k not in med:
+                continue
+            loss = min_loss = None
+            if label == "on":
+                loss = ratio(get(med, off, "qps") - get(med, on, "qps"), get(med, off, "qps")) if k in med and off in med else None
+                min_loss = (ratio(get(med, off, "min_qps") - get(med, on, "min_qps"), get(med, off, "min_qps"))
+                            if get(med, off, "min_qps") is not None and get(med, on, "min_qps") is not None else None)
+            pct = lambda v: "" if v is None else f"{100 * v:.1f}%"
+            lines.append(f"| {t} | {label} | {f(get(med, k, 'qps'))} | {f(get(med, k, 'min_qps'))} | {f(get(med, k, 'p95_ms'), 2)} "
+                         f"| {f(get(med, k, 'proxy_cpu_pct'))} | {pct(loss)} | {pct(min_loss)} "
+                         f"| {f(get(med, k, 'capture_mb_per_s'), 2) if label == 'on' else ''} "
+                         f"| {f(get(med, k, 'capture_bytes_per_command'), 1) if label == 'on' else ''} "
+                         f"| {f(get(med, k, 'capture_dropped')) if label == 'on' else ''} "
+                         f"| {f(get(med, k, 'replay_commands_per_s')) if label == 'on' else ''} |")
+    lines.append("")
+
+
 def idle(med, args, lines):
     n = getattr(args, "idle_clients", 0)
     lines += [f"{n} idle client connections opened by a real driver (PyMySQL, with a schema and its connection "
@@ -478,7 +507,8 @@ def write(med, args, out, command):
                 ("idle", "Idle clients of a real driver", idle),
                 ("drain", "Drain: moving every session off a backend", drain),
                 ("split", "Read/write split over a primary and two replicas", split),
-                ("features", "The cost of digests, rules and the classifier", features)]
+                ("features", "The cost of digests, rules and the classifier", features),
+                ("capture", "Traffic capture", capture)]
     if any(s in args.suites for s in ("basic", "ranges", "latency", "long", "short", "scaling")):
         lines += ["## Targets", ""]
         targets(med, args, lines)

@@ -24,12 +24,15 @@ class Cell:
     """One measurement: a sysbench workload against a target, with optional companions."""
 
     def __init__(self, suite, variant, workload, threads, targets, extra=(), unix=False, hold=0, churn=0, ps=True,
-                 sample=False, idle=0, drain=0):
+                 sample=False, idle=0, drain=0, capture=False):
         self.suite, self.variant, self.workload, self.threads = suite, variant, workload, threads
         self.targets, self.extra, self.unix, self.hold, self.churn, self.ps = targets, list(extra), unix, hold, churn, ps
         # sample: the backend's connections and the proxy's memory halfway through the run;
         # idle: a driver's idle connections, held, instead of a workload.
         self.sample, self.idle, self.drain = sample, idle, drain
+        # capture: one-second samples (the lowest QPS), and on target capture-on a traffic
+        # capture during the run, then its replay against the server.
+        self.capture = capture
 
     def key(self, target):
         return f"{self.suite}/{self.variant}/{target}"
@@ -103,6 +106,11 @@ def cells(env, args):
         for w in args.workloads[:2]:
             for threads in args.threads:
                 out.append(Cell("features", f"{w}/{threads}", w, threads, feats))
+    if "capture" in suites:
+        # The TiProxy seed's capture table: oltp_read_write with capture off and on, in one run.
+        for threads in args.capture_threads:
+            out.append(Cell("capture", f"oltp_read_write/{threads}", "oltp_read_write", threads, ["capture-off", "capture-on"],
+                            capture=True))
     if "floor" in suites:
         # The cells of the CPU targets, also on two forwarders that relay bytes and do nothing
         # else (sluice-forward): what relaying costs on each event loop, with no protocol work.
@@ -113,6 +121,37 @@ def cells(env, args):
         size = FLOOR_RANGE if FLOOR_RANGE in args.range_sizes else max(args.range_sizes)
         out.append(Cell("floor", f"ranges-{size}/{args.range_threads}", "oltp_read_only", args.range_threads, floor,
                         RANGE_ARGS + [f"--range_size={size}"]))
+    return out
+
+
+def admin(t, path, body=None):
+    """A request to a target's admin API (POST with a JSON body, or GET); its JSON answer."""
+    import json
+    import urllib.request
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{t.admin_port}{path}", data=data,
+                                 method="GET" if body is None else "POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def capture_figures(env, t, cap_dir, args):
+    """Stops the capture of a capture-on run: its rate and size, then its replay against the
+    server (as fast as it goes, in order): the replay's own throughput."""
+    st = admin(t, "/capture/stop", {})
+    out = {"capture_mb_per_s": st["bytes_written"] / args.duration / 1e6,
+           "capture_bytes_per_command": st["bytes_written"] / max(st["commands"], 1),
+           "capture_raw_bytes_per_command": st["bytes_raw"] / max(st["commands"], 1),
+           "capture_dropped": st["dropped_records"], "capture_commands": st["commands"]}
+    t0 = time.time()
+    r = subprocess.run([str(env.root / "target/release/sluice"), "replay", "--input", str(cap_dir), "--target",
+                        f"127.0.0.1:{env.backend_port}", "--user", "sbtest", "--password", "sbtest", "--speed", "1000"],
+                       capture_output=True, text=True)
+    took = time.time() - t0
+    m = re.search(r"replayed (\d+) of (\d+) commands .*: (\d+) same, (\d+) different", r.stdout)
+    if r.returncode != 0 or not m:
+        raise RuntimeError(f"replay failed: {r.stdout}{r.stderr}")
+    out.update({"replay_commands_per_s": int(m.group(1)) / took, "replay_differing": int(m.group(4))})
     return out
 
 
@@ -216,8 +255,14 @@ def measure(env, cell, target, args):
     if cell.churn:
         companion = subprocess.Popen([str(env.conns_bin), "churn", f"127.0.0.1:{t.port}", "sbtest", "sbtest",
                                       str(cell.churn), str(args.duration + 2)], stdout=subprocess.PIPE, text=True)
-    extra = list(cell.extra) + ([] if cell.ps else ["--db-ps-mode=disable"])
+    extra = list(cell.extra) + ([] if cell.ps else ["--db-ps-mode=disable"]) + (["--report-interval=1"] if cell.capture else [])
+    capturing = cell.capture and target == "capture-on"
+    if capturing:
+        cap_dir = env.work / f"capture-{cell.threads}-{time.time_ns()}"
+        admin(t, "/capture/start", {"dir": str(cap_dir)})
     figures = env.sysbench(t, cell.workload, cell.threads, args.duration, extra, unix=cell.unix)
+    if capturing:
+        figures.update(capture_figures(env, t, cap_dir, args))
     if companion:
         if cell.churn:
             out, _ = companion.communicate(timeout=args.duration + 60)

@@ -34,7 +34,11 @@ fn replay(dir: &std::path::Path, db: &MariaDb, name: &str) -> serde_json::Value 
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{text}");
-    assert!(std::fs::read_to_string(report.join("report.md")).unwrap().contains("## Statements whose results differ"));
+    let md = std::fs::read_to_string(report.join("report.md")).unwrap();
+    assert!(md.contains("## Statements whose results differ") && md.contains("(latency.png)"), "{md}");
+    for png in ["latency.png", "totals.png"] {
+        assert!(std::fs::read(report.join(png)).unwrap().starts_with(b"\x89PNG\r\n"), "{png} is a PNG image");
+    }
     json(&std::fs::read_to_string(report.join("report.json")).unwrap())
 }
 
@@ -48,20 +52,20 @@ fn differing(r: &serde_json::Value) -> BTreeSet<String> {
     r["differences"].as_array().unwrap().iter().map(|g| g["digest"].as_str().unwrap().to_string()).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replay_finds_no_difference_on_a_faithful_copy_and_names_what_each_change_affects() {
-    let source = MariaDb::start();
-    source.sql(SETUP);
-    let s = start_sluice(&[&source], &[]);
-
-    // A session opened before the capture, with a schema and a statement prepared already.
+/// The workload of the change test, captured through `s`: a session opened before the capture
+/// (a schema, a prepared statement, and in users mode a user variable, which only users mode
+/// follows), one during it.
+async fn capture_workload(s: &SluiceProc, users: bool) -> std::path::PathBuf {
     let mut before = connect(&s.listen, "app", "apppw").await;
     before.query_drop("USE rp").await.unwrap();
     let by_id = before.prep("SELECT v FROM t WHERE id = ?").await.unwrap();
     let _: Option<String> = before.exec_first(&by_id, (1,)).await.unwrap();
+    if users {
+        before.query_drop("SET @mark = 'kept'").await.unwrap();
+    }
 
     let dir = sluice_testkit::mariadb::work_root().join(format!("replay-{}-{}", std::process::id(), sluice_testkit::unique_id()));
-    let (code, text) = admin_post_json(&s, "/capture/start", &serde_json::json!({ "dir": dir }));
+    let (code, text) = admin_post_json(s, "/capture/start", &serde_json::json!({ "dir": dir }));
     assert_eq!(code, 201, "{text}");
 
     let _: Option<String> = before.exec_first(&by_id, (5,)).await.unwrap();
@@ -71,6 +75,9 @@ async fn a_replay_finds_no_difference_on_a_faithful_copy_and_names_what_each_cha
     before.query_drop("SELECT v FROM t FORCE INDEX (k) WHERE k = 3").await.unwrap();
     before.query_drop("SELECT k, COUNT(*) FROM t GROUP BY k ORDER BY k").await.unwrap();
     before.query_drop("SELECT k, v FROM t WHERE id < 3 GROUP BY k ORDER BY k").await.unwrap();
+    if users {
+        before.query_drop("SELECT @mark").await.unwrap();
+    }
     // (Replay keeps the captured times: sessions apart by this much keep their order.)
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let mut during = connect(&s.listen, "app", "apppw").await;
@@ -79,16 +86,39 @@ async fn a_replay_finds_no_difference_on_a_faithful_copy_and_names_what_each_cha
     during.query_drop("SELECT * FROM rp.nope").await.expect_err("no such table");
     during.disconnect().await.unwrap();
     before.disconnect().await.unwrap();
-    wait_for("the sessions ended", || json(&admin_get(&s, "/sessions", None).1).as_array().unwrap().is_empty());
-    let (code, text) = admin_post(&s, "/capture/stop");
+    wait_for("the sessions ended", || json(&admin_get(s, "/sessions", None).1).as_array().unwrap().is_empty());
+    let (code, text) = admin_post(s, "/capture/stop");
     assert_eq!(code, 200, "{text}");
+    dir
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_finds_no_difference_on_a_faithful_copy_and_names_what_each_change_affects() {
+    // In passthrough, and in users mode with multiplexing (statement ids mapped, user
+    // variables carried).
+    for users in [false, true] {
+        let source = MariaDb::start();
+        source.sql(SETUP);
+        let s = if users {
+            TestConfig::new().proxy("multiplex = true\n").dbs(&[&source]).app_users().start()
+        } else {
+            start_sluice(&[&source], &[])
+        };
+        let dir = capture_workload(&s, users).await;
+        check_replays(&dir, users);
+    }
+}
+
+/// Replays `dir` against a faithful copy and against copies with one change each.
+fn check_replays(dir: &std::path::Path, users: bool) {
+    let mode = if users { "users mode" } else { "passthrough" };
+    let dir = dir.to_path_buf();
     // A faithful copy: every command replayed gives what it gave.
     let r = replay(&dir, &target(""), "same");
-    assert_eq!(r["differing"], 0, "{r:#}");
-    assert!(r["replayed"].as_u64().unwrap() >= 10, "{r:#}");
-    assert_eq!(r["replay_errors"], 1, "the missing table, as captured: {r:#}");
-    assert!(r["skipped"].as_object().unwrap().is_empty(), "{r:#}");
+    assert_eq!(r["differing"], 0, "{mode}: {r:#}");
+    assert!(r["replayed"].as_u64().unwrap() >= 10, "{mode}: {r:#}");
+    assert_eq!(r["replay_errors"], 1, "{mode}: the missing table, as captured: {r:#}");
+    assert!(r["skipped"].as_object().unwrap().is_empty(), "{mode}: {r:#}");
 
     // One change each: the report names exactly the statements it affects.
     for (change, affected) in [
@@ -98,7 +128,7 @@ async fn a_replay_finds_no_difference_on_a_faithful_copy_and_names_what_each_cha
     ] {
         let r = replay(&dir, &target(change), "changed");
         let want: BTreeSet<String> = affected.iter().map(|s| digest(s)).collect();
-        assert_eq!(differing(&r), want, "after {change}: {r:#}");
+        assert_eq!(differing(&r), want, "{mode}, after {change}: {r:#}");
     }
 }
 

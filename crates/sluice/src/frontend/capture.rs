@@ -71,7 +71,9 @@ impl Session {
         let Some(mark) = self.capture.as_ref().filter(|m| m.on) else { return false };
         let number = mark.number + 1;
         let whole = h.len <= INSPECT_LIMIT;
-        let body = &self.client.rbuf[HEADER..HEADER + h.len.min(INSPECT_LIMIT)];
+        let Some(body) = self.client.rbuf.get(HEADER..HEADER + h.len.min(INSPECT_LIMIT)).filter(|b| !b.is_empty()) else {
+            return false;
+        };
         let mut flags = if whole { 0 } else { flag::TRUNCATED };
         let mut kept = Vec::new();
         let payload: &[u8] = match cmd {

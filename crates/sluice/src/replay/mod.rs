@@ -11,6 +11,7 @@
 //! truncated (over 1 MiB), COM_CHANGE_USER, and with `--read-only` anything that may write.
 //! The comparison and the report are in `report.rs`.
 
+mod charts;
 pub mod conn;
 pub mod report;
 

@@ -218,6 +218,9 @@ pub fn write(dir: &Path, r: &Report) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let json = serde_json::to_vec_pretty(r).map_err(|e| e.to_string())?;
     std::fs::write(dir.join("report.json"), json).map_err(|e| format!("writing report.json: {e}"))?;
+    for (name, png) in [("totals.png", super::charts::totals(r)?), ("latency.png", super::charts::latency(r)?)] {
+        std::fs::write(dir.join(name), png).map_err(|e| format!("writing {name}: {e}"))?;
+    }
     std::fs::write(dir.join("report.md"), markdown(r)).map_err(|e| format!("writing report.md: {e}"))
 }
 
@@ -253,6 +256,7 @@ pub fn markdown(r: &Report) -> String {
     for (why, n) in &r.skipped {
         let _ = writeln!(m, "| not replayed: {} | {n} |", cell(why));
     }
+    let _ = writeln!(m, "\n![Same results (green), different (red), not replayed (grey); log scale](totals.png)");
     let _ = writeln!(m, "\n## Statements whose results differ\n");
     if r.differences.is_empty() {
         let _ = writeln!(m, "None.");
@@ -275,6 +279,8 @@ pub fn markdown(r: &Report) -> String {
         m.push('\n');
     }
     let _ = writeln!(m, "## Latency by digest (regressions first)\n");
+    let n = r.latency.len().min(super::charts::LATENCY_BARS);
+    let _ = writeln!(m, "![p99 latency of the first {n} digests below, captured (blue) and replayed (orange)](latency.png)\n");
     let _ = writeln!(
         m,
         "| digest | commands | captured p50 / p99 (us) | replayed p50 / p99 (us) | p99 replayed / captured |\n|---|---|---|---|---|"
