@@ -206,8 +206,8 @@ def capture(med, args, lines):
     lines += ["Traffic capture's cost, as in the TiProxy seed's table: oltp_read_write through sluice (users mode, TLS "
               "off) with capture off and on, in one run. Min QPS is the lowest one-second sample. The capture's rate "
               "is what it wrote (zstd) per second of the run; replay plays each capture back against the server, "
-              "as fast as it goes in order (`--speed 1000`), and its differences come from reads that overlapped "
-              "writes of other sessions.", "",
+              "as fast as it goes in order (`--speed 1000`): its throughput. (It replays against the server as the "
+              "run left it, so its results are not compared here; tests/replay.rs compares them against a copy.)", "",
               "| threads | capture | QPS | min QPS | p95 ms | proxy CPU % | QPS loss | min QPS loss | MB/s | bytes/command | "
               "dropped | replay commands/s |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -129,24 +129,45 @@ struct Chunk {
     bytes: Vec<u8>,
 }
 
-/// One worker's buffer.
+/// One worker's buffer, and its counts (kept under its lock, which only its worker takes on
+/// the relay's path: no counter is shared between workers).
 #[derive(Default)]
 struct Shard {
     /// The capture the buffer is for (0: none runs).
     generation: u64,
     buf: Vec<u8>,
+    /// Records in `buf`.
     records: u64,
     tx: Option<SyncSender<Chunk>>,
+    counts: Counts,
 }
 
-/// Counters of the capture running, read by the writer for its status.
-#[derive(Default)]
+/// Counts of the capture running.
+#[derive(Default, Clone, Copy)]
 struct Counts {
-    sessions: AtomicU64,
-    commands: AtomicU64,
-    records: AtomicU64,
-    dropped: AtomicU64,
-    bytes_raw: AtomicU64,
+    sessions: u64,
+    commands: u64,
+    records: u64,
+    dropped: u64,
+    bytes_raw: u64,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.sessions += o.sessions;
+        self.commands += o.commands;
+        self.records += o.records;
+        self.dropped += o.dropped;
+        self.bytes_raw += o.bytes_raw;
+    }
+
+    fn show(&self, st: &mut Status) {
+        st.sessions = self.sessions;
+        st.commands = self.commands;
+        st.records = self.records;
+        st.dropped_records = self.dropped;
+        st.bytes_raw = self.bytes_raw;
+    }
 }
 
 struct Inner {
@@ -156,7 +177,6 @@ struct Inner {
     /// Sessions held at the gate wait on this.
     gate: tokio::sync::Notify,
     shards: Box<[Mutex<Shard>]>,
-    counts: Counts,
     filters: Mutex<Arc<Options>>,
     /// The running capture's status as its writer last published it.
     status: Mutex<Status>,
@@ -186,7 +206,6 @@ impl Capture {
             t0_ns: AtomicU64::new(0),
             gate: tokio::sync::Notify::new(),
             shards: (0..shards.max(1)).map(|_| Mutex::new(Shard::default())).collect(),
-            counts: Counts::default(),
             filters: Mutex::new(Arc::new(Options {
                 dir: PathBuf::new(),
                 duration: None,
@@ -264,26 +283,31 @@ impl Capture {
         }
         let before = shard.buf.len();
         write(&mut shard.buf);
+        let written = (shard.buf.len() - before) as u64;
         shard.records += 1;
-        let c = &inner.counts;
-        c.records.fetch_add(1, Ordering::Relaxed);
-        c.bytes_raw.fetch_add((shard.buf.len() - before) as u64, Ordering::Relaxed);
+        let c = &mut shard.counts;
+        c.records += 1;
+        c.bytes_raw += written;
         match kind {
-            Kind::Begin => c.sessions.fetch_add(1, Ordering::Relaxed),
-            Kind::Command => c.commands.fetch_add(1, Ordering::Relaxed),
-            Kind::Other => 0,
-        };
-        inner.records_total.inc();
+            Kind::Begin => c.sessions += 1,
+            Kind::Command => c.commands += 1,
+            Kind::Other => {}
+        }
         if shard.buf.len() >= CHUNK {
             let bytes = std::mem::replace(&mut shard.buf, Vec::with_capacity(CHUNK + CHUNK / 4));
             let records = std::mem::take(&mut shard.records);
             let sent = shard.tx.as_ref().map(|tx| tx.try_send(Chunk { worker: w, bytes }));
-            if let Some(Err(TrySendError::Full(back) | TrySendError::Disconnected(back))) = sent {
-                // The writer cannot keep up: these records are lost, and counted.
-                c.dropped.fetch_add(records, Ordering::Relaxed);
-                inner.dropped_total.inc_by(records);
-                shard.buf = back.bytes;
-                shard.buf.clear();
+            match sent {
+                Some(Err(TrySendError::Full(back) | TrySendError::Disconnected(back))) => {
+                    // The writer cannot keep up: these records are lost, and counted.
+                    shard.counts.dropped += records;
+                    inner.dropped_total.inc_by(records);
+                    shard.buf = back.bytes;
+                    shard.buf.clear();
+                }
+                _ => {
+                    inner.records_total.inc_by(records);
+                }
             }
         }
         true
@@ -308,9 +332,6 @@ impl Capture {
         files::prepare_dir(&opts.dir)?;
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let inner = &self.inner;
-        for c in [&inner.counts.sessions, &inner.counts.commands, &inner.counts.records, &inner.counts.dropped, &inner.counts.bytes_raw] {
-            c.store(0, Ordering::Relaxed);
-        }
         inner.stop.store(false, Ordering::Relaxed);
         *inner.filters.lock() = Arc::new(opts.clone());
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
@@ -331,6 +352,7 @@ impl Capture {
             s.generation = generation;
             s.buf.clear();
             s.records = 0;
+            s.counts = Counts::default();
             s.tx = Some(tx.clone());
         }
         drop(tx);
@@ -364,13 +386,8 @@ impl Capture {
             let running = self.running.lock();
             match running.as_ref() {
                 Some(r) if !r.thread.is_finished() => {
-                    let c = &self.inner.counts;
                     let mut st = self.inner.status.lock().clone();
-                    st.sessions = c.sessions.load(Ordering::Relaxed);
-                    st.commands = c.commands.load(Ordering::Relaxed);
-                    st.records = c.records.load(Ordering::Relaxed);
-                    st.dropped_records = c.dropped.load(Ordering::Relaxed);
-                    st.bytes_raw = c.bytes_raw.load(Ordering::Relaxed);
+                    self.inner.counts().show(&mut st);
                     return st;
                 }
                 Some(_) => true,
@@ -386,6 +403,15 @@ impl Capture {
 }
 
 impl Inner {
+    /// The counts of every worker.
+    fn counts(&self) -> Counts {
+        let mut all = Counts::default();
+        for s in self.shards.iter() {
+            all.add(&s.lock().counts);
+        }
+        all
+    }
+
     fn open(&self) -> Result<(), String> {
         let now = self.generation.load(Ordering::Relaxed);
         if now & GATE == 0 {

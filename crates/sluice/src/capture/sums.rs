@@ -16,12 +16,15 @@ pub struct RowSums {
 }
 
 impl RowSums {
-    /// A row begins, with its payload or the first part of it.
+    /// A row begins: its whole payload, or nothing when the payload follows through
+    /// [`RowSums::more`] (the response tracker's two cases).
     pub fn row(&mut self, payload: &[u8]) {
         self.end_row();
-        let mut h = XxHash3_64::with_seed(0);
-        h.write(payload);
-        self.row = Some(h);
+        if payload.is_empty() {
+            self.row = Some(XxHash3_64::with_seed(0));
+        } else {
+            self.fold(XxHash3_64::oneshot(payload));
+        }
     }
 
     /// More of the payload of the row last begun.
@@ -33,16 +36,21 @@ impl RowSums {
 
     fn end_row(&mut self) {
         if let Some(h) = self.row.take() {
-            let v = h.finish();
-            self.ordered = (self.ordered ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
-            self.unordered = self.unordered.wrapping_add(v.wrapping_mul(0xff51_afd7_ed55_8ccd));
+            self.fold(h.finish());
         }
     }
 
-    /// The checksums of all rows: in order, and in any order.
+    fn fold(&mut self, v: u64) {
+        self.ordered = (self.ordered ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+        self.unordered = self.unordered.wrapping_add(v.wrapping_mul(0xff51_afd7_ed55_8ccd));
+    }
+
+    /// The checksums of all rows: in order, and in any order; the sums start again from none.
     pub fn finish(&mut self) -> (u64, u64) {
         self.end_row();
-        (self.ordered, self.unordered)
+        let sums = (self.ordered, self.unordered);
+        (self.ordered, self.unordered) = (0, 0);
+        sums
     }
 }
 
@@ -66,12 +74,15 @@ mod tests {
         assert_eq!(u1, u2);
         // Row boundaries count: "a","bc" is not "ab","c".
         assert_ne!(sums(&[b"ab", b"c"]).1, u1);
+        // A row hashed whole, or in pieces after an empty start: the same.
         let mut s = RowSums::default();
         s.row(b"");
         s.more(b"a");
-        s.row(b"b");
+        s.row(b"");
+        s.more(b"b");
         s.more(b"c");
         assert_eq!(s.finish(), (o1, u1));
+        assert_eq!(s.finish(), (0, 0), "finish starts again");
         assert_eq!(sums(&[]), (0, 0));
     }
 }

@@ -73,7 +73,7 @@ impl Writer {
                     continue;
                 }
                 let queued: Vec<Chunk> = rx.try_iter().collect();
-                s.records = 0;
+                self.inner.records_total.inc_by(std::mem::take(&mut s.records));
                 (queued, std::mem::take(&mut s.buf))
             };
             for c in queued {
@@ -119,13 +119,8 @@ impl Writer {
 
     /// The status with the counts of now, for `GET /capture` and `meta.json`.
     fn publish(&mut self) {
-        let c = &self.inner.counts;
-        let s = &mut self.status;
-        s.sessions = c.sessions.load(Ordering::Relaxed);
-        s.commands = c.commands.load(Ordering::Relaxed);
-        s.records = c.records.load(Ordering::Relaxed);
-        s.dropped_records = c.dropped.load(Ordering::Relaxed);
-        s.bytes_raw = c.bytes_raw.load(Ordering::Relaxed);
+        self.inner.counts().show(&mut self.status);
+        let s = &self.status;
         *self.inner.status.lock() = s.clone();
         if let Err(e) = files::write_meta(&self.opts.dir, s) {
             tracing::warn!(error = %e, "writing the capture's meta.json");
@@ -146,7 +141,7 @@ impl Writer {
             if s.generation == self.generation {
                 s.generation = 0;
                 s.tx = None;
-                s.records = 0;
+                self.inner.records_total.inc_by(std::mem::take(&mut s.records));
                 last.push((w, std::mem::take(&mut s.buf)));
             }
         }

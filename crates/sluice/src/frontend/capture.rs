@@ -28,6 +28,8 @@ pub(super) struct Mark {
     pending: bool,
     started_ns: u64,
     summary: Summary,
+    /// The row sums, lent to each recorded command's response (one allocation per session).
+    sums: Option<Box<RowSums>>,
 }
 
 /// What the relay saw of a recorded command's response.
@@ -143,10 +145,22 @@ impl Session {
         self.ctx.capture.append(worker(), generation, Kind::Begin, |out| record::put_begin(out, session, at_us, &begin))
     }
 
+    /// The row sums for a recorded command's response.
+    pub(super) fn capture_sums(&mut self) -> Box<RowSums> {
+        self.capture.as_mut().and_then(|m| m.sums.take()).unwrap_or_default()
+    }
+
     /// Notes what the response to the recorded command was.
     pub(super) fn capture_response(&mut self, r: Response) {
         if let Some(m) = self.capture.as_mut().filter(|m| m.pending) {
-            let (ordered, unordered) = r.sums.map(|mut s| s.finish()).unwrap_or_default();
+            let (ordered, unordered) = match r.sums {
+                Some(mut s) => {
+                    let sums = s.finish();
+                    m.sums = Some(s);
+                    sums
+                }
+                None => (0, 0),
+            };
             let (error, stmt_id) = (r.error.unwrap_or(0), r.stmt_id.unwrap_or(0));
             m.summary = Summary { error, affected: r.affected, rows: r.rows, ordered, unordered, latency_us: 0, stmt_id };
         }

@@ -293,13 +293,14 @@ impl Session {
         if let Some(copy) = causal {
             Box::pin(self.causal_outcome(copy, expect)).await?;
         }
+        let sums = if recording { Some(self.capture_sums()) } else { None };
         let mut sink = StateSink::new(&mut self.state);
         sink.preparing = done.preparing.as_deref();
         // Only an execute that asked for a cursor, or a fetch from one, moves its state.
         sink.executing = matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten();
         sink.conn_gen = self.conn_gen;
         sink.capture = seen.cache.is_some().then(Vec::new);
-        sink.sums = recording.then(Default::default);
+        sink.sums = sums;
         let watch = Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
         self.tracker.start(expect, request_seq);
         relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, &self.ctx, watch).await?;

@@ -188,7 +188,7 @@ impl Order {
 
 /// The longest a command waits for the commands that ended before it began (see
 /// [`Order::before`]).
-const ORDER_WAIT: Duration = Duration::from_millis(100);
+const ORDER_WAIT: Duration = Duration::from_millis(20);
 
 /// Sessions log in this long (of replay time) before their first command is due.
 const LEAD: Duration = Duration::from_secs(1);
