@@ -323,6 +323,10 @@ pub fn carries_secret(sql: &[u8]) -> bool {
     if word(&first, "grant") || leading.iter().any(|(a, b)| word(&first, a) && word(&second, b)) {
         return true;
     }
+    // What follows needs one of these words: most statements are done here, without lexing.
+    if !contains_ignoring_case(sql, b"identified") && !contains_ignoring_case(sql, b"password") {
+        return false;
+    }
     let mut last = None;
     for p in parts(sql) {
         let cur = Some(p);
@@ -330,6 +334,20 @@ pub fn carries_secret(sql: &[u8]) -> bool {
             return true;
         }
         last = cur;
+    }
+    false
+}
+
+/// Whether `hay` contains `needle` (lower case ASCII) in any case.
+fn contains_ignoring_case(hay: &[u8], needle: &[u8]) -> bool {
+    let first = needle[0];
+    let mut at = 0;
+    while let Some(i) = memchr::memchr2(first, first.to_ascii_uppercase(), &hay[at..]) {
+        let start = at + i;
+        if hay.get(start..start + needle.len()).is_some_and(|w| w.eq_ignore_ascii_case(needle)) {
+            return true;
+        }
+        at = start + 1;
     }
     false
 }
@@ -353,6 +371,8 @@ mod tests {
             "/* c */ CHANGE MASTER TO MASTER_PASSWORD = 'pw'",
             "CHANGE REPLICATION SOURCE TO SOURCE_PASSWORD = 'pw'",
             "INSERT INTO t SELECT 1 FROM u WHERE x IDENTIFIED",
+            "select PassWord ('pw')",
+            "SELECT 1; ALTER USER u IdEnTiFiEd BY 'pw'",
         ] {
             assert!(carries_secret(sql.as_bytes()), "{sql}");
         }
