@@ -223,7 +223,8 @@ async fn replay_all(b: Arc<Backend>, sessions: BTreeMap<u64, Captured>, args: &A
 
 /// Why a command is not replayed, if it is not.
 fn skip_reason(c: &Command, read_only: bool) -> Option<&'static str> {
-    let cmd = c.payload.first().copied()?;
+    // (A capture file may be damaged: an empty command is not sent.)
+    let Some(&cmd) = c.payload.first() else { return Some("an empty command (a damaged capture)") };
     if c.flags & flag::REDACTED != 0 {
         return Some("redacted (may carry a password)");
     }
