@@ -1,8 +1,9 @@
 #!/bin/bash
 # User-space instructions per query of sluice's relay, under callgrind (noise cannot move them):
 # users mode in front of a local MariaDB, with digests and rules off (bare), with digests on, and
-# with 100 regex rules that match nothing (rules), multiplexing (mux) and the read/write split over
-# the one server as its primary (split: mux plus the classifier). Each configuration serves 1000 and then 3000
+# with 100 regex rules that match nothing (rules), multiplexing (mux), the read/write split over
+# the one server as its primary (split: mux plus the classifier) and bare with a traffic capture
+# running (capture: recording, compression and writing, all of sluice's threads counted). Each configuration serves 1000 and then 3000
 # point selects after a warm-up, counters zeroed after it; per query = the difference / 2000.
 #   bench/hotpath.sh            (needs valgrind: scripts/setup.sh valgrind)
 set -euo pipefail
@@ -26,18 +27,28 @@ printf "$base[digests]\nenabled = false\n" > "$WORK/bare.toml"
 printf "$base[digests]\nenabled = true\n" > "$WORK/digests.toml"
 printf "${base}multiplex = true\n[digests]\nenabled = false\n" > "$WORK/mux.toml"
 printf "$base[digests]\nenabled = false\n[routing]\nsplit = true\n" > "$WORK/split.toml"
+cp "$WORK/bare.toml" "$WORK/capture.toml"
 { printf "$base[digests]\nenabled = false\n"; for i in $(seq 0 99); do printf '[[rules]]\nname = "r%d"\nmatch = "^select nothing_%d from"\nblock = "no"\n' "$i" "$i"; done; } > "$WORK/rules.toml"
 
 # Instructions of sluice while it serves n queries (after the warm-up).
 run() {
-  local cfg=$1 n=$2 port=$((20000 + RANDOM % 20000))
+  local cfg=$1 n=$2 port=$((20000 + RANDOM % 20000)) admin=$((20000 + RANDOM % 20000))
+  local extra=()
+  [ "$cfg" = capture ] && extra=(--admin "127.0.0.1:$admin")
   valgrind --tool=callgrind --compress-strings=no --compress-pos=no --callgrind-out-file="$WORK/$cfg-$n.out" "$ROOT/target/release/sluice" \
-    -c "$WORK/$cfg.toml" --listen "127.0.0.1:$port" > "$WORK/$cfg-$n.log" 2>&1 &
+    -c "$WORK/$cfg.toml" --listen "127.0.0.1:$port" "${extra[@]}" > "$WORK/$cfg-$n.log" 2>&1 &
   local vp=$!
   for _ in $(seq 1 200); do mariadb -h127.0.0.1 -P$port -uapp -papppw test -e "SELECT 1" >/dev/null 2>&1 && break; sleep 0.3; done
   mariadb -h127.0.0.1 -P$port -uapp -papppw test < "$WORK/q100.sql" > /dev/null
+  if [ "$cfg" = capture ]; then  # (started after the warm-up, its sessions begun)
+    rm -rf "$WORK/capture-$n"
+    curl -sf -XPOST -H "Content-Type: application/json" "http://127.0.0.1:$admin/capture/start" -d "{\"dir\": \"$WORK/capture-$n\"}" > /dev/null
+    mariadb -h127.0.0.1 -P$port -uapp -papppw test < "$WORK/q100.sql" > /dev/null
+  fi
   callgrind_control -z $vp > /dev/null 2>&1
   mariadb -h127.0.0.1 -P$port -uapp -papppw test < "$WORK/q$n.sql" > /dev/null
+  # (Stopped before the counters are read: its writer's last chunk is counted too.)
+  [ "$cfg" = capture ] && curl -sf -XPOST "http://127.0.0.1:$admin/capture/stop" > "$WORK/capture-$n.json"
   callgrind_control -d $vp > /dev/null 2>&1
   sleep 1
   kill -TERM $vp; wait $vp || true

@@ -309,23 +309,26 @@ fn collect_user_variables(sql: &[u8], names: &mut Vec<String>) {
 }
 
 /// Whether a statement may carry a password or a key, and so must not be recorded as written
-/// (traffic capture keeps its normalized text, literals taken out, instead): account
-/// statements (`CREATE USER`, `ALTER USER`, `GRANT`, `SET PASSWORD`), anything with
-/// `IDENTIFIED`, a `PASSWORD(...)`-like call, and replication set-up (`CHANGE MASTER` with its
-/// `MASTER_PASSWORD`). Conservative: a column named `password` that is called like a function
-/// is taken for one.
+/// (traffic capture keeps its normalized text, literals taken out, instead): `GRANT`, account
+/// statements that name a password (`CREATE USER`, `ALTER USER`, `SET PASSWORD`), anything
+/// with `IDENTIFIED`, a `PASSWORD(...)`-like call, and replication set-up (`CHANGE MASTER` with
+/// its `MASTER_PASSWORD`). Conservative: a column named `password` that is called like a
+/// function is taken for one. Cheap for the statements that name none of `identified`,
+/// `password` and `grant` (in any case): they are not lexed.
 pub fn carries_secret(sql: &[u8]) -> bool {
     use crate::digest::{Part, parts};
+    // A statement that carries a secret names one of these words: most statements are done
+    // here, without lexing. (CREATE/ALTER USER and CHANGE MASTER without any of them carry
+    // none.)
+    if !names_a_secret_word(sql) {
+        return false;
+    }
     let word = |p: &Option<Part>, w: &str| matches!(p, Some(Part::Word(x)) if x.eq_ignore_ascii_case(w.as_bytes()));
     let mut it = parts(sql);
     let (first, second) = (it.next(), it.next());
     let leading = [("create", "user"), ("alter", "user"), ("set", "password"), ("change", "master"), ("change", "replication")];
     if word(&first, "grant") || leading.iter().any(|(a, b)| word(&first, a) && word(&second, b)) {
         return true;
-    }
-    // What follows needs one of these words: most statements are done here, without lexing.
-    if !contains_ignoring_case(sql, b"identified") && !contains_ignoring_case(sql, b"password") {
-        return false;
     }
     let mut last = None;
     for p in parts(sql) {
@@ -336,6 +339,21 @@ pub fn carries_secret(sql: &[u8]) -> bool {
         last = cur;
     }
     false
+}
+
+/// Whether `sql` contains one of the words that a statement carrying a secret names, in any
+/// case: one pass over a short statement, a search per word over a long one.
+fn names_a_secret_word(sql: &[u8]) -> bool {
+    const WORDS: [&[u8]; 3] = [b"identified", b"password", b"grant"];
+    let at = |i: usize, w: &[u8]| sql.get(i..i + w.len()).is_some_and(|x| x.eq_ignore_ascii_case(w));
+    if sql.len() > 256 {
+        return WORDS.iter().any(|w| contains_ignoring_case(sql, w));
+    }
+    (0..sql.len()).any(|i| {
+        // (`| 0x20` maps an ASCII capital to its small letter, and no other byte to i, p or g.)
+        let c = sql[i] | 0x20;
+        (c == b'i' || c == b'p' || c == b'g') && WORDS.iter().any(|w| w[0] == c && at(i, w))
+    })
 }
 
 /// Whether `hay` contains `needle` (lower case ASCII) in any case.
@@ -373,6 +391,7 @@ mod tests {
             "INSERT INTO t SELECT 1 FROM u WHERE x IDENTIFIED",
             "select PassWord ('pw')",
             "SELECT 1; ALTER USER u IdEnTiFiEd BY 'pw'",
+            &format!("GrAnT ALL ON *.* TO u /* {} */", "x".repeat(300)),
         ] {
             assert!(carries_secret(sql.as_bytes()), "{sql}");
         }
@@ -382,6 +401,9 @@ mod tests {
             "SELECT 'IDENTIFIED BY', 'PASSWORD(1)'",
             "SELECT `password` (1)",
             "SET @user = 'create user'",
+            "SELECT c FROM t WHERE id = 5 GROUP BY c",
+            "CREATE USER u@'%'",
+            &format!("SELECT '{}' FROM t WHERE id = 5", "x".repeat(300)),
             "",
         ] {
             assert!(!carries_secret(sql.as_bytes()), "{sql}");
