@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
 
-use crate::backend::Backend;
+use crate::control;
 use crate::ctx::Ctx;
 use crate::metrics::MoveReason;
 
@@ -28,6 +28,8 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/sessions", get(sessions))
         .route("/digests", get(digests).delete(reset_digests))
         .route("/rules", get(rules))
+        .route("/config", get(config))
+        .route("/config/reload", post(reload))
         .route("/capture", get(capture_status))
         .route("/capture/start", post(capture_start))
         .route("/capture/stop", post(capture_stop))
@@ -41,7 +43,7 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
 }
 
 async fn require_token(State(ctx): State<Arc<Ctx>>, req: Request, next: Next) -> Response {
-    if let Some(token) = &ctx.config.admin.token {
+    if let Some(token) = &ctx.config().admin.token {
         let given =
             req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
         if !sluice_proto::auth::verify_clear(token.as_bytes(), given.as_bytes()) {
@@ -259,34 +261,8 @@ async fn move_session(State(ctx): State<Arc<Ctx>>, Path(id): Path<u32>, Query(q)
 /// `drain_timeout` passed.
 async fn drain(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>) -> Response {
     let Some(b) = ctx.backends.by_name(&name) else { return not_found(format!("no backend {name}")) };
-    let asked = start_drain(&ctx, &b);
+    let asked = control::start_drain(&ctx, &b);
     (StatusCode::ACCEPTED, Json(serde_json::json!({ "backend": name, "draining": true, "sessions": asked }))).into_response()
-}
-
-/// Marks `b` draining and asks its sessions to move; returns how many were asked.
-fn start_drain(ctx: &Arc<Ctx>, b: &Arc<Backend>) -> usize {
-    b.set_draining(true);
-    let mut asked = 0;
-    ctx.sessions.for_each(|h| {
-        if h.backend_index.load(Ordering::Relaxed) as usize == b.index {
-            h.ask_move(None, MoveReason::Drain);
-            asked += 1;
-        }
-    });
-    tracing::info!(backend = %b.name, sessions = asked, "draining backend");
-    // Once drain_timeout passed, the sessions that could not move are woken to close.
-    let (ctx, b) = (ctx.clone(), b.clone());
-    tokio::spawn(async move {
-        tokio::time::sleep(ctx.config.proxy.drain_timeout).await;
-        if b.is_draining() {
-            ctx.sessions.for_each(|h| {
-                if h.backend_index.load(Ordering::Relaxed) as usize == b.index {
-                    h.wake.notify();
-                }
-            });
-        }
-    });
-    asked
 }
 
 /// A backend to add at run time, as in `[[backends]]`.
@@ -316,24 +292,20 @@ async fn add_backend(State(ctx): State<Arc<Ctx>>, Json(nb): Json<NewBackend>) ->
         Ok(c) => c,
         Err(e) => return bad_request(e.message().to_string()),
     };
-    let name = c.name.clone().unwrap_or_else(|| c.address.get_ref().clone());
+    let name = c.display_name();
     if ctx.backends.by_name(&name).is_some() {
         return (StatusCode::CONFLICT, Json(serde_json::json!({ "error": format!("backend {name} exists") }))).into_response();
     }
     if c.weight == 0 {
         return bad_request("weight must be at least 1".into());
     }
-    if c.tls_mode(&ctx.config.proxy) == crate::config::BackendTls::On && !c.tls_skip_verify {
+    if c.tls_mode(&ctx.config().proxy) == crate::config::BackendTls::On && !c.tls_skip_verify {
         return bad_request("TLS \"on\" needs tls_skip_verify here (a CA bundle is set in the configuration file)".into());
     }
-    let index = ctx.backends.next_index();
-    let b = match Backend::from_config(index, &c, ctx.metrics.backend(&name), &ctx.config.proxy, ctx.config.lanes()) {
-        Ok(b) => Arc::new(b),
+    let b = match control::add_backend(&ctx, &c) {
+        Ok(b) => b,
         Err(e) => return bad_request(e),
     };
-    ctx.backends.add(b.clone());
-    crate::backend::health::spawn(std::slice::from_ref(&b), &ctx.config.health, ctx.config.routing.max_replica_lag);
-    tracing::info!(backend = %name, address = %b.address, "backend added");
     (StatusCode::CREATED, Json(serde_json::json!({ "backend": name, "address": b.address.to_string() }))).into_response()
 }
 
@@ -341,18 +313,7 @@ async fn add_backend(State(ctx): State<Arc<Ctx>>, Json(nb): Json<NewBackend>) ->
 /// could not, once `drain_timeout` passed).
 async fn remove_backend(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>) -> Response {
     let Some(b) = ctx.backends.by_name(&name) else { return not_found(format!("no backend {name}")) };
-    let asked = start_drain(&ctx, &b);
-    let ctx2 = ctx.clone();
-    tokio::spawn(async move {
-        let deadline = tokio::time::Instant::now() + ctx2.config.proxy.drain_timeout + std::time::Duration::from_secs(1);
-        while b.sessions.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        ctx2.backends.remove(b.index);
-        b.retire();
-        ctx2.metrics.remove_backend(&b.name);
-        tracing::info!(backend = %b.name, sessions_left = b.sessions.load(Ordering::Relaxed), "backend removed");
-    });
+    let asked = control::remove_backend(&ctx, &b);
     (StatusCode::ACCEPTED, Json(serde_json::json!({ "backend": name, "removing": true, "sessions": asked }))).into_response()
 }
 
@@ -375,16 +336,34 @@ async fn set_weight(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>, Query
 /// Ends a drain: the backend takes new sessions again; moves not made yet are called off.
 async fn undrain(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>) -> Response {
     let Some(b) = ctx.backends.by_name(&name) else { return not_found(format!("no backend {name}")) };
-    b.set_draining(false);
-    ctx.sessions.for_each(|h| {
-        if h.backend_index.load(Ordering::Relaxed) as usize == b.index {
-            h.cancel_move(MoveReason::Drain);
-        }
-    });
+    control::undrain(&ctx, &b);
     (StatusCode::OK, Json(serde_json::json!({ "backend": name, "draining": false }))).into_response()
 }
 
 /// Starts a traffic capture (`crate::capture::Options` as JSON).
+/// The configuration in force (secrets masked), and when it was loaded.
+async fn config(State(ctx): State<Arc<Ctx>>) -> Response {
+    let body = serde_json::json!({
+        "loaded_at_ms": ctx.config.loaded_at_ms(),
+        "reloads": ctx.config.reloads(),
+        "tls_certificate_sha256": ctx.tls.fingerprint(),
+        "config": &**ctx.config(),
+    });
+    Json(body).into_response()
+}
+
+/// Reads the configuration again and applies it (`crate::reload`); 400 with the reasons when
+/// it is refused (the configuration in force stays).
+async fn reload(State(ctx): State<Arc<Ctx>>) -> Response {
+    match crate::reload::reload(&ctx) {
+        Ok(out) => Json(out).into_response(),
+        Err(errors) => {
+            tracing::warn!(errors = ?errors, "configuration reload refused");
+            (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": errors.join("; "), "errors": errors }))).into_response()
+        }
+    }
+}
+
 async fn capture_start(State(ctx): State<Arc<Ctx>>, Json(opts): Json<crate::capture::Options>) -> Response {
     let backends = ctx
         .backends

@@ -65,6 +65,13 @@ impl User {
         }
     }
 
+    fn same_settings(&self, o: &User) -> bool {
+        self.password == o.password
+            && self.native_stage2 == o.native_stage2
+            && self.max_connections == o.max_connections
+            && self.require_tls == o.require_tls
+    }
+
     fn has_empty_password(&self) -> bool {
         self.password.as_deref() == Some(b"")
     }
@@ -150,22 +157,53 @@ impl Drop for UserSlot {
     }
 }
 
-#[derive(Debug, Default)]
+/// The users sluice checks passwords of (users mode), swapped whole by a reload: a login looks
+/// one up once, and a session keeps what it logged in with.
+#[derive(Default)]
 pub struct Users {
-    map: HashMap<String, User>,
+    map: arc_swap::ArcSwap<HashMap<String, Arc<User>>>,
 }
 
 impl Users {
     pub fn from_config(users: &[UserConfig], per_user: usize) -> Users {
-        Users { map: users.iter().map(|u| (u.name.clone(), User::from_config(u, per_user))).collect() }
+        let map = users.iter().map(|u| (u.name.clone(), Arc::new(User::from_config(u, per_user)))).collect();
+        Users { map: arc_swap::ArcSwap::from_pointee(map) }
     }
 
-    pub fn get(&self, name: &str) -> Option<&User> {
-        self.map.get(name)
+    pub fn get(&self, name: &str) -> Option<Arc<User>> {
+        self.map.load().get(name).cloned()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.map.load().is_empty()
+    }
+
+    /// Puts a new list in force. A user whose settings did not change stays as it was; one that
+    /// changed keeps counting the connections it has against its limit; the sessions of a user
+    /// removed keep going. Returns the names added, changed and removed.
+    pub fn replace(&self, users: &[UserConfig], per_user: usize) -> [Vec<String>; 3] {
+        let old = self.map.load_full();
+        let (mut added, mut changed) = (Vec::new(), Vec::new());
+        let mut map = HashMap::with_capacity(users.len());
+        for c in users {
+            let mut u = User::from_config(c, per_user);
+            let kept = match old.get(&c.name) {
+                Some(o) if o.same_settings(&u) => o.clone(),
+                Some(o) => {
+                    u.connections = o.connections.clone();
+                    changed.push(c.name.clone());
+                    Arc::new(u)
+                }
+                None => {
+                    added.push(c.name.clone());
+                    Arc::new(u)
+                }
+            };
+            map.insert(c.name.clone(), kept);
+        }
+        let removed = old.keys().filter(|k| !map.contains_key(*k)).cloned().collect();
+        self.map.store(Arc::new(map));
+        [added, changed, removed]
     }
 }
 

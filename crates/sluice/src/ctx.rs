@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::auth::Users;
 use crate::backend::{Backend, Backends};
-use crate::config::Config;
+use crate::config::{Config, Live, Source};
 use crate::metrics::Metrics;
 use crate::session::Registry;
 
 pub struct Ctx {
-    pub config: Config,
+    /// The configuration in force (swapped whole by a reload): [`Ctx::config`].
+    pub config: Arc<Live>,
     pub backends: Backends,
     pub metrics: Metrics,
     pub sessions: Registry,
@@ -43,7 +44,12 @@ pub struct Ctx {
 
 impl Ctx {
     pub fn new(config: Config) -> Result<Arc<Ctx>, String> {
-        let names: Vec<String> = config.backends.iter().map(|b| b.name.clone().unwrap_or_else(|| b.address.get_ref().clone())).collect();
+        Ctx::with_source(config, None)
+    }
+
+    /// With where a reload reads the configuration again.
+    pub fn with_source(config: Config, source: Option<Source>) -> Result<Arc<Ctx>, String> {
+        let names: Vec<String> = config.backends.iter().map(|b| b.display_name()).collect();
         let metrics = Metrics::new(&names);
         let list = config
             .backends
@@ -72,8 +78,13 @@ impl Ctx {
             draining: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
             clock: crate::deadline::Clock::new(config.proxy.response_timeout),
-            config,
+            config: Arc::new(Live::new(config, source)),
         }))
+    }
+
+    /// The configuration in force now.
+    pub fn config(&self) -> arc_swap::Guard<Arc<Config>> {
+        self.config.load()
     }
 
     pub fn is_draining(&self) -> bool {

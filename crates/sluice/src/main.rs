@@ -41,7 +41,11 @@ fn main() {
     };
     let files = raise_open_files_limit();
     tracing::debug!(limit = files, "open files limit");
-    let ctx = match sluice::ctx::Ctx::new(config) {
+    // A reload reads the file again, with the same flags on top.
+    let with_file = cli.config.is_some();
+    let cli = std::sync::Arc::new(cli);
+    let source = with_file.then(|| std::sync::Arc::new(move || cli.config()) as sluice::config::Source);
+    let ctx = match sluice::ctx::Ctx::with_source(config, source) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sluice: {e}");

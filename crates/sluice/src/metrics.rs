@@ -317,6 +317,8 @@ pub struct Metrics {
     pub session_parks: Counter,
     /// Records written by traffic capture, and those dropped because its writer fell behind.
     pub capture_records: Counter,
+    /// Configuration reloads applied (refused ones are not counted).
+    pub config_reloads: Counter,
     pub capture_dropped: Counter,
     pub client_connections_total: Counter,
     rejected: Vec<Counter>,
@@ -495,6 +497,8 @@ impl Metrics {
         registry.register("parked_sessions", "Idle sessions parked until their client speaks", parked_sessions.clone());
         let session_parks = Counter::default();
         registry.register("session_parks", "Times an idle session parked", session_parks.clone());
+        let config_reloads = Counter::default();
+        registry.register("config_reloads", "Configuration reloads applied", config_reloads.clone());
         let capture_records = Counter::default();
         registry.register("capture_records", "Records traffic capture wrote (commands, results, session states)", capture_records.clone());
         let capture_dropped = Counter::default();
@@ -589,6 +593,7 @@ impl Metrics {
             parked_sessions,
             session_parks,
             capture_records,
+            config_reloads,
             capture_dropped,
             client_connections_total,
             rejected,

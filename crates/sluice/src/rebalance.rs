@@ -15,7 +15,6 @@ use crate::metrics::MoveReason;
 
 /// Runs until the process ends.
 pub async fn run(ctx: &Ctx) {
-    let p = &ctx.config.proxy;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -24,8 +23,9 @@ pub async fn run(ctx: &Ctx) {
             continue;
         }
         follow_roles(ctx);
-        if p.rebalance {
-            once(ctx, p.rebalance_rate as usize * ctx.config.lanes());
+        let c = ctx.config.get();
+        if c.proxy.rebalance {
+            once(ctx, c.proxy.rebalance_rate as usize * c.lanes());
             ctx.metrics.rebalance_runs.inc();
         }
     }
@@ -68,7 +68,7 @@ pub fn once(ctx: &Ctx, budget: usize) -> usize {
     let mut count: Vec<i64> = usable.iter().map(|b| b.sessions.load(Ordering::Relaxed) as i64).collect();
     let slot = |index: usize| usable.iter().position(|b| b.index == index);
     let now_ms = crate::metrics::mono_ns() / 1_000_000;
-    let interval_ms = ctx.config.proxy.rebalance_interval.as_millis() as u64;
+    let interval_ms = ctx.config().proxy.rebalance_interval.as_millis() as u64;
     let mut candidates: Vec<(usize, std::sync::Arc<crate::session::SessionHandle>)> = Vec::new();
     for h in ctx.sessions.all() {
         let Some(at) = slot(h.backend_index.load(Ordering::Relaxed) as usize) else { continue };

@@ -82,8 +82,7 @@ impl Rules {
         shards: usize,
         metrics: &crate::metrics::Metrics,
     ) -> Result<Rules, String> {
-        let names: Vec<(String, Option<String>)> =
-            backends.iter().map(|b| (b.name.clone().unwrap_or_else(|| b.address.get_ref().clone()), b.group.clone())).collect();
+        let names: Vec<(String, Option<String>)> = backends.iter().map(|b| (b.display_name(), b.group.clone())).collect();
         let mut out = Rules {
             list: Vec::new(),
             patterns: Vec::new(),

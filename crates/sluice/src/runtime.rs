@@ -54,14 +54,14 @@ fn bind_unix(path: &PathBuf) -> std::io::Result<StdUnixListener> {
 
 /// Runs sluice until a graceful shutdown completes.
 pub fn run(ctx: Arc<Ctx>) -> Result<(), String> {
-    let workers = ctx.config.workers();
-    let flavor = ctx.config.proxy.runtime;
+    let workers = ctx.config().workers();
+    let flavor = ctx.config().proxy.runtime;
     let per_socket = if flavor == RuntimeFlavor::PerCore { workers } else { 1 };
     let mut bound = Vec::new();
     let mut names = Vec::new();
-    for l in &ctx.config.listeners {
-        let auth = ctx.config.auth_mode(l);
-        let multiplex = l.multiplex.unwrap_or(ctx.config.proxy.multiplex);
+    for l in &ctx.config().listeners {
+        let auth = ctx.config().auth_mode(l);
+        let multiplex = l.multiplex.unwrap_or(ctx.config().proxy.multiplex);
         let info = Arc::new(Listener { name: l.address.get_ref().clone(), auth, multiplex });
         match parse_address(l.address.get_ref())? {
             Address::Tcp(a) => {
@@ -76,7 +76,7 @@ pub fn run(ctx: Arc<Ctx>) -> Result<(), String> {
             }
         }
     }
-    let admin = match &ctx.config.admin.listen {
+    let admin = match &ctx.config().admin.listen {
         Some(a) => {
             let addr = match parse_address(a.get_ref())? {
                 Address::Tcp(a) => a,
@@ -182,7 +182,7 @@ async fn accept_forever(ctx: Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, stop:
 /// Closes this worker's pooled and spare backend connections that idled out, and all of them
 /// when their backend is down (spare ones also when it drains) or sluice is draining.
 async fn sweep_pool(ctx: &Ctx) {
-    let timeout = ctx.config.proxy.pool_idle_timeout;
+    let timeout = ctx.config().proxy.pool_idle_timeout;
     let tick =
         (if timeout.is_zero() { Duration::from_secs(60) } else { timeout } / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
     loop {
@@ -266,7 +266,7 @@ fn spawn_control(
         .name("sluice-control".into())
         .spawn(move || {
             rt.block_on(async move {
-                crate::backend::health::spawn(&ctx.backends.list(), &ctx.config.health, ctx.config.routing.max_replica_lag);
+                crate::backend::health::spawn(&ctx.backends.list(), &ctx.config);
                 tokio::spawn(return_memory(ctx.clone()));
                 for (index, rx) in ctx.mirrors.take_receivers() {
                     let c = ctx.clone();
@@ -278,6 +278,8 @@ fn spawn_control(
                 tokio::spawn(async move { crate::frontend::idle::sweep(&c.sessions).await });
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::tls::keep_renewed(&c.tls).await });
+                let c = ctx.clone();
+                tokio::spawn(async move { crate::tls::watch_files(&c.tls, &c.config).await });
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::rebalance::run(&c).await });
                 if let Some(l) = admin {
@@ -293,7 +295,7 @@ fn spawn_control(
                         Err(e) => tracing::error!(error = %e, "admin listener"),
                     }
                 }
-                wait_for_signal().await;
+                wait_for_signal(&ctx).await;
                 drain(&ctx, &stop_tx).await;
                 let _ = done_tx.send(());
             });
@@ -332,14 +334,25 @@ fn trim_heap() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn trim_heap() {}
 
-async fn wait_for_signal() {
+/// Waits for SIGTERM or SIGINT; SIGHUP meanwhile reloads the configuration (`crate::reload`).
+async fn wait_for_signal(ctx: &Arc<Ctx>) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup()))
+    else {
         return std::future::pending().await;
     };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: draining"),
-        _ = int.recv() => tracing::info!("SIGINT: draining"),
+    loop {
+        tokio::select! {
+            _ = term.recv() => return tracing::info!("SIGTERM: draining"),
+            _ = int.recv() => return tracing::info!("SIGINT: draining"),
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading the configuration");
+                if let Err(errors) = crate::reload::reload(ctx) {
+                    tracing::warn!(errors = ?errors, "configuration reload refused; the configuration in force stays");
+                }
+            }
+        }
     }
 }
 
@@ -347,7 +360,7 @@ async fn wait_for_signal() {
 async fn drain(ctx: &Ctx, stop_tx: &watch::Sender<bool>) {
     ctx.draining.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = stop_tx.send(true);
-    let deadline = Instant::now() + ctx.config.proxy.shutdown_timeout;
+    let deadline = Instant::now() + ctx.config().proxy.shutdown_timeout;
     loop {
         for h in ctx.sessions.all() {
             h.wake.notify();
@@ -367,7 +380,7 @@ async fn drain(ctx: &Ctx, stop_tx: &watch::Sender<bool>) {
     while ctx.backends.list().iter().any(|b| b.pooled() > 0) && Instant::now() < pool_deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    for l in &ctx.config.listeners {
+    for l in &ctx.config().listeners {
         if let Ok(Address::Unix(p)) = parse_address(l.address.get_ref()) {
             let _ = std::fs::remove_file(p);
         }

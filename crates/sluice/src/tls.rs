@@ -57,8 +57,34 @@ struct Certificate {
 /// Where the certificate comes from.
 enum Source {
     Off,
-    Files(PathBuf),
+    Files(Mutex<Files>),
     SelfSigned(Lifetime),
+}
+
+/// Certificate files, and when they were last modified as sluice read them.
+struct Files {
+    cert: PathBuf,
+    key: PathBuf,
+    stamp: [Option<SystemTime>; 2],
+}
+
+impl Files {
+    fn at(f: &config::TlsConfig) -> Files {
+        let (cert, key) = (f.cert.get_ref().clone(), f.key.get_ref().clone());
+        let stamp = [modified(&cert), modified(&key)];
+        Files { cert, key, stamp }
+    }
+}
+
+fn modified(p: &std::path::Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// Reads a certificate chain and its key.
+fn from_files(f: &config::TlsConfig) -> Result<Certificate, String> {
+    let (certs, key) = (load_certs(f.cert.get_ref())?, load_key(f.key.get_ref())?);
+    let fingerprint = fingerprint(&certs[0]);
+    Ok(Certificate { config: server_config(certs, key)?, fingerprint, not_after: None })
 }
 
 /// TLS for client connections: the server configuration in use (swapped whole when a generated
@@ -76,10 +102,8 @@ impl ClientTls {
         match c {
             config::ClientTls::Off => Ok(ClientTls::with(Source::Off, None)),
             config::ClientTls::Files(f) => {
-                let (certs, key) = (load_certs(f.cert.get_ref())?, load_key(f.key.get_ref())?);
-                let fingerprint = fingerprint(&certs[0]);
-                let cert = Certificate { config: server_config(certs, key)?, fingerprint, not_after: None };
-                Ok(ClientTls::with(Source::Files(f.cert.get_ref().clone()), Some(cert)))
+                let files = Files::at(f);
+                Ok(ClientTls::with(Source::Files(Mutex::new(files)), Some(from_files(f)?)))
             }
             config::ClientTls::SelfSigned => ClientTls::self_signed(SELF_SIGNED, now),
         }
@@ -118,6 +142,35 @@ impl ClientTls {
         Ok(true)
     }
 
+    /// Reads the certificate files of `c` (the configuration in force) again, when sluice
+    /// presents certificates from files: new handshakes get them, those made keep theirs.
+    /// Whether the certificate changed. Err: they cannot be used (the old ones stay).
+    pub fn reload_files(&self, c: &config::ClientTls) -> Result<bool, String> {
+        let (Source::Files(files), config::ClientTls::Files(f)) = (&self.source, c) else { return Ok(false) };
+        let mut files = files.lock();
+        // (The stamp first: files that change while being read are read again; files that
+        // cannot be used are not tried again until they change.)
+        *files = Files::at(f);
+        let cert = from_files(f)?;
+        let mut in_use = self.in_use.lock();
+        let changed = in_use.0 != cert.fingerprint;
+        self.current.store(Some(cert.config));
+        *in_use = (cert.fingerprint, None);
+        Ok(changed)
+    }
+
+    /// SHA-256 of the certificate in use (empty when TLS is off).
+    pub fn fingerprint(&self) -> String {
+        self.in_use.lock().0.clone()
+    }
+
+    /// Whether the certificate files in use were modified since sluice read them.
+    pub fn files_changed(&self) -> bool {
+        let Source::Files(files) = &self.source else { return false };
+        let f = files.lock();
+        [modified(&f.cert), modified(&f.key)] != f.stamp
+    }
+
     /// How often to look for a due renewal (None: nothing to renew).
     pub fn check_interval(&self) -> Option<Duration> {
         match self.source {
@@ -131,7 +184,8 @@ impl ClientTls {
         let (fingerprint, not_after) = self.in_use.lock().clone();
         match &self.source {
             Source::Off => tracing::info!("client TLS is off (tls = \"off\"): clients that ask for TLS are refused"),
-            Source::Files(p) => {
+            Source::Files(f) => {
+                let p = f.lock().cert.clone();
                 tracing::info!(certificate = %p.display(), sha256 = %fingerprint, "client TLS: {what} certificate from a file")
             }
             Source::SelfSigned(_) => {
@@ -158,6 +212,29 @@ pub async fn keep_renewed(tls: &ClientTls) {
             Ok(true) => tls.log_in_use("renewed the"),
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "cannot renew the self-signed client TLS certificate; trying again later"),
+        }
+    }
+}
+
+/// Watches the certificate files in use (a task on the control thread): when they change on
+/// disk, new handshakes get the new certificate. Files that cannot be used are logged, and the
+/// certificate in use stays.
+pub async fn watch_files(tls: &ClientTls, config: &config::Live) {
+    if !matches!(tls.source, Source::Files(_)) {
+        return;
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !tls.files_changed() {
+            continue;
+        }
+        match tls.reload_files(&config.load().tls) {
+            Ok(_) => tls.log_in_use("files changed: now using the"),
+            Err(e) => {
+                tracing::warn!(error = %e, "the client TLS certificate files changed but cannot be used; keeping the certificate in use")
+            }
         }
     }
 }

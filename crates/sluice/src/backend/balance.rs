@@ -20,8 +20,11 @@ pub enum Want {
 }
 
 /// Balancer state shared by all workers.
+const POLICIES: [Policy; 3] = [Policy::LeastConnections, Policy::RoundRobin, Policy::WeightedRandom];
+
 pub struct Balancer {
-    policy: Policy,
+    /// The [`Policy`] in force, as its index in [`POLICIES`] (a reload changes it).
+    policy: std::sync::atomic::AtomicU8,
     rr: AtomicUsize,
     rng: AtomicU64,
 }
@@ -29,7 +32,18 @@ pub struct Balancer {
 impl Balancer {
     pub fn new(policy: Policy) -> Balancer {
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
-        Balancer { policy, rr: AtomicUsize::new(0), rng: AtomicU64::new(seed | 1) }
+        let b = Balancer { policy: Default::default(), rr: AtomicUsize::new(0), rng: AtomicU64::new(seed | 1) };
+        b.set_policy(policy);
+        b
+    }
+
+    pub fn policy(&self) -> Policy {
+        POLICIES[usize::from(self.policy.load(Ordering::Relaxed))]
+    }
+
+    pub fn set_policy(&self, p: Policy) {
+        let i = POLICIES.iter().position(|x| *x == p).unwrap_or(0);
+        self.policy.store(i as u8, Ordering::Relaxed);
     }
 
     fn random(&self) -> u64 {
@@ -62,7 +76,7 @@ impl Balancer {
         if n == 0 {
             return None;
         }
-        match self.policy {
+        match self.policy() {
             Policy::LeastConnections => {
                 // Lowest sessions/weight; ties go round-robin so that an idle pool spreads evenly.
                 let start = self.rr.fetch_add(1, Ordering::Relaxed);

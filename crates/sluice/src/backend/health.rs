@@ -20,30 +20,38 @@ use sluice_proto::replication;
 
 use super::conn::{self as bconn, Credential};
 use super::{Backend, Replication};
-use crate::config::HealthConfig;
+use crate::config::{HealthConfig, Live};
 use crate::net::PacketConn;
 
-/// Starts the checks of every backend (tasks that run until the process ends). A replica
-/// further behind than `max_lag` serves no reads (`routing.max_replica_lag`).
-pub fn spawn(backends: &[Arc<Backend>], cfg: &HealthConfig, max_lag: Duration) {
+/// Starts the checks of every backend (tasks that run until the backend is retired). A replica
+/// further behind than `routing.max_replica_lag` serves no reads. Each round reads the
+/// configuration in force, so that a reload changes the checks.
+pub fn spawn(backends: &[Arc<Backend>], config: &Arc<Live>) {
     for b in backends {
-        let (b, cfg) = (b.clone(), cfg.clone());
-        tokio::spawn(async move { check_loop(&b, &cfg, max_lag).await });
+        let (b, config) = (b.clone(), config.clone());
+        tokio::spawn(async move { check_loop(&b, &config).await });
     }
 }
 
-async fn check_loop(b: &Backend, cfg: &HealthConfig, max_lag: Duration) {
-    let monitor = match (&cfg.user, &cfg.password) {
-        (Some(u), p) => Some((u.clone(), Credential::Password(p.clone().unwrap_or_default().into_bytes()))),
-        _ => None,
-    };
-    let mut ticker = tokio::time::interval(cfg.interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+async fn check_loop(b: &Backend, config: &Live) {
+    let mut every = Duration::ZERO;
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
     loop {
+        let c = config.get();
+        let (cfg, max_lag) = (&c.health, c.routing.max_replica_lag);
+        if cfg.interval != every {
+            every = cfg.interval;
+            ticker = tokio::time::interval(every);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
         ticker.tick().await;
         if b.is_retired() {
             return;
         }
+        let monitor = match (&cfg.user, &cfg.password) {
+            (Some(u), p) => Some((u.clone(), Credential::Password(p.clone().unwrap_or_default().into_bytes()))),
+            _ => None,
+        };
         let now = crate::metrics::mono_ns() / 1_000_000;
         let passive = b.is_up() && monitor.is_none() && b.activity.since_ms(now) < cfg.interval.as_millis() as u64;
         let result = if passive { Ok(()) } else { probe(b, cfg, monitor.as_ref(), max_lag).await };

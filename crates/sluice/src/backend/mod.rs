@@ -193,7 +193,7 @@ impl Backend {
         metrics.serving_reads.set(i64::from(c.role == Role::Replica));
         Ok(Backend {
             index,
-            name: c.name.clone().unwrap_or_else(|| c.address.get_ref().clone()),
+            name: c.display_name(),
             address,
             weight: AtomicU32::new(c.weight.max(1)),
             tls,

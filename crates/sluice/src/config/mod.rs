@@ -9,12 +9,15 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
+mod live;
 mod routing;
 mod rules;
+mod show;
+pub use live::{Live, Source, fixed_changes};
 pub use routing::{CausalReads, ReadOnlyTransactions, RoutingConfig};
 pub use rules::{DigestsConfig, Network, RuleConfig, parse_digest};
 
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -42,7 +45,7 @@ pub struct Config {
     pub tls: ClientTls,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum RuntimeFlavor {
     /// One current-thread runtime per worker thread, each with its own SO_REUSEPORT listener.
@@ -52,7 +55,7 @@ pub enum RuntimeFlavor {
     Multi,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
     #[default]
@@ -61,7 +64,7 @@ pub enum Policy {
     WeightedRandom,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AuthMode {
     /// Sluice relays the client's login to the backend and never knows a password.
@@ -70,7 +73,7 @@ pub enum AuthMode {
     Users,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProxyConfig {
     /// Worker threads; 0 means one per core.
@@ -80,23 +83,23 @@ pub struct ProxyConfig {
     pub max_connections: usize,
     /// Per-user limit on client connections; 0 means none.
     pub max_connections_per_user: usize,
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub handshake_timeout: Duration,
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub connect_timeout: Duration,
     /// Client connections idle longer than this are closed; 0 disables.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub idle_timeout: Duration,
     /// A backend silent this long while a response is due (or not reading a request) fails
     /// the session; 0 disables.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub response_timeout: Duration,
     /// A client not reading what sluice writes for this long is disconnected; 0 disables.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub client_write_timeout: Duration,
     /// Largest command a client may send, in bytes (across 16 MiB packet boundaries).
     pub max_packet_size: u64,
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub shutdown_timeout: Duration,
     /// The auth plugin sluice's greeting names in users mode: "mysql_native_password" or
     /// "caching_sha2_password".
@@ -104,7 +107,7 @@ pub struct ProxyConfig {
     /// Idle backend connections kept for reuse, per backend and worker; 0 disables pooling.
     pub pool_idle_max: usize,
     /// A pooled backend connection unused for this long is closed.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub pool_idle_timeout: Duration,
     /// TLS to backends unless a backend says otherwise (`backends.tls`).
     pub backend_tls: BackendTls,
@@ -116,11 +119,11 @@ pub struct ProxyConfig {
     pub max_backend_connections: usize,
     /// How long a statement (or login) waits for a connection when a backend is at
     /// `max_backend_connections` before it gets an error.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub queue_timeout: Duration,
     /// Sessions that cannot move (passthrough) are closed at their next safe point once their
     /// backend has been draining this long.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub drain_timeout: Duration,
     /// Sessions move from the busiest backends (by weight) until each holds its share within
     /// one session: after a backend joins, comes back up, or is undrained.
@@ -128,7 +131,7 @@ pub struct ProxyConfig {
     /// Most sessions the rebalancer moves per second, per worker.
     pub rebalance_rate: u32,
     /// A session is not moved by the rebalancer twice within this.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub rebalance_interval: Duration,
     /// Testing aid: users-mode sessions move to a fresh connection on the next backend at every
     /// safe point, so that a client library's test suite runs across many connections.
@@ -139,7 +142,7 @@ pub struct ProxyConfig {
     pub park_every_command: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum AuthPlugin {
     #[default]
@@ -188,7 +191,7 @@ impl Default for ProxyConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerConfig {
     /// `HOST:PORT` for TCP, or an absolute path for a Unix socket.
@@ -199,7 +202,7 @@ pub struct ListenerConfig {
     pub multiplex: Option<bool>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     /// `HOST:PORT`, or an absolute path for a Unix socket.
@@ -251,6 +254,11 @@ impl BackendConfig {
     pub fn tls_mode(&self, p: &ProxyConfig) -> BackendTls {
         self.tls.unwrap_or(p.backend_tls)
     }
+
+    /// Its name, or else its address.
+    pub fn display_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.address.get_ref().clone())
+    }
 }
 
 fn one() -> u32 {
@@ -258,7 +266,7 @@ fn one() -> u32 {
 }
 
 /// When sluice's connection to a backend uses TLS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendTls {
     /// When the client's connection to sluice is TLS and the backend offers TLS. The backend's
@@ -304,13 +312,15 @@ fn backend_tls<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BackendTls>, D:
     d.deserialize_any(V)
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct UserConfig {
     pub name: String,
     /// Clear-text password.
+    #[serde(serialize_with = "show::masked")]
     pub password: Option<String>,
     /// mysql_native_password hash: `*` and 40 hex digits, as in mysql.user.
+    #[serde(serialize_with = "show::masked")]
     pub password_hash: Option<Spanned<String>>,
     #[serde(default)]
     pub max_connections: usize,
@@ -318,17 +328,18 @@ pub struct UserConfig {
     pub require_tls: bool,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthConfig {
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub interval: Duration,
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub timeout: Duration,
     pub rise: u32,
     pub fall: u32,
     /// With a monitor user, checks log in and ping; without, they read the greeting and leave.
     pub user: Option<String>,
+    #[serde(serialize_with = "show::masked")]
     pub password: Option<String>,
 }
 
@@ -338,17 +349,18 @@ impl Default for HealthConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     /// `HOST:PORT` of the admin HTTP API; unset disables it.
     pub listen: Option<Spanned<String>>,
     /// Bearer token required on every admin request when set.
+    #[serde(serialize_with = "show::masked")]
     pub token: Option<String>,
 }
 
 /// TLS for client connections.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub enum ClientTls {
     /// `tls = "auto"` (the default): a self-signed certificate generated in memory at start and
     /// replaced before it expires.
@@ -383,7 +395,7 @@ impl<'de> Deserialize<'de> for ClientTls {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     pub cert: Spanned<PathBuf>,

@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::duration;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RoutingConfig {
     /// Users-mode sessions send reads to replicas and the rest to the primary, statement by
@@ -14,7 +14,7 @@ pub struct RoutingConfig {
     pub split: bool,
     /// A replica further behind than this (`Seconds_Behind_Master`) serves no reads until it
     /// catches up; 0: no bound on lag (a replica that does not replicate still serves none).
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "super::show::duration")]
     pub max_replica_lag: Duration,
     /// Where `START TRANSACTION READ ONLY` runs: "primary" or "replica".
     pub read_only_transactions: ReadOnlyTransactions,
@@ -24,7 +24,7 @@ pub struct RoutingConfig {
     pub causal_reads: CausalReads,
     /// How long that wait may last before the read runs on the primary instead (0: the replica
     /// must have the write already).
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "super::show::duration")]
     pub causal_reads_timeout: Duration,
     /// Statements waiting for each shadow backend of a mirroring rule; more are dropped.
     pub mirror_queue: usize,
@@ -48,7 +48,7 @@ impl Default for RoutingConfig {
 }
 
 /// Whether a session's reads on replicas see its own writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum CausalReads {
     #[default]
@@ -58,7 +58,7 @@ pub enum CausalReads {
 }
 
 /// Where the split sends a read-only transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum ReadOnlyTransactions {
     /// With the writes: it sees what the session wrote just before.

@@ -14,7 +14,7 @@ use toml::Spanned;
 
 use super::ConfigError;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
     /// For metrics and the admin API; defaults to "rule-N" (N counts from 1).
@@ -43,10 +43,10 @@ pub struct RuleConfig {
     /// A backend that also receives the statement; its answers are discarded.
     pub mirror: Option<Spanned<String>>,
     /// A statement still running after this long is killed on its backend (KILL QUERY).
-    #[serde(default, deserialize_with = "super::optional_duration")]
+    #[serde(default, deserialize_with = "super::optional_duration", serialize_with = "super::show_optional_duration")]
     pub timeout: Option<Duration>,
     /// Reads whose results are kept and served again for this long.
-    #[serde(default, deserialize_with = "super::optional_duration")]
+    #[serde(default, deserialize_with = "super::optional_duration", serialize_with = "super::show_optional_duration")]
     pub cache_ttl: Option<Duration>,
 }
 
@@ -55,7 +55,7 @@ fn blocked_code() -> u16 {
 }
 
 /// `[digests]`: statistics per statement digest.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DigestsConfig {
     /// Off by default: on the relay's hot path a digest costs more than the 3% of CPU per

@@ -40,7 +40,7 @@ impl Session {
             self.client_error(h.seq.wrapping_add(1), code::NET_PACKETS_OUT_OF_ORDER, b"08S01", "Got packets out of order").await;
             return Error::client(format!("command packet with sequence id {}", h.seq));
         }
-        if h.len as u64 > self.ctx.config.proxy.max_packet_size {
+        if h.len as u64 > self.config.proxy.max_packet_size {
             self.ctx.metrics.reject(crate::metrics::Reject::PacketTooLarge);
             let msg = "Got a packet bigger than 'max_allowed_packet' bytes";
             self.client_error(1, code::NET_PACKET_TOO_LARGE, b"08S01", msg).await;
@@ -159,7 +159,7 @@ impl Session {
     async fn query_on_backend(&mut self, query: &[u8]) -> Result<bool> {
         let mut pkt = Vec::with_capacity(query.len() + HEADER);
         sluice_proto::packet::frame(&mut pkt, query, 0);
-        let limit = self.ctx.config.proxy.response_timeout;
+        let limit = self.config.proxy.response_timeout;
         self.backend.stream.write_within(limit, &pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
         let mut sink = StateSink::new(&mut self.state);
         let watch = crate::deadline::Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
@@ -257,7 +257,7 @@ impl Session {
         cu.collation.get_or_insert(self.state.collation as u16);
         let mut payload = Vec::new();
         cu.write(&mut payload);
-        let limit = self.ctx.config.proxy.handshake_timeout;
+        let limit = self.config.proxy.handshake_timeout;
         bconn::bounded(limit, "COM_CHANGE_USER", self.relay_change_user(&cu, &payload)).await
     }
 

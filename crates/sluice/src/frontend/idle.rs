@@ -168,7 +168,7 @@ impl Session {
     /// When an idle session times out (None: never); the idle time counts from the end of its
     /// last command, across parks.
     pub(super) fn idle_deadline(&mut self) -> Option<tokio::time::Instant> {
-        let idle = self.ctx.config.proxy.idle_timeout;
+        let idle = self.config.proxy.idle_timeout;
         if idle.is_zero() {
             return None;
         }

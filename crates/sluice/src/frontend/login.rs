@@ -197,7 +197,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
     };
     let scramble = random_scramble();
     let plugin = match listener.auth {
-        AuthMode::Users => ctx.config.proxy.auth_plugin.name(),
+        AuthMode::Users => ctx.config().proxy.auth_plugin.name(),
         AuthMode::Passthrough => auth::NATIVE,
     };
     // Read once: a certificate renewed meanwhile is for the next connection.
@@ -354,7 +354,7 @@ fn queue_full(b: &Backend, waited: std::time::Duration, ctx: &Ctx) -> Refusal {
         "sluice: no connection to backend {} became free within queue_timeout ({} ms waited; max_backend_connections = {})",
         b.name,
         waited.as_millis(),
-        ctx.config.proxy.max_backend_connections
+        ctx.config().proxy.max_backend_connections
     );
     refuse(Reject::NoBackend, Error::new(Side::Proxy, code::CON_COUNT, msg).state(b"08004"))
 }

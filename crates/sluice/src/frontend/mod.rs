@@ -73,9 +73,9 @@ async fn admit(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Listen
         refuse_early(stream, code::SERVER_SHUTDOWN, "sluice is shutting down").await;
         return None;
     }
-    if open >= ctx.config.proxy.max_connections {
+    if open >= ctx.config().proxy.max_connections {
         ctx.metrics.reject(Reject::MaxConnections);
-        tracing::warn!(client = %peer, limit = ctx.config.proxy.max_connections, "refusing client: max_connections reached");
+        tracing::warn!(client = %peer, limit = ctx.config().proxy.max_connections, "refusing client: max_connections reached");
         refuse_early(stream, code::CON_COUNT, "Too many connections").await;
         return None;
     }
@@ -116,7 +116,7 @@ async fn live(mut session: Box<relay::Session>, admission: Admission, first: boo
 async fn start(ctx: Arc<Ctx>, stream: Stream, handle: Arc<SessionHandle>, listener: &Listener, peer: &str) -> Option<Box<relay::Session>> {
     let id = handle.id;
     let tls = stream.is_tls();
-    let login = tokio::time::timeout(ctx.config.proxy.handshake_timeout, login::login(&ctx, stream, &handle, listener)).await;
+    let login = tokio::time::timeout(ctx.config().proxy.handshake_timeout, login::login(&ctx, stream, &handle, listener)).await;
     let logged_in = match login {
         Err(_) => {
             ctx.metrics.reject(Reject::HandshakeTimeout);

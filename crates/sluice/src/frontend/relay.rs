@@ -86,6 +86,8 @@ pub struct Session {
     pub(super) resumed: bool,
     /// Its side of traffic capture (once a capture has seen it).
     pub(super) capture: Option<Box<super::capture::Mark>>,
+    /// The configuration in force when the session began (it keeps it across reloads).
+    pub(super) config: Arc<crate::config::Config>,
 }
 
 /// Where a command goes.
@@ -125,18 +127,19 @@ impl Session {
         let deprecate_eof = l.backend_caps & cap::DEPRECATE_EOF != 0;
         let session_track = l.backend_caps & cap::SESSION_TRACK != 0;
         let client_track = l.client_caps & cap::SESSION_TRACK != 0;
+        let config = ctx.config.get();
         let mut client = ClientConn::new(l.client, l.compression);
-        client.write_timeout = ctx.config.proxy.client_write_timeout;
+        client.write_timeout = config.proxy.client_write_timeout;
         let key = (l.credential.is_some() && l.profile.is_some())
             .then(|| Box::new(Key { user: std::sync::Arc::from(l.state.user.as_str()), fit: l.fit, collation: l.state.collation }));
-        let split = ctx.config.routing.split && key.is_some();
+        let split = config.routing.split && key.is_some();
         handle.split.store(split, Ordering::Relaxed);
         let multiplex = (multiplex || split) && key.is_some();
         let mut state = l.state;
         state.stmt_ids_mapped |= multiplex;
         let client_ip = handle.info.lock().client.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
         if multiplex && client.can_wait_unbuffered() {
-            handle.parking.allow(ctx.config.proxy.park_every_command);
+            handle.parking.allow(config.proxy.park_every_command);
         }
         Session {
             ctx,
@@ -169,6 +172,7 @@ impl Session {
             idle_since: None,
             resumed: false,
             capture: None,
+            config,
         }
     }
 
@@ -339,7 +343,7 @@ impl Session {
 
     /// The checks every command passes first; returns its command byte.
     fn command_byte(&self, h: Header) -> Option<u8> {
-        if h.seq != 0 || h.len as u64 > self.ctx.config.proxy.max_packet_size {
+        if h.seq != 0 || h.len as u64 > self.config.proxy.max_packet_size {
             return None;
         }
         self.client.rbuf.get(HEADER).copied()
@@ -586,7 +590,7 @@ impl Session {
 
     /// Forwards client packets to the backend as `walk` delimits them.
     async fn pipe_from_client(&mut self, walk: &mut RequestWalker) -> Result<()> {
-        let limit = self.ctx.config.proxy.max_packet_size;
+        let limit = self.config.proxy.max_packet_size;
         loop {
             let n = walk.scan(&self.client.rbuf);
             if walk.total > limit {
@@ -594,7 +598,7 @@ impl Session {
                 return Err(Error::client(format!("request of more than {limit} bytes exceeds max_packet_size")));
             }
             if n > 0 {
-                let limit = self.ctx.config.proxy.response_timeout;
+                let limit = self.config.proxy.response_timeout;
                 self.backend
                     .stream
                     .write_within(limit, &self.client.rbuf[..n])
@@ -693,7 +697,7 @@ async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &C
         if n > 0 {
             backend
                 .stream
-                .write_within(ctx.config.proxy.response_timeout, &client.rbuf[..n])
+                .write_within(ctx.config().proxy.response_timeout, &client.rbuf[..n])
                 .await
                 .map_err(|e| Error::io(Side::Backend, "forwarding file", e))?;
             ctx.metrics.bytes_from_clients.inc_by(n as u64);

@@ -94,7 +94,7 @@ impl Session {
         }
         Some(match class {
             Class::Read => (Target::Replica, Split::Read),
-            Class::Begin { read_only: true } if self.ctx.config.routing.read_only_transactions == ReadOnlyTransactions::Replica => {
+            Class::Begin { read_only: true } if self.config.routing.read_only_transactions == ReadOnlyTransactions::Replica => {
                 (Target::Replica, Split::ReadOnlyTransaction)
             }
             Class::Begin { .. } => (Target::Primary, Split::Begin),
@@ -146,7 +146,7 @@ impl Session {
     /// (the session's last, or the latest through sluice with "global"): it has not waited for
     /// it there since that write.
     fn must_wait(&mut self, b: &crate::backend::Backend) -> bool {
-        let mode = self.ctx.config.routing.causal_reads;
+        let mode = self.config.routing.causal_reads;
         if mode == CausalReads::None || (mode == CausalReads::Session && self.state.last_gtid.is_empty()) {
             return false;
         }
@@ -168,7 +168,7 @@ impl Session {
     /// Global causal reads: the session's write is recorded for every session's reads (after
     /// a statement whose answer reported variables, `last_gtid` among them).
     pub(super) fn note_write(&self) {
-        if self.ctx.config.routing.causal_reads == CausalReads::Global && !self.state.last_gtid.is_empty() {
+        if self.config.routing.causal_reads == CausalReads::Global && !self.state.last_gtid.is_empty() {
             self.ctx.latest_writes.note(&self.state.last_gtid);
         }
     }
@@ -192,11 +192,11 @@ impl Session {
         if copy.is_none() || !gtid.bytes().all(|b| b.is_ascii_digit() || b == b'-' || b == b',') {
             return Ok(None);
         }
-        let timeout = self.ctx.config.routing.causal_reads_timeout.as_secs_f64();
+        let timeout = self.config.routing.causal_reads_timeout.as_secs_f64();
         let body = format!("\u{3}SELECT MASTER_GTID_WAIT('{gtid}', {timeout})");
         let mut packet = Vec::with_capacity(body.len() + HEADER);
         sluice_proto::packet::frame(&mut packet, body.as_bytes(), 0);
-        let limit = self.ctx.config.proxy.response_timeout;
+        let limit = self.config.proxy.response_timeout;
         self.backend.stream.write_within(limit, &packet).await.map_err(|e| Error::io(Side::Backend, "sending a causal read's wait", e))?;
         Ok(copy)
     }
@@ -223,7 +223,7 @@ impl Session {
         if let Err(found) = self.attach_at_once() {
             self.attach(found).await?;
         }
-        let limit = self.ctx.config.proxy.response_timeout;
+        let limit = self.config.proxy.response_timeout;
         self.backend.stream.write_within(limit, &copy).await.map_err(|e| Error::io(Side::Backend, "forwarding a causal read", e))
     }
 

@@ -126,7 +126,7 @@ impl Session {
     /// connection found, if any, to bring to the session's state.
     pub(super) fn attach_at_once(&mut self) -> std::result::Result<(), Option<Found>> {
         let Some(key) = self.key.as_deref() else { return Err(None) };
-        if self.ctx.config.proxy.move_every_statement {
+        if self.config.proxy.move_every_statement {
             return Err(None);
         }
         let b = self.guard.0.clone();
@@ -155,7 +155,7 @@ impl Session {
                 let (spare, slot) = *found;
                 self.ready_from(&b, Taken::Conn(spare, slot)).await?
             }
-            None => self.connection_on(&b, !self.ctx.config.proxy.move_every_statement).await?,
+            None => self.connection_on(&b, !self.config.proxy.move_every_statement).await?,
         };
         drop(self.install(&b, ready));
         Ok(())
@@ -193,8 +193,7 @@ impl Session {
         let Some(key) = self.key.as_deref() else {
             return Err(Error::proxy(code::UNKNOWN_ERROR, "sluice holds no credentials for this session"));
         };
-        let taken =
-            b.shared.take(key, reuse).await.map_err(|waited| queue_error(b, waited, self.ctx.config.proxy.max_backend_connections))?;
+        let taken = b.shared.take(key, reuse).await.map_err(|waited| queue_error(b, waited, self.config.proxy.max_backend_connections))?;
         self.ready_from(b, taken).await
     }
 
@@ -273,7 +272,7 @@ impl Session {
         if self.key.is_none() {
             return if asked && self.drained_out() { Next::End } else { Next::Stay };
         }
-        let forced = self.ctx.config.proxy.move_every_statement;
+        let forced = self.config.proxy.move_every_statement;
         if !(self.multiplex || asked || forced) || self.lost.is_some() {
             return Next::Stay;
         }
@@ -302,7 +301,7 @@ impl Session {
 
     /// A session that cannot move, asked to leave a backend that drained for `drain_timeout`.
     fn drained_out(&self) -> bool {
-        let expired = self.guard.drained_for().is_some_and(|d| d >= self.ctx.config.proxy.drain_timeout);
+        let expired = self.guard.drained_for().is_some_and(|d| d >= self.config.proxy.drain_timeout);
         if expired && self.state.at_safe_point() {
             tracing::info!(session = self.handle.id, backend = %self.guard.name, "closing a session that cannot move off a draining backend");
             return true;
@@ -584,7 +583,7 @@ impl Session {
         p[..4].copy_from_slice(&[5, 0, 0, 0]);
         p[4] = com::STMT_CLOSE;
         p[5..].copy_from_slice(&backend_id.to_le_bytes());
-        let limit = self.ctx.config.proxy.response_timeout;
+        let limit = self.config.proxy.response_timeout;
         self.backend.stream.write_within(limit, &p).await.map_err(|e| Error::io(Side::Backend, "closing a statement", e))
     }
 }

@@ -52,8 +52,8 @@ impl<C: AuthIo> Answer for Relay<'_, C> {
 }
 
 /// The outcome of a client's authentication.
-pub(super) enum Verdict<'u> {
-    Accepted(&'u User),
+pub(super) enum Verdict {
+    Accepted(std::sync::Arc<User>),
     Denied { used_password: bool },
 }
 
@@ -61,16 +61,16 @@ pub(super) enum Verdict<'u> {
 /// more (a switch, full authentication) as needed. `seq` is the sequence id of the next packet
 /// sluice sends; the returned one is the id for the final OK or ERR.
 #[allow(clippy::too_many_arguments)] // the login's inputs, each used once
-pub(super) async fn verify<'u, C: AuthIo>(
+pub(super) async fn verify<C: AuthIo>(
     io: &mut C,
     mut seq: u8,
-    users: &'u Users,
+    users: &Users,
     rsa: Option<&RsaKey>,
     name: &str,
     plugin: &[u8],
     reply: &[u8],
     scramble: &[u8],
-) -> io::Result<(Verdict<'u>, u8)> {
+) -> io::Result<(Verdict, u8)> {
     let Some(user) = users.get(name) else {
         crate::auth::phantom_check(scramble, reply);
         return Ok((Verdict::Denied { used_password: !reply.is_empty() }, seq));

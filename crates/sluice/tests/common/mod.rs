@@ -43,6 +43,16 @@ pub fn start_sluice_config(toml: &str) -> SluiceProc {
     SluiceProc::start(bin(), &["--config".to_string(), path.display().to_string()])
 }
 
+/// Starts sluice with the configuration file at `path` (which a test may rewrite, and reload).
+pub fn start_sluice_file(path: &Path) -> SluiceProc {
+    SluiceProc::start(bin(), &["--config".to_string(), path.display().to_string()])
+}
+
+/// A path for a test's configuration file.
+pub fn config_path(what: &str) -> std::path::PathBuf {
+    sluice_testkit::mariadb::work_root().join(format!("cfg-{what}-{}-{}.toml", std::process::id(), sluice_testkit::unique_id()))
+}
+
 /// A configuration file for a test: a listener and the admin API on free loopback ports, and
 /// whatever the test adds. Keys of one table given in several calls land in that one table.
 #[derive(Clone, Default)]

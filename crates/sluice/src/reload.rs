@@ -1,0 +1,85 @@
+//! Hot reload: SIGHUP and `POST /config/reload` read the configuration again (the file, with
+//! the command line's flags on top) and apply what changed, with sessions going on:
+//!
+//! - backends added, removed (drained first, as `DELETE /backends/NAME` does) or re-weighted;
+//! - users added, changed or removed (sessions logged in keep going);
+//! - the balancing policy, health settings (each check round reads them), the admin token,
+//!   TLS certificate files (new handshakes get them);
+//! - limits, timeouts and routing switches: for sessions that begin after the reload (a
+//!   session keeps the configuration it began with).
+//!
+//! A file that does not parse or validate is refused with the same line-precise error as at
+//! start, and so is one that changes what a running sluice cannot (`config::fixed_changes`):
+//! the configuration in force stays, untouched.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::ctx::Ctx;
+
+/// What a reload changed.
+#[derive(Debug, Default, Serialize)]
+pub struct Outcome {
+    pub backends_added: Vec<String>,
+    /// Drained, then taken out once their sessions left.
+    pub backends_removed: Vec<String>,
+    pub weights_changed: Vec<String>,
+    pub users_added: Vec<String>,
+    pub users_changed: Vec<String>,
+    pub users_removed: Vec<String>,
+    pub tls_certificate_changed: bool,
+    /// Unix milliseconds when the configuration now in force was loaded.
+    pub loaded_at_ms: u64,
+}
+
+/// Reads the configuration again and applies it (call it on a tokio runtime: backends added
+/// start their checks there). Err: why it was refused, one line each; nothing was applied.
+pub fn reload(ctx: &Arc<Ctx>) -> Result<Outcome, Vec<String>> {
+    let new = ctx.config.read_again().map_err(|e| vec![e])?;
+    let old = ctx.config.get();
+    let fixed = crate::config::fixed_changes(&old, &new);
+    if !fixed.is_empty() {
+        return Err(fixed);
+    }
+    // TLS first: the only step that can still fail (files changed since they were validated).
+    let tls_certificate_changed = ctx.tls.reload_files(&new.tls).map_err(|e| vec![format!("tls: {e}")])?;
+    let mut out = Outcome { tls_certificate_changed, ..Outcome::default() };
+    apply_backends(ctx, &new, &mut out);
+    [out.users_added, out.users_changed, out.users_removed] = ctx.users.replace(&new.users, new.proxy.max_connections_per_user);
+    ctx.backends.balancer.set_policy(new.proxy.balance);
+    ctx.config.store(new);
+    out.loaded_at_ms = ctx.config.loaded_at_ms();
+    ctx.metrics.config_reloads.inc();
+    tracing::info!(
+        added = ?out.backends_added, removed = ?out.backends_removed, weights = ?out.weights_changed,
+        users_added = ?out.users_added, users_changed = ?out.users_changed, users_removed = ?out.users_removed,
+        tls_certificate_changed = out.tls_certificate_changed,
+        "configuration reloaded"
+    );
+    Ok(out)
+}
+
+/// Backends by name: new ones added, missing ones removed, weights set.
+fn apply_backends(ctx: &Arc<Ctx>, new: &Config, out: &mut Outcome) {
+    let list = ctx.backends.list();
+    for c in &new.backends {
+        let name = c.display_name();
+        match list.iter().find(|b| b.name == name) {
+            Some(b) if b.weight() != c.weight.max(1) => {
+                b.set_weight(c.weight.max(1));
+                out.weights_changed.push(name);
+            }
+            Some(_) => {}
+            None => match crate::control::add_backend(ctx, c) {
+                Ok(_) => out.backends_added.push(name),
+                Err(e) => tracing::warn!(backend = %name, error = %e, "reload: cannot add backend"),
+            },
+        }
+    }
+    for b in list.iter().filter(|b| !new.backends.iter().any(|c| c.display_name() == b.name)) {
+        crate::control::remove_backend(ctx, b);
+        out.backends_removed.push(b.name.clone());
+    }
+}
