@@ -35,6 +35,7 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/capture/stop", post(capture_stop))
         .route("/capture/open", post(capture_open))
         .route("/sessions/{id}/move", post(move_session))
+        .route("/sessions/{id}/kill", post(kill_session))
         .route("/backends/{name}/drain", post(drain))
         .route("/backends/{name}/undrain", post(undrain))
         .route("/backends/{name}/weight", post(set_weight))
@@ -259,6 +260,13 @@ async fn move_session(State(ctx): State<Arc<Ctx>>, Path(id): Path<u32>, Query(q)
 /// Drains a backend: no new session goes there, and every session on it moves at its next safe
 /// point; those that cannot move (passthrough) are closed at their next safe point once
 /// `drain_timeout` passed.
+/// Closes a session: at once when it waits for a command, else once its command is through.
+async fn kill_session(State(ctx): State<Arc<Ctx>>, Path(id): Path<u32>) -> Response {
+    let Some(h) = ctx.sessions.get(id) else { return not_found(format!("no session {id}")) };
+    h.kill();
+    (StatusCode::OK, Json(serde_json::json!({ "session": id, "killed": true }))).into_response()
+}
+
 async fn drain(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>) -> Response {
     let Some(b) = ctx.backends.by_name(&name) else { return not_found(format!("no backend {name}")) };
     let asked = control::start_drain(&ctx, &b);

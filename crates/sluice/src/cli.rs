@@ -44,6 +44,69 @@ pub enum Command {
     Capture(CaptureCommand),
     /// Play a traffic capture against a server and compare the results with the captured ones.
     Replay(ReplayArgs),
+    /// Talk to a running sluice through its admin API (exit codes: 0 done, 1 refused, 2 bad
+    /// command line, 3 unreachable, 4 sluice failed or is not ready).
+    Ctl(CtlArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CtlArgs {
+    /// The admin API, HOST:PORT (else SLUICE_ADMIN, else the config file's, else 127.0.0.1:6034).
+    #[arg(long)]
+    pub admin: Option<String>,
+    /// The admin token (else SLUICE_ADMIN_TOKEN, else the config file's).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// Take the admin address and token from this configuration file.
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    /// Print the API's JSON answer instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub verb: CtlVerb,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtlVerb {
+    /// Ready, draining or unavailable; backends up; sessions.
+    Status,
+    /// Each backend: up, weight, sessions, role, draining.
+    Backends,
+    /// Each session: user, client, backend, queries, pins (why it cannot move now).
+    Sessions,
+    /// No new session goes to the backend; its sessions move at their next safe point.
+    Drain { backend: String },
+    /// The backend takes sessions again.
+    Undrain { backend: String },
+    /// Sets a backend's weight.
+    Weight { backend: String, value: u32 },
+    /// Moves a session at its next safe point (to another backend, or the one named).
+    Move {
+        session: u32,
+        #[arg(long)]
+        to: Option<String>,
+    },
+    /// Closes a session (its client sees the connection end).
+    Kill { session: u32 },
+    /// Reads the configuration file again and applies it.
+    Reload,
+    /// The configuration in force (secrets masked).
+    Config,
+    /// The busiest statement digests.
+    Digests {
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+        /// total_time, count, errors, rows, max, p99 or last_seen.
+        #[arg(long, default_value = "total_time")]
+        by: String,
+    },
+    /// Traffic capture: start (with JSON options), stop, open (a consistent start's gate), status.
+    Capture {
+        action: String,
+        /// For start: the options as JSON, e.g. '{"dir": "/var/tmp/cap", "duration": "60s"}'.
+        options: Option<String>,
+    },
 }
 
 #[derive(Debug, clap::Args)]

@@ -9,6 +9,7 @@ pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod ctl;
 pub mod ctx;
 pub mod deadline;
 pub mod digest;

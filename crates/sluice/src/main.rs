@@ -26,6 +26,9 @@ fn main() {
         }
         return;
     }
+    if let Some(Command::Ctl(c)) = &cli.command {
+        std::process::exit(sluice::ctl::run(c));
+    }
     if let Some(Command::Replay(r)) = &cli.command {
         std::process::exit(replay(r));
     }
