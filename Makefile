@@ -11,7 +11,7 @@ SOAK_ARGS ?=
 # `make fuzz` runs every fuzz target for FUZZ_SECONDS each (nightly Rust and cargo-fuzz,
 # installed on first use); new inputs that raise coverage are added to fuzz/corpus/.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS = client_handshake server_packet response_stream request_stream compressed sql rw digest
+FUZZ_TARGETS = client_handshake server_packet response_stream request_stream compressed sql rw digest proxy_header
 
 .PHONY: run test bench bench-smoke soak fuzz
 

@@ -22,7 +22,22 @@ pub const TARGETS: &[Target] = &[
     ("sql", sql),
     ("rw", rw),
     ("digest", digest),
+    ("proxy_header", proxy_header),
 ];
+
+/// The first bytes of a connection from a trusted load balancer: a header that parses is no
+/// longer than the input, and a version 2 header sluice writes parses back to its source.
+pub fn proxy_header(data: &[u8]) {
+    use crate::proxy_header::{Parsed, parse, write_v2};
+    if let Parsed::Header { len, source } = parse(data) {
+        assert!(len <= data.len(), "a header within the input");
+        if let Some(s) = source {
+            let mut out = Vec::new();
+            write_v2(&mut out, s, s);
+            assert_eq!(parse(&out), Parsed::Header { len: out.len(), source: Some(s) });
+        }
+    }
+}
 
 /// What a client sends while logging in: handshake response, SSL request, COM_CHANGE_USER.
 /// A response that parses must survive being written and parsed again unchanged.

@@ -14,6 +14,7 @@ pub mod fuzzing;
 pub mod handshake;
 pub mod lexer;
 pub mod packet;
+pub mod proxy_header;
 pub mod replication;
 pub mod response;
 pub mod rw;

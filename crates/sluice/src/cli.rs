@@ -181,10 +181,19 @@ impl Cli {
         };
         let flag_err = |m: String| ConfigError { file: None, line: None, message: m };
         if !self.listen.is_empty() {
-            cfg.listeners = self.listen.iter().map(|a| ListenerConfig { address: spanned(a), auth: None, multiplex: None }).collect();
+            cfg.listeners = self
+                .listen
+                .iter()
+                .map(|a| ListenerConfig { address: spanned(a), auth: None, multiplex: None, proxy_protocol: Vec::new() })
+                .collect();
         }
         if cfg.listeners.is_empty() {
-            cfg.listeners.push(ListenerConfig { address: spanned("127.0.0.1:6033"), auth: None, multiplex: None });
+            cfg.listeners.push(ListenerConfig {
+                address: spanned("127.0.0.1:6033"),
+                auth: None,
+                multiplex: None,
+                proxy_protocol: Vec::new(),
+            });
         }
         if !self.backend.is_empty() {
             cfg.backends = self

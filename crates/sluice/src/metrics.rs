@@ -282,10 +282,12 @@ pub enum Reject {
     TlsRequired,
     AccessDenied,
     PacketTooLarge,
+    /// A trusted balancer's connection without a valid PROXY protocol header.
+    ProxyHeader,
 }
 
 impl Reject {
-    const ALL: [Reject; 8] = [
+    const ALL: [Reject; 9] = [
         Reject::MaxConnections,
         Reject::MaxUserConnections,
         Reject::HandshakeTimeout,
@@ -294,6 +296,7 @@ impl Reject {
         Reject::TlsRequired,
         Reject::AccessDenied,
         Reject::PacketTooLarge,
+        Reject::ProxyHeader,
     ];
     fn as_str(self) -> &'static str {
         match self {
@@ -305,6 +308,7 @@ impl Reject {
             Reject::TlsRequired => "tls_required",
             Reject::AccessDenied => "access_denied",
             Reject::PacketTooLarge => "packet_too_large",
+            Reject::ProxyHeader => "proxy_header",
         }
     }
 }

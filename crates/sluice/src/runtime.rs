@@ -62,7 +62,8 @@ pub fn run(ctx: Arc<Ctx>) -> Result<(), String> {
     for l in &ctx.config().listeners {
         let auth = ctx.config().auth_mode(l);
         let multiplex = l.multiplex.unwrap_or(ctx.config().proxy.multiplex);
-        let info = Arc::new(Listener { name: l.address.get_ref().clone(), auth, multiplex });
+        let proxy_from = l.proxy_protocol.iter().filter_map(|n| crate::config::Network::parse(n.get_ref()).ok()).collect();
+        let info = Arc::new(Listener { name: l.address.get_ref().clone(), auth, multiplex, proxy_from });
         match parse_address(l.address.get_ref())? {
             Address::Tcp(a) => {
                 let (socks, actual) = bind_tcp(a, per_socket).map_err(|e| format!("listen on {a}: {e}"))?;

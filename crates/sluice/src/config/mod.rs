@@ -200,6 +200,10 @@ pub struct ListenerConfig {
     pub auth: Option<AuthMode>,
     /// Multiplex this listener's sessions; unset: `proxy.multiplex`.
     pub multiplex: Option<bool>,
+    /// Networks (load balancers) whose connections begin with a PROXY protocol header (v1 or
+    /// v2) that gives the client's real address; connections from elsewhere send none.
+    #[serde(default)]
+    pub proxy_protocol: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
@@ -592,6 +596,9 @@ impl Config {
         let at = |span: std::ops::Range<usize>, message: String| ConfigError { file: None, line: Some(line_of(text, span.start)), message };
         for l in &self.listeners {
             parse_address(l.address.get_ref()).map_err(|m| at(l.address.span(), format!("listeners.address: {m}")))?;
+            for n in &l.proxy_protocol {
+                Network::parse(n.get_ref()).map_err(|m| at(n.span(), format!("listeners.proxy_protocol: {m}")))?;
+            }
         }
         for b in &self.backends {
             parse_address(b.address.get_ref()).map_err(|m| at(b.address.span(), format!("backends.address: {m}")))?;

@@ -32,6 +32,8 @@ pub struct Listener {
     pub auth: AuthMode,
     /// Users-mode sessions give their backend connection back at every safe point.
     pub multiplex: bool,
+    /// Peers whose connections begin with a PROXY protocol header.
+    pub proxy_from: Vec<crate::config::Network>,
 }
 
 /// Counts a client connection for as long as it lives, and keeps its session registered from
@@ -52,13 +54,65 @@ impl Drop for Admission {
 }
 
 /// Serves one client connection from accept to close.
-pub async fn serve(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Listener>) {
+pub async fn serve(ctx: Arc<Ctx>, mut stream: Stream, peer: String, listener: Arc<Listener>) {
+    let peer = if listener.proxy_from.is_empty() {
+        peer
+    } else {
+        match Box::pin(proxied(&ctx, &mut stream, peer, &listener)).await {
+            Some(p) => p,
+            None => return,
+        }
+    };
     // The login runs in its own future: its locals (the login result, LoggedIn) then take no
     // room in the task of the session that follows it, idle for hours, perhaps.
     let Some((session, admission)) = Box::pin(admit(ctx, stream, peer, listener)).await else {
         return;
     };
     live(session, admission, true).await;
+}
+
+/// The client's address: from the PROXY protocol header when the peer is a trusted balancer
+/// (a header it must send, within `handshake_timeout`), else the peer's own. None: the
+/// connection is closed (no header, a bad one, or data after it before sluice's greeting).
+async fn proxied(ctx: &Ctx, stream: &mut Stream, peer: String, listener: &Listener) -> Option<String> {
+    let ip = peer.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
+    if !ip.is_some_and(|ip| listener.proxy_from.iter().any(|n| n.contains(ip))) {
+        return Some(peer);
+    }
+    let read = tokio::time::timeout(ctx.config().proxy.handshake_timeout, read_proxy_header(stream)).await;
+    let why = match read {
+        Ok(Ok(source)) => return Some(source.map_or(peer, |s| s.to_string())),
+        Ok(Err(why)) => why,
+        Err(_) => "no PROXY protocol header within handshake_timeout".into(),
+    };
+    ctx.metrics.reject(Reject::ProxyHeader);
+    ctx.metrics.error(Side::Client);
+    tracing::warn!(peer = %peer, error = %why, "closing a connection from a PROXY protocol peer");
+    None
+}
+
+/// Reads a PROXY protocol header off a TCP connection: the client's address it names (None:
+/// LOCAL or UNKNOWN, the peer stands). Nothing may follow it before sluice's greeting.
+async fn read_proxy_header(stream: &mut Stream) -> Result<Option<std::net::SocketAddr>, String> {
+    use sluice_proto::proxy_header::{Parsed, V2_MAX, parse};
+    use tokio::io::AsyncReadExt;
+    let Stream::Tcp(tcp) = stream else { return Err("PROXY protocol headers are read on TCP listeners only".into()) };
+    let mut buf = vec![0u8; V2_MAX];
+    let mut n = 0;
+    loop {
+        let got = tcp.read(&mut buf[n..]).await.map_err(|e| e.to_string())?;
+        if got == 0 {
+            return Err("the connection closed before its PROXY protocol header ended".into());
+        }
+        n += got;
+        match parse(&buf[..n]) {
+            Parsed::Incomplete if n < buf.len() => {}
+            Parsed::Incomplete => return Err("PROXY protocol header too long".into()),
+            Parsed::Invalid(why) => return Err(why.into()),
+            Parsed::Header { len, .. } if len < n => return Err("data after the PROXY protocol header, before the greeting".into()),
+            Parsed::Header { source, .. } => return Ok(source),
+        }
+    }
 }
 
 /// Admits the connection and logs the client in: its session, or None when it was refused or
@@ -239,7 +293,7 @@ mod tests {
         let ctx = Ctx::new(config).unwrap();
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
-        let listener = Arc::new(Listener { name: "t".into(), auth: AuthMode::Passthrough, multiplex: false });
+        let listener = Arc::new(Listener { name: "t".into(), auth: AuthMode::Passthrough, multiplex: false, proxy_from: Vec::new() });
         let task = serve(ctx, Stream::Tcp(c), "peer".into(), listener);
         let size = std::mem::size_of_val(&task);
         assert!(size <= 2048, "a session's task takes {size} bytes");
