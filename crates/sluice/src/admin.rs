@@ -30,6 +30,7 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/rules", get(rules))
         .route("/config", get(config))
         .route("/config/reload", post(reload))
+        .route("/upgrade", post(upgrade))
         .route("/capture", get(capture_status))
         .route("/capture/start", post(capture_start))
         .route("/capture/stop", post(capture_stop))
@@ -57,6 +58,8 @@ async fn require_token(State(ctx): State<Arc<Ctx>>, req: Request, next: Next) ->
 #[derive(Serialize)]
 struct Health {
     status: &'static str,
+    /// This process's id (it changes with an upgrade).
+    pid: u32,
     reason: Option<String>,
     backends_up: usize,
     backends: usize,
@@ -75,7 +78,7 @@ async fn health(State(ctx): State<Arc<Ctx>>) -> Response {
     } else {
         (StatusCode::OK, "ready", None)
     };
-    (code, Json(Health { status, reason, backends_up: up, backends: total, sessions })).into_response()
+    (code, Json(Health { status, pid: std::process::id(), reason, backends_up: up, backends: total, sessions })).into_response()
 }
 
 async fn metrics(State(ctx): State<Arc<Ctx>>) -> Response {
@@ -369,6 +372,23 @@ async fn reload(State(ctx): State<Arc<Ctx>>) -> Response {
             tracing::warn!(errors = ?errors, "configuration reload refused");
             (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": errors.join("; "), "errors": errors }))).into_response()
         }
+    }
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct UpgradeTo {
+    /// The new binary (default: the one sluice was started from, as it is on disk now).
+    binary: Option<std::path::PathBuf>,
+}
+
+/// Starts the new binary and hands it the listening sockets (`crate::upgrade`); answers once
+/// it accepts, with its process id, or with why it failed (this process then goes on).
+async fn upgrade(State(ctx): State<Arc<Ctx>>, body: Option<Json<UpgradeTo>>) -> Response {
+    let to = body.map(|Json(t)| t).unwrap_or_default();
+    match ctx.upgrades.ask(to.binary).await {
+        Ok(pid) => Json(serde_json::json!({ "new_pid": pid, "old_pid": std::process::id() })).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "error": e }))).into_response(),
     }
 }
 

@@ -52,6 +52,9 @@ fn call_of(verb: &CtlVerb) -> Result<Call, String> {
         }
         CtlVerb::Kill { session } => post(format!("/sessions/{session}/kill")),
         CtlVerb::Reload => post("/config/reload"),
+        CtlVerb::Upgrade { binary } => {
+            Call { method: "POST", path: "/upgrade".into(), body: Some(serde_json::json!({ "binary": binary })) }
+        }
         CtlVerb::Config => get("/config"),
         CtlVerb::Digests { top, by } => get(format!("/digests?top={top}&by={}", segment(by))),
         CtlVerb::Capture { action, options } => match action.as_str() {
@@ -151,8 +154,8 @@ fn request(admin: &str, token: Option<&str>, call: &Call) -> Result<(u16, String
 
 fn parse_response(raw: &[u8]) -> Result<(u16, String), String> {
     let text = String::from_utf8_lossy(raw);
-    let (head, body) = text.split_once("\r\n\r\n").ok_or("not an HTTP response")?;
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or("not an HTTP response")?;
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("not an HTTP response: {text:?}"))?;
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| format!("not an HTTP response: {head:?}"))?;
     let chunked =
         head.lines().any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding:") && l.to_ascii_lowercase().contains("chunked"));
     Ok((status, if chunked { dechunk(body) } else { body.to_string() }))

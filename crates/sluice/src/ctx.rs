@@ -40,6 +40,39 @@ pub struct Ctx {
     pub cache: crate::cache::ResultCache,
     /// Traffic capture (off until started through the admin API).
     pub capture: crate::capture::Capture,
+    /// Upgrades asked through the admin API, for the control thread.
+    pub upgrades: Upgrades,
+    /// The listening sockets were handed over to a new process (an upgrade): this one no
+    /// longer accepts, and ends when its last session does.
+    handed_over: AtomicBool,
+}
+
+/// An upgrade asked for: the binary to start (None: the one this process runs, as it is on
+/// disk now), and where the new process's id (or why it failed) goes.
+pub type UpgradeAsk = (Option<std::path::PathBuf>, tokio::sync::oneshot::Sender<Result<u32, String>>);
+
+pub struct Upgrades {
+    tx: tokio::sync::mpsc::Sender<UpgradeAsk>,
+    rx: parking_lot::Mutex<Option<tokio::sync::mpsc::Receiver<UpgradeAsk>>>,
+}
+
+impl Upgrades {
+    fn new() -> Upgrades {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        Upgrades { tx, rx: parking_lot::Mutex::new(Some(rx)) }
+    }
+
+    /// Asks for an upgrade; the new process's id once it accepts.
+    pub async fn ask(&self, binary: Option<std::path::PathBuf>) -> Result<u32, String> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.tx.send((binary, reply)).await.map_err(|_| "sluice is shutting down".to_string())?;
+        answer.await.map_err(|_| "sluice is shutting down".to_string())?
+    }
+
+    /// The requests, for the one control loop that serves them.
+    pub fn take_receiver(&self) -> Option<tokio::sync::mpsc::Receiver<UpgradeAsk>> {
+        self.rx.lock().take()
+    }
 }
 
 impl Ctx {
@@ -79,12 +112,22 @@ impl Ctx {
             connections: AtomicUsize::new(0),
             clock: crate::deadline::Clock::new(config.proxy.response_timeout),
             config: Arc::new(Live::new(config, source)),
+            upgrades: Upgrades::new(),
+            handed_over: AtomicBool::new(false),
         }))
     }
 
     /// The configuration in force now.
     pub fn config(&self) -> arc_swap::Guard<Arc<Config>> {
         self.config.load()
+    }
+
+    pub fn handed_over(&self) -> bool {
+        self.handed_over.load(Ordering::Relaxed)
+    }
+
+    pub fn set_handed_over(&self) {
+        self.handed_over.store(true, Ordering::Relaxed);
     }
 
     pub fn is_draining(&self) -> bool {

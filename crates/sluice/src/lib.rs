@@ -26,4 +26,5 @@ pub mod rules;
 pub mod runtime;
 pub mod session;
 pub mod tls;
+pub mod upgrade;
 pub mod vars;

@@ -42,6 +42,14 @@ fn main() {
             std::process::exit(2);
         }
     };
+    // Started by an upgrade: the old process's listening sockets.
+    let inherited = match sluice::upgrade::Inherited::from_env() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("sluice: upgrade: {e}");
+            std::process::exit(2);
+        }
+    };
     let files = raise_open_files_limit();
     tracing::debug!(limit = files, "open files limit");
     // A reload reads the file again, with the same flags on top.
@@ -55,7 +63,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = sluice::runtime::run(ctx) {
+    if let Err(e) = sluice::runtime::run(ctx, inherited) {
         eprintln!("sluice: {e}");
         std::process::exit(1);
     }

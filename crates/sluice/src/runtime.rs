@@ -14,9 +14,13 @@ use crate::config::{Address, RuntimeFlavor, parse_address};
 use crate::ctx::Ctx;
 use crate::frontend::{self, Listener};
 use crate::net::{Stream, tune_tcp};
+use crate::upgrade::{self, Inherited, Listening};
+
+/// A listener's sockets and what sessions need to know of it.
+type Bound = (Sock, Arc<Listener>);
 
 /// A bound listener: one TCP socket per worker (SO_REUSEPORT), or one Unix socket shared by all.
-enum Bound {
+enum Sock {
     Tcp(Vec<std::net::TcpListener>, SocketAddr),
     Unix(StdUnixListener, PathBuf),
 }
@@ -52,46 +56,33 @@ fn bind_unix(path: &PathBuf) -> std::io::Result<StdUnixListener> {
     Ok(l)
 }
 
-/// Runs sluice until a graceful shutdown completes.
-pub fn run(ctx: Arc<Ctx>) -> Result<(), String> {
+/// Runs sluice until a graceful shutdown completes. `inherited`: the sockets an old process
+/// handed over (an upgrade, `upgrade.rs`), used instead of binding new ones.
+pub fn run(ctx: Arc<Ctx>, mut inherited: Option<Inherited>) -> Result<(), String> {
     let workers = ctx.config().workers();
     let flavor = ctx.config().proxy.runtime;
     let per_socket = if flavor == RuntimeFlavor::PerCore { workers } else { 1 };
-    let mut bound = Vec::new();
-    let mut names = Vec::new();
-    for l in &ctx.config().listeners {
-        let auth = ctx.config().auth_mode(l);
-        let multiplex = l.multiplex.unwrap_or(ctx.config().proxy.multiplex);
-        let proxy_from = l.proxy_protocol.iter().filter_map(|n| crate::config::Network::parse(n.get_ref()).ok()).collect();
-        let info = Arc::new(Listener { name: l.address.get_ref().clone(), auth, multiplex, proxy_from });
-        match parse_address(l.address.get_ref())? {
-            Address::Tcp(a) => {
-                let (socks, actual) = bind_tcp(a, per_socket).map_err(|e| format!("listen on {a}: {e}"))?;
-                names.push(actual.to_string());
-                bound.push((Bound::Tcp(socks, actual), info));
-            }
-            Address::Unix(p) => {
-                let l = bind_unix(&p).map_err(|e| format!("listen on {}: {e}", p.display()))?;
-                names.push(p.display().to_string());
-                bound.push((Bound::Unix(l, p), info));
-            }
-        }
-    }
+    let mut listening = Listening::new();
+    let (bound, names) = listen(&ctx, per_socket, inherited.as_mut(), &mut listening)?;
     let admin = match &ctx.config().admin.listen {
         Some(a) => {
             let addr = match parse_address(a.get_ref())? {
                 Address::Tcp(a) => a,
                 Address::Unix(_) => return Err("admin.listen must be HOST:PORT".into()),
             };
-            let l = std::net::TcpListener::bind(addr).map_err(|e| format!("admin listen on {addr}: {e}"))?;
+            let l = match inherited.as_mut().and_then(|i| i.take(upgrade::ADMIN).pop()) {
+                Some(fd) => std::net::TcpListener::from(fd),
+                None => std::net::TcpListener::bind(addr).map_err(|e| format!("admin listen on {addr}: {e}"))?,
+            };
             l.set_nonblocking(true).map_err(|e| e.to_string())?;
+            listening.keep(upgrade::ADMIN, &l)?;
             Some(l)
         }
         None => None,
     };
     let admin_name = admin.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_else(|| "none".into());
     for (l, _) in &bound {
-        if let Bound::Tcp(_, a) = l
+        if let Sock::Tcp(_, a) = l
             && !a.ip().is_loopback()
         {
             tracing::warn!(address = %a, "listening on a non-loopback address");
@@ -101,32 +92,89 @@ pub fn run(ctx: Arc<Ctx>) -> Result<(), String> {
     ctx.tls.log_in_use("using a");
     let (stop_tx, stop_rx) = watch::channel(false);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
-    spawn_control(ctx.clone(), admin, stop_tx, done_tx)?;
+    spawn_control(ctx.clone(), admin, Arc::new(listening), stop_tx, done_tx)?;
     match flavor {
         RuntimeFlavor::PerCore => spawn_per_core(&ctx, bound, workers, stop_rx)?,
         RuntimeFlavor::Multi => spawn_multi(&ctx, bound, workers, stop_rx)?,
     }
     let joined = names.join(",");
-    tracing::info!(listeners = ?joined, admin = ?admin_name, workers, runtime = ?flavor, "sluice ready");
+    tracing::info!(listeners = ?joined, admin = ?admin_name, workers, runtime = ?flavor, pid = std::process::id(), "sluice ready");
+    if let Some(i) = inherited {
+        tracing::info!("upgrade: accepting on the sockets handed over; the old process stops accepting");
+        i.ready();
+    }
     let _ = done_rx.recv();
     tracing::info!("shutdown complete");
     Ok(())
 }
 
-fn spawn_per_core(ctx: &Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, workers: usize, stop: watch::Receiver<bool>) -> Result<(), String> {
+/// The sockets of every configured listener: handed over by an old process, else bound (TCP:
+/// `per_socket` SO_REUSEPORT sockets, the missing ones bound beside those handed over). Each is
+/// also kept in `listening`, to hand over in turn.
+fn listen(
+    ctx: &Ctx,
+    per_socket: usize,
+    mut inherited: Option<&mut Inherited>,
+    listening: &mut Listening,
+) -> Result<(Vec<Bound>, Vec<String>), String> {
+    let (mut bound, mut names) = (Vec::new(), Vec::new());
+    let config = ctx.config();
+    for l in &config.listeners {
+        let name = l.address.get_ref().clone();
+        let auth = config.auth_mode(l);
+        let multiplex = l.multiplex.unwrap_or(config.proxy.multiplex);
+        let proxy_from = l.proxy_protocol.iter().filter_map(|n| crate::config::Network::parse(n.get_ref()).ok()).collect();
+        let info = Arc::new(Listener { name: name.clone(), auth, multiplex, proxy_from });
+        let given = inherited.as_mut().map(|i| i.take(&name)).unwrap_or_default();
+        match parse_address(&name)? {
+            Address::Tcp(a) => {
+                let mut socks: Vec<std::net::TcpListener> = given.into_iter().map(std::net::TcpListener::from).collect();
+                let at = match socks.first() {
+                    Some(s) => s.local_addr().map_err(|e| e.to_string())?,
+                    None => a,
+                };
+                if socks.len() < per_socket {
+                    let (more, actual) = bind_tcp(at, per_socket - socks.len()).map_err(|e| format!("listen on {a}: {e}"))?;
+                    socks.extend(more);
+                    names.push(actual.to_string());
+                } else {
+                    names.push(at.to_string());
+                }
+                for s in &socks {
+                    listening.keep(&name, s)?;
+                }
+                let actual = socks[0].local_addr().map_err(|e| e.to_string())?;
+                bound.push((Sock::Tcp(socks, actual), info));
+            }
+            Address::Unix(p) => {
+                let l = match given.into_iter().next() {
+                    Some(fd) => StdUnixListener::from(fd),
+                    None => bind_unix(&p).map_err(|e| format!("listen on {}: {e}", p.display()))?,
+                };
+                l.set_nonblocking(true).map_err(|e| e.to_string())?;
+                listening.keep(&name, &l)?;
+                names.push(p.display().to_string());
+                bound.push((Sock::Unix(l, p), info));
+            }
+        }
+    }
+    Ok((bound, names))
+}
+
+fn spawn_per_core(ctx: &Arc<Ctx>, bound: Vec<Bound>, workers: usize, stop: watch::Receiver<bool>) -> Result<(), String> {
     // Hand each worker its own TCP socket and a duplicate of every Unix socket.
-    let mut per_worker: Vec<Vec<(Bound, Arc<Listener>)>> = (0..workers).map(|_| Vec::new()).collect();
+    let mut per_worker: Vec<Vec<Bound>> = (0..workers).map(|_| Vec::new()).collect();
     for (b, info) in bound {
         match b {
-            Bound::Tcp(socks, a) => {
+            Sock::Tcp(socks, a) => {
                 for (i, s) in socks.into_iter().enumerate() {
-                    per_worker[i % workers].push((Bound::Tcp(vec![s], a), info.clone()));
+                    per_worker[i % workers].push((Sock::Tcp(vec![s], a), info.clone()));
                 }
             }
-            Bound::Unix(l, p) => {
+            Sock::Unix(l, p) => {
                 for w in per_worker.iter_mut() {
                     let dup = l.try_clone().map_err(|e| e.to_string())?;
-                    w.push((Bound::Unix(dup, p.clone()), info.clone()));
+                    w.push((Sock::Unix(dup, p.clone()), info.clone()));
                 }
             }
         }
@@ -153,7 +201,7 @@ fn spawn_per_core(ctx: &Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, workers: u
     Ok(())
 }
 
-fn spawn_multi(ctx: &Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, workers: usize, stop: watch::Receiver<bool>) -> Result<(), String> {
+fn spawn_multi(ctx: &Arc<Ctx>, bound: Vec<Bound>, workers: usize, stop: watch::Receiver<bool>) -> Result<(), String> {
     let next_shard = std::sync::atomic::AtomicUsize::new(1);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
@@ -173,7 +221,7 @@ fn spawn_multi(ctx: &Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, workers: usiz
 }
 
 /// Runs the accept loops of `bound` on the current runtime; sessions run until the process ends.
-async fn accept_forever(ctx: Arc<Ctx>, bound: Vec<(Bound, Arc<Listener>)>, stop: watch::Receiver<bool>) {
+async fn accept_forever(ctx: Arc<Ctx>, bound: Vec<Bound>, stop: watch::Receiver<bool>) {
     for (b, info) in bound {
         start_accept(ctx.clone(), b, info, stop.clone());
     }
@@ -201,9 +249,9 @@ async fn sweep_pool(ctx: &Ctx) {
 }
 
 /// Starts accept loops on the current runtime for a bound listener.
-fn start_accept(ctx: Arc<Ctx>, b: Bound, info: Arc<Listener>, stop: watch::Receiver<bool>) {
+fn start_accept(ctx: Arc<Ctx>, b: Sock, info: Arc<Listener>, stop: watch::Receiver<bool>) {
     match b {
-        Bound::Tcp(socks, _) => {
+        Sock::Tcp(socks, _) => {
             for s in socks {
                 let (ctx, info, mut stop) = (ctx.clone(), info.clone(), stop.clone());
                 tokio::spawn(async move {
@@ -226,7 +274,7 @@ fn start_accept(ctx: Arc<Ctx>, b: Bound, info: Arc<Listener>, stop: watch::Recei
                 });
             }
         }
-        Bound::Unix(s, path) => {
+        Sock::Unix(s, path) => {
             let mut stop = stop;
             tokio::spawn(async move {
                 let l = match tokio::net::UnixListener::from_std(s) {
@@ -259,6 +307,7 @@ async fn accept_error(e: std::io::Error) {
 fn spawn_control(
     ctx: Arc<Ctx>,
     admin: Option<std::net::TcpListener>,
+    listening: Arc<Listening>,
     stop_tx: watch::Sender<bool>,
     done_tx: std::sync::mpsc::Sender<()>,
 ) -> Result<(), String> {
@@ -287,8 +336,13 @@ fn spawn_control(
                     match tokio::net::TcpListener::from_std(l) {
                         Ok(l) => {
                             let app = crate::admin::router(ctx.clone());
+                            // (It stops when the sockets are handed over to a new process.)
+                            let mut stop = stop_tx.subscribe();
                             tokio::spawn(async move {
-                                if let Err(e) = axum::serve(l, app).await {
+                                let stopped = async move {
+                                    let _ = stop.changed().await;
+                                };
+                                if let Err(e) = axum::serve(l, app).with_graceful_shutdown(stopped).await {
                                     tracing::error!(error = %e, "admin API stopped");
                                 }
                             });
@@ -296,7 +350,7 @@ fn spawn_control(
                         Err(e) => tracing::error!(error = %e, "admin listener"),
                     }
                 }
-                wait_for_signal(&ctx).await;
+                control_loop(&ctx, listening, &stop_tx).await;
                 drain(&ctx, &stop_tx).await;
                 let _ = done_tx.send(());
             });
@@ -335,15 +389,25 @@ fn trim_heap() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn trim_heap() {}
 
-/// Waits for SIGTERM or SIGINT; SIGHUP meanwhile reloads the configuration (`crate::reload`).
-async fn wait_for_signal(ctx: &Arc<Ctx>) {
+/// Runs until SIGTERM or SIGINT, or, once an upgrade handed the sockets over, until the last
+/// session ended. Meanwhile SIGHUP reloads the configuration (`crate::reload`), and SIGUSR2 or
+/// `POST /upgrade` upgrades (`crate::upgrade`).
+async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop_tx: &watch::Sender<bool>) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) =
-        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup()))
-    else {
+    let (Ok(mut term), Ok(mut int), Ok(mut hup), Ok(mut usr2)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+        signal(SignalKind::user_defined2()),
+    ) else {
         return std::future::pending().await;
     };
+    let mut asks = ctx.upgrades.take_receiver();
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    // (After a hand-over, a moment for the admin API to answer the request that asked for it.)
+    let mut linger = None;
     loop {
+        let handed_over = ctx.handed_over();
         tokio::select! {
             _ = term.recv() => return tracing::info!("SIGTERM: draining"),
             _ = int.recv() => return tracing::info!("SIGINT: draining"),
@@ -353,8 +417,44 @@ async fn wait_for_signal(ctx: &Arc<Ctx>) {
                     tracing::warn!(errors = ?errors, "configuration reload refused; the configuration in force stays");
                 }
             }
+            _ = usr2.recv() => {
+                tracing::info!("SIGUSR2: upgrading");
+                let _ = upgrade(ctx, &listening, None, stop_tx).await;
+            }
+            Some((binary, reply)) = async { match asks.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                let _ = reply.send(upgrade(ctx, &listening, binary, stop_tx).await);
+            }
+            _ = tick.tick(), if handed_over => {
+                let since = *linger.get_or_insert_with(Instant::now);
+                if ctx.sessions.is_empty() && since.elapsed() >= Duration::from_secs(1) {
+                    return tracing::info!("upgrade: the last session of the old process ended");
+                }
+            }
         }
     }
+}
+
+/// Starts the new binary and hands it the sockets; once it accepts, this process stops
+/// accepting and serves its sessions until they end. The new process's id.
+async fn upgrade(ctx: &Ctx, listening: &Arc<Listening>, binary: Option<PathBuf>, stop_tx: &watch::Sender<bool>) -> Result<u32, String> {
+    if ctx.handed_over() {
+        return Err("this process already handed its sockets over to a new one".into());
+    }
+    let l = listening.clone();
+    let r = tokio::task::spawn_blocking(move || l.hand_over(binary.as_deref())).await.map_err(|e| e.to_string()).and_then(|r| r);
+    match &r {
+        Ok(pid) => {
+            ctx.set_handed_over();
+            let _ = stop_tx.send(true);
+            tracing::info!(
+                new_pid = pid,
+                sessions = ctx.sessions.len(),
+                "upgrade: the new process accepts; this one stopped accepting and serves its sessions until they end"
+            );
+        }
+        Err(e) => tracing::warn!(error = %e, "upgrade failed: this process goes on"),
+    }
+    r
 }
 
 /// Graceful shutdown: stop accepting, let sessions finish their transaction, then give up.
@@ -381,7 +481,8 @@ async fn drain(ctx: &Ctx, stop_tx: &watch::Sender<bool>) {
     while ctx.backends.list().iter().any(|b| b.pooled() > 0) && Instant::now() < pool_deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    for l in &ctx.config().listeners {
+    // (Socket files handed over to a new process are its own now.)
+    for l in ctx.config().listeners.iter().filter(|_| !ctx.handed_over()) {
         if let Ok(Address::Unix(p)) = parse_address(l.address.get_ref()) {
             let _ = std::fs::remove_file(p);
         }

@@ -1,0 +1,155 @@
+//! Zero-downtime upgrade: the new binary gets the listening sockets, the old process stops
+//! accepting and serves its sessions until they end. Under sysbench with a connect storm beside
+//! it: no connection refused, no error, no reconnect.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use common::*;
+use mysql_async::prelude::*;
+use sluice_testkit::sysbench;
+
+fn health(s: &SluiceProc) -> serde_json::Value {
+    serde_json::from_str(&admin_get(s, "/health", None).1).unwrap()
+}
+
+fn pid(s: &SluiceProc) -> u64 {
+    health(s)["pid"].as_u64().unwrap()
+}
+
+/// Ends a process this test started indirectly (the new sluice), however the test ends.
+struct Reaper(u64);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill").arg(self.0.to_string()).status();
+    }
+}
+
+/// Logs in and out over and over from `threads` threads until stopped: (done, failed).
+struct Storm {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Storm {
+    fn start(addr: &str, threads: usize) -> Storm {
+        let (stop, done, failed) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let threads = (0..threads)
+            .map(|_| {
+                let (addr, stop, done, failed) = (addr.to_string(), stop.clone(), done.clone(), failed.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let ok = std::panic::catch_unwind(|| {
+                            let mut r = Raw::login(&addr, "app", "apppw", None);
+                            let rows = r.query("SELECT 1");
+                            assert!(err_code(&rows[0]).is_none(), "SELECT 1 failed");
+                            let _ = r.write_packet(0, &[sluice_proto::consts::com::QUIT]);
+                        });
+                        if ok.is_ok() { &done } else { &failed }.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        Storm { stop, done, failed, threads }
+    }
+
+    fn done(&self) -> u64 {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    fn stop(self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        (self.done.load(Ordering::Relaxed), self.failed.load(Ordering::Relaxed))
+    }
+}
+
+#[test]
+fn an_upgrade_under_sysbench_and_a_connect_storm_refuses_nothing() {
+    let db = MariaDb::start();
+    sysbench::prepare(&db, 4, 10000);
+    let path = config_path("upgrade");
+    std::fs::write(&path, TestConfig::new().dbs(&[&db]).app_users().text()).unwrap();
+    let mut s = start_sluice_file(&path);
+    let old = pid(&s);
+    let load = sysbench::start("oltp_read_write", &s.listen, 4, 10000, 16);
+    wait_for("sysbench runs", || load.progress().transactions > 50);
+    let storm = Storm::start(&s.listen, 4);
+    wait_for("the storm runs", || storm.done() > 50);
+
+    let t0 = std::time::Instant::now();
+    let (code, body) = admin_post(&s, "/upgrade");
+    let took = t0.elapsed();
+    assert_eq!(code, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let new = answer["new_pid"].as_u64().unwrap();
+    let _reaper = Reaper(new);
+    assert_ne!(new, old);
+    wait_for("the admin API is the new process's", || pid(&s) == new);
+    let (before, t) = (storm.done(), load.progress().transactions);
+    wait_for("new connections go to the new process", || storm.done() > before + 100);
+    wait_for("sysbench goes on", || load.progress().transactions > t + 100);
+    assert!(s.running(), "the old process serves its sessions until they end");
+
+    let (connections, failed) = storm.stop();
+    let (totals, text) = load.stop();
+    let tail: String = text.lines().rev().take(5).collect::<Vec<_>>().join("\n");
+    let deadlocks: u64 =
+        db.sql("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'").split_whitespace().last().and_then(|v| v.parse().ok()).unwrap();
+    eprintln!(
+        "upgrade under load: hand-over answered in {took:?}; storm {connections} logins, {failed} failed; sysbench {} transactions, {} errors ({deadlocks} deadlocks on the server), {} reconnects",
+        totals.transactions, totals.ignored_errors, totals.reconnects
+    );
+    assert_eq!(failed, 0, "no login refused or failed");
+    assert!(totals.success, "sysbench ran throughout: {tail}");
+    assert!(totals.ignored_errors <= deadlocks, "sysbench saw {} errors: {tail}", totals.ignored_errors);
+    assert_eq!(totals.reconnects, 0, "{tail}");
+    // Its clients gone, the old process ends by itself.
+    assert_eq!(s.wait_exit(std::time::Duration::from_secs(60)), Some(0), "the old process exits once its sessions ended");
+    assert!(s.log_text().contains("the last session of the old process ended"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_upgrade_changes_nothing_and_a_second_one_succeeds() {
+    let db = shared_db();
+    let path = config_path("upgrade-fail");
+    let cfg = TestConfig::new().dbs(&[db]).app_users().text();
+    std::fs::write(&path, &cfg).unwrap();
+    let s = start_sluice_file(&path);
+    let old = pid(&s);
+    let mut c = app(&s).await;
+
+    let (code, body) = admin_post_json(&s, "/upgrade", &serde_json::json!({ "binary": "/nonexistent/sluice" }));
+    assert_eq!(code, 500, "{body}");
+    assert!(body.contains("/nonexistent/sluice"), "{body}");
+    // A new process that cannot start (its configuration is bad) leaves the old one as it was.
+    std::fs::write(&path, cfg.clone() + "[proxy]\nmax_connections = \"many\"\n").unwrap();
+    let (code, body) = admin_post(&s, "/upgrade");
+    assert_eq!(code, 500, "{body}");
+    assert_eq!(pid(&s), old);
+    assert_eq!(c.query_first::<u32, _>("SELECT 1").await.unwrap(), Some(1));
+    let mut c2 = app(&s).await;
+    assert_eq!(c2.query_first::<u32, _>("SELECT 2").await.unwrap(), Some(2));
+
+    // With the file mended, `sluice ctl upgrade` does it; the open sessions stay where they are.
+    std::fs::write(&path, &cfg).unwrap();
+    let out =
+        std::process::Command::new(bin()).args(["ctl", "--admin", s.admin.as_deref().unwrap(), "--json", "upgrade"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let _reaper = Reaper(answer["new_pid"].as_u64().unwrap());
+    assert_eq!(pid(&s), answer["new_pid"].as_u64().unwrap());
+    assert_eq!(c.query_first::<u32, _>("SELECT 3").await.unwrap(), Some(3));
+    let mut c3 = app(&s).await;
+    assert_eq!(c3.query_first::<u32, _>("SELECT 4").await.unwrap(), Some(4));
+    for c in [c, c2, c3] {
+        c.disconnect().await.unwrap();
+    }
+}
