@@ -41,7 +41,19 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/backends/{name}/undrain", post(undrain))
         .route("/backends/{name}/weight", post(set_weight))
         .layer(middleware::from_fn_with_state(ctx.clone(), require_token))
+        // The dashboard's page holds no data: it asks the API (with the token) for all of it.
+        .route("/", get(dashboard))
         .with_state(ctx)
+}
+
+/// The web dashboard: one page, embedded in the binary, that fetches nothing but this API.
+async fn dashboard() -> Response {
+    let csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:";
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CONTENT_SECURITY_POLICY, csp), (header::CACHE_CONTROL, "no-store")],
+        include_str!("../assets/dashboard.html"),
+    )
+        .into_response()
 }
 
 async fn require_token(State(ctx): State<Arc<Ctx>>, req: Request, next: Next) -> Response {

@@ -118,14 +118,12 @@ impl TypedMetric for AtomicHistogram {
 
 impl EncodeMetric for AtomicHistogram {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let mut cumulative = 0;
-        let mut buckets = Vec::with_capacity(BUCKETS.len() + 1);
-        for (i, bound) in BUCKETS.iter().copied().chain(std::iter::once(f64::MAX)).enumerate() {
-            cumulative += self.bucket(i);
-            buckets.push((bound, cumulative));
-        }
+        // (Each bucket's own count: the encoder writes them cumulated.)
+        let buckets: Vec<(f64, u64)> =
+            BUCKETS.iter().copied().chain(std::iter::once(f64::MAX)).enumerate().map(|(i, bound)| (bound, self.bucket(i))).collect();
+        let count = buckets.iter().map(|b| b.1).sum();
         let sum = self.0.iter().map(|h| h.sum_nanos.load(Ordering::Relaxed)).sum::<u64>() as f64 / 1e9;
-        encoder.encode_histogram::<NoLabelSet>(sum, cumulative, &buckets, None)
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
     }
 
     fn metric_type(&self) -> MetricType {
@@ -704,6 +702,13 @@ mod tests {
         let text = m.render();
         assert!(text.contains("sluice_commands_total{command=\"query\"} 1"), "{text}");
         assert!(text.contains("sluice_rejected_connections_total{reason=\"max_connections\"} 1"), "{text}");
-        assert!(text.contains("sluice_backend_query_duration_seconds_bucket{le=\"0.0005\",backend=\"db1\"} 1"), "{text}");
+        m.backends[0].latency.observe_nanos(2_000_000);
+        let text = m.render();
+        // Cumulative buckets: each observation counted once in every bucket at or above it.
+        for (le, n) in [("0.00025", 0), ("0.0005", 1), ("0.001", 1), ("0.0025", 2), ("10.0", 2)] {
+            let series = format!("sluice_backend_query_duration_seconds_bucket{{le=\"{le}\",backend=\"db1\"}} {n}\n");
+            assert!(text.contains(&series), "{series} in {text}");
+        }
+        assert!(text.contains("sluice_backend_query_duration_seconds_count{backend=\"db1\"} 2"), "{text}");
     }
 }
