@@ -31,6 +31,7 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/config", get(config))
         .route("/config/reload", post(reload))
         .route("/upgrade", post(upgrade))
+        .route("/cluster/instances", get(instances))
         .route("/capture", get(capture_status))
         .route("/capture/start", post(capture_start))
         .route("/capture/stop", post(capture_stop))
@@ -384,6 +385,17 @@ async fn reload(State(ctx): State<Arc<Ctx>>) -> Response {
             tracing::warn!(errors = ?errors, "configuration reload refused");
             (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": errors.join("; "), "errors": errors }))).into_response()
         }
+    }
+}
+
+/// The instances registered in the cluster's store (`[cluster]`).
+async fn instances(State(ctx): State<Arc<Ctx>>) -> Response {
+    if ctx.config().cluster.etcd.is_empty() {
+        return not_found("no [cluster] is configured".into());
+    }
+    match crate::cluster::instances(&ctx).await {
+        Ok(list) => Json(list).into_response(),
+        Err(e) => (StatusCode::BAD_GATEWAY, Json(serde_json::json!({ "error": e }))).into_response(),
     }
 }
 

@@ -100,6 +100,8 @@ pub enum CtlVerb {
     },
     /// The configuration in force (secrets masked).
     Config,
+    /// The instances registered in the cluster's etcd (`[cluster]`).
+    Instances,
     /// The busiest statement digests.
     Digests {
         #[arg(long, default_value_t = 20)]
@@ -241,8 +243,10 @@ impl Cli {
         if let Some(a) = &cfg.admin.listen {
             crate::config::parse_address(a.get_ref()).map_err(|m| flag_err(format!("--admin: {m}")))?;
         }
-        if cfg.backends.is_empty() {
-            return Err(flag_err("no backends: give --backend HOST:PORT or [[backends]] in the config file".into()));
+        if cfg.backends.is_empty() && cfg.cluster.etcd.is_empty() {
+            return Err(flag_err(
+                "no backends: give --backend HOST:PORT, [[backends]] in the config file, or a [cluster] whose etcd names them".into(),
+            ));
         }
         Ok(cfg)
     }

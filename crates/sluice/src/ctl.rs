@@ -56,6 +56,7 @@ fn call_of(verb: &CtlVerb) -> Result<Call, String> {
             Call { method: "POST", path: "/upgrade".into(), body: Some(serde_json::json!({ "binary": binary })) }
         }
         CtlVerb::Config => get("/config"),
+        CtlVerb::Instances => get("/cluster/instances"),
         CtlVerb::Digests { top, by } => get(format!("/digests?top={top}&by={}", segment(by))),
         CtlVerb::Capture { action, options } => match action.as_str() {
             "status" => get("/capture"),
@@ -219,6 +220,13 @@ fn render(verb: &CtlVerb, v: &Value) -> String {
                     pins.unwrap_or_else(|| "-".into()),
                     s(&x["move_asked"]),
                 ]
+            }),
+        ),
+        CtlVerb::Instances => table(
+            &["NAME", "ADMIN", "LISTENERS", "PID", "VERSION"],
+            rows(v, |i| {
+                let listeners = i["listeners"].as_array().map(|l| l.iter().map(&s).collect::<Vec<_>>().join(",")).unwrap_or_default();
+                vec![s(&i["name"]), s(&i["admin"]), listeners, s(&i["pid"]), s(&i["version"])]
             }),
         ),
         CtlVerb::Digests { .. } => table(

@@ -7,6 +7,7 @@ pub mod backend;
 pub mod cache;
 pub mod capture;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod ctl;

@@ -38,6 +38,12 @@ pub struct Outcome {
 /// start their checks there). Err: why it was refused, one line each; nothing was applied.
 pub fn reload(ctx: &Arc<Ctx>) -> Result<Outcome, Vec<String>> {
     let new = ctx.config.read_again().map_err(|e| vec![e])?;
+    apply(ctx, new)
+}
+
+/// Applies `new` (from the file, or from the cluster's store laid over the configuration in
+/// force), or refuses it whole.
+pub fn apply(ctx: &Arc<Ctx>, new: Config) -> Result<Outcome, Vec<String>> {
     let old = ctx.config.get();
     let fixed = crate::config::fixed_changes(&old, &new);
     if !fixed.is_empty() {

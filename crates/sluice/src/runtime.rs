@@ -92,7 +92,20 @@ pub fn run(ctx: Arc<Ctx>, mut inherited: Option<Inherited>) -> Result<(), String
     ctx.tls.log_in_use("using a");
     let (stop_tx, stop_rx) = watch::channel(false);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
-    spawn_control(ctx.clone(), admin, Arc::new(listening), stop_tx, done_tx)?;
+    let me = crate::cluster::Instance {
+        name: ctx
+            .config()
+            .cluster
+            .name
+            .clone()
+            .unwrap_or_else(|| if admin_name == "none" { format!("pid-{}", std::process::id()) } else { admin_name.clone() }),
+        admin: admin_name.clone(),
+        listeners: names.clone(),
+        pid: std::process::id(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        started_at_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
+    };
+    spawn_control(ctx.clone(), admin, Arc::new(listening), me, stop_tx, done_tx)?;
     match flavor {
         RuntimeFlavor::PerCore => spawn_per_core(&ctx, bound, workers, stop_rx)?,
         RuntimeFlavor::Multi => spawn_multi(&ctx, bound, workers, stop_rx)?,
@@ -308,6 +321,7 @@ fn spawn_control(
     ctx: Arc<Ctx>,
     admin: Option<std::net::TcpListener>,
     listening: Arc<Listening>,
+    me: crate::cluster::Instance,
     stop_tx: watch::Sender<bool>,
     done_tx: std::sync::mpsc::Sender<()>,
 ) -> Result<(), String> {
@@ -332,6 +346,9 @@ fn spawn_control(
                 tokio::spawn(async move { crate::tls::watch_files(&c.tls, &c.config).await });
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::rebalance::run(&c).await });
+                if !ctx.config().cluster.etcd.is_empty() {
+                    tokio::spawn(crate::cluster::run(ctx.clone(), me));
+                }
                 if let Some(l) = admin {
                     match tokio::net::TcpListener::from_std(l) {
                         Ok(l) => {

@@ -19,11 +19,19 @@ pub struct Live {
     /// Reloads applied since the start.
     reloads: AtomicU64,
     source: Option<Source>,
+    /// What the cluster's store says (`[cluster]`), laid over what the file says.
+    shared: parking_lot::Mutex<Option<super::Shared>>,
 }
 
 impl Live {
     pub fn new(config: Config, source: Option<Source>) -> Live {
-        Live { now: ArcSwap::from_pointee(config), loaded_at_ms: AtomicU64::new(unix_ms()), reloads: AtomicU64::new(0), source }
+        Live {
+            now: ArcSwap::from_pointee(config),
+            loaded_at_ms: AtomicU64::new(unix_ms()),
+            reloads: AtomicU64::new(0),
+            source,
+            shared: parking_lot::Mutex::new(None),
+        }
     }
 
     /// The configuration now (a cheap snapshot; hold it briefly).
@@ -51,12 +59,22 @@ impl Live {
         self.reloads.load(Ordering::Relaxed)
     }
 
-    /// Reads the configuration again from where it came from.
+    /// Reads the configuration again from where it came from (with what the cluster's store
+    /// says laid over it).
     pub fn read_again(&self) -> Result<Config, String> {
-        match &self.source {
-            Some(read) => read().map_err(|e| e.to_string()),
-            None => Err("sluice was started without a configuration file (--config): there is nothing to reload".into()),
-        }
+        let c = match &self.source {
+            Some(read) => read().map_err(|e| e.to_string())?,
+            None => return Err("sluice was started without a configuration file (--config): there is nothing to reload".into()),
+        };
+        Ok(match self.shared.lock().as_ref() {
+            Some(s) => s.overlay(c),
+            None => c,
+        })
+    }
+
+    /// Keeps what the cluster's store says, for the reloads to come.
+    pub fn set_shared(&self, s: super::Shared) {
+        *self.shared.lock() = Some(s);
     }
 }
 
@@ -77,6 +95,7 @@ pub fn fixed_changes(old: &Config, new: &Config) -> Vec<String> {
     check(users_mode(old) != users_mode(new), "the listeners' auth mode (users given or not)");
     check(old.rules != new.rules, "rules");
     check(old.digests != new.digests, "digests");
+    check(old.cluster != new.cluster, "cluster");
     check(old.routing.cache_size != new.routing.cache_size, "routing.cache_size");
     check(old.routing.mirror_queue != new.routing.mirror_queue, "routing.mirror_queue");
     // Each backend keeps the pool and limits it was made with.

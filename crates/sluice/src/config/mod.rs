@@ -9,10 +9,12 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
+mod cluster;
 mod live;
 mod routing;
 mod rules;
 mod show;
+pub use cluster::{ClusterConfig, Shared};
 pub use live::{Live, Source, fixed_changes};
 pub use routing::{CausalReads, ReadOnlyTransactions, RoutingConfig};
 pub use rules::{DigestsConfig, Network, RuleConfig, parse_digest};
@@ -43,6 +45,9 @@ pub struct Config {
     /// TLS for client connections: a generated self-signed certificate unless configured.
     #[serde(default)]
     pub tls: ClientTls,
+    /// Instances sharing backends, users and drains through etcd.
+    #[serde(default)]
+    pub cluster: ClusterConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
