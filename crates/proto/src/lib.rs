@@ -17,6 +17,7 @@ pub mod packet;
 pub mod proxy_header;
 pub mod replication;
 pub mod response;
+pub mod resultset;
 pub mod rw;
 pub mod sql;
 pub mod uservar;

@@ -99,7 +99,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> Response {
 }
 
 #[derive(Serialize)]
-struct BackendView {
+pub(crate) struct BackendView {
     name: String,
     address: String,
     weight: u32,
@@ -174,41 +174,44 @@ fn reads_out(b: &crate::backend::Backend) -> Option<String> {
 }
 
 async fn backends(State(ctx): State<Arc<Ctx>>) -> Json<Vec<BackendView>> {
-    Json(
-        ctx.backends
-            .list()
-            .iter()
-            .map(|b| {
-                let h = b.health.lock().clone();
-                let info = b.info.lock().clone();
-                let (spare, capped_open) = b.shared.counts();
-                BackendView {
-                    name: b.name.clone(),
-                    address: b.address.to_string(),
-                    weight: b.weight(),
-                    up: b.is_up(),
-                    reason: h.reason,
-                    sessions: b.sessions.load(Ordering::Relaxed),
-                    pooled: b.pooled(),
-                    spare,
-                    capped_open,
-                    draining: b.is_draining(),
-                    checks: h.checks,
-                    consecutive_ok: h.consecutive_ok,
-                    consecutive_fail: h.consecutive_fail,
-                    state_for_seconds: h.since.elapsed().as_secs(),
-                    server_version: info.as_ref().map(|i| String::from_utf8_lossy(&i.version).into_owned()),
-                    tls: b.tls.mode.as_str(),
-                    offers_tls: info.map(|i| i.capabilities & sluice_proto::consts::cap::SSL != 0),
-                    role: b.role.name(),
-                    serves_as: b.serves_as().name(),
-                    serves_reads: b.fit_for_reads(),
-                    reads_out: reads_out(b),
-                    replication: replication_view(b.replication.lock().clone()),
-                }
-            })
-            .collect(),
-    )
+    Json(backend_views(&ctx))
+}
+
+/// Each backend as `/backends` (and the SQL admin's `backends` table) shows it.
+pub(crate) fn backend_views(ctx: &Ctx) -> Vec<BackendView> {
+    ctx.backends
+        .list()
+        .iter()
+        .map(|b| {
+            let h = b.health.lock().clone();
+            let info = b.info.lock().clone();
+            let (spare, capped_open) = b.shared.counts();
+            BackendView {
+                name: b.name.clone(),
+                address: b.address.to_string(),
+                weight: b.weight(),
+                up: b.is_up(),
+                reason: h.reason,
+                sessions: b.sessions.load(Ordering::Relaxed),
+                pooled: b.pooled(),
+                spare,
+                capped_open,
+                draining: b.is_draining(),
+                checks: h.checks,
+                consecutive_ok: h.consecutive_ok,
+                consecutive_fail: h.consecutive_fail,
+                state_for_seconds: h.since.elapsed().as_secs(),
+                server_version: info.as_ref().map(|i| String::from_utf8_lossy(&i.version).into_owned()),
+                tls: b.tls.mode.as_str(),
+                offers_tls: info.map(|i| i.capabilities & sluice_proto::consts::cap::SSL != 0),
+                role: b.role.name(),
+                serves_as: b.serves_as().name(),
+                serves_reads: b.fit_for_reads(),
+                reads_out: reads_out(b),
+                replication: replication_view(b.replication.lock().clone()),
+            }
+        })
+        .collect()
 }
 
 #[derive(serde::Deserialize)]

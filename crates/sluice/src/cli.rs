@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{AdminConfig, BackendConfig, Config, ConfigError, ListenerConfig, RuntimeFlavor};
+use crate::config::{BackendConfig, Config, ConfigError, ListenerConfig, RuntimeFlavor};
 
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about = "A MySQL-protocol database proxy")]
@@ -232,7 +232,7 @@ impl Cli {
             cfg.health.password = Some(password.to_string());
         }
         if let Some(a) = &self.admin {
-            cfg.admin = AdminConfig { listen: Some(spanned(a)), token: cfg.admin.token.clone() };
+            cfg.admin.listen = Some(spanned(a));
         }
         for l in &cfg.listeners {
             crate::config::parse_address(l.address.get_ref()).map_err(|m| flag_err(format!("--listen: {m}")))?;

@@ -26,6 +26,7 @@ pub mod replay;
 pub mod rules;
 pub mod runtime;
 pub mod session;
+pub mod sqladmin;
 pub mod tls;
 pub mod upgrade;
 pub mod vars;

@@ -80,6 +80,26 @@ pub fn run(ctx: Arc<Ctx>, mut inherited: Option<Inherited>) -> Result<(), String
         }
         None => None,
     };
+    let sql_admin = match &ctx.config().admin.sql_listen {
+        Some(a) => {
+            let addr = match parse_address(a.get_ref())? {
+                Address::Tcp(a) => a,
+                Address::Unix(_) => return Err("admin.sql_listen must be HOST:PORT".into()),
+            };
+            let l = match inherited.as_mut().and_then(|i| i.take(upgrade::SQL_ADMIN).pop()) {
+                Some(fd) => std::net::TcpListener::from(fd),
+                None => std::net::TcpListener::bind(addr).map_err(|e| format!("admin.sql_listen on {addr}: {e}"))?,
+            };
+            l.set_nonblocking(true).map_err(|e| e.to_string())?;
+            listening.keep(upgrade::SQL_ADMIN, &l)?;
+            if !addr.ip().is_loopback() {
+                tracing::warn!(address = %addr, "the SQL admin listener listens on a non-loopback address");
+            }
+            tracing::info!(address = %l.local_addr().map_err(|e| e.to_string())?, "SQL admin listener");
+            Some(l)
+        }
+        None => None,
+    };
     let admin_name = admin.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_else(|| "none".into());
     for (l, _) in &bound {
         if let Sock::Tcp(_, a) = l
@@ -105,7 +125,7 @@ pub fn run(ctx: Arc<Ctx>, mut inherited: Option<Inherited>) -> Result<(), String
         version: env!("CARGO_PKG_VERSION").into(),
         started_at_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
     };
-    spawn_control(ctx.clone(), admin, Arc::new(listening), me, stop_tx, done_tx)?;
+    spawn_control(ctx.clone(), [admin, sql_admin], Arc::new(listening), me, stop_tx, done_tx)?;
     match flavor {
         RuntimeFlavor::PerCore => spawn_per_core(&ctx, bound, workers, stop_rx)?,
         RuntimeFlavor::Multi => spawn_multi(&ctx, bound, workers, stop_rx)?,
@@ -319,7 +339,7 @@ async fn accept_error(e: std::io::Error) {
 
 fn spawn_control(
     ctx: Arc<Ctx>,
-    admin: Option<std::net::TcpListener>,
+    [admin, sql_admin]: [Option<std::net::TcpListener>; 2],
     listening: Arc<Listening>,
     me: crate::cluster::Instance,
     stop_tx: watch::Sender<bool>,
@@ -346,6 +366,15 @@ fn spawn_control(
                 tokio::spawn(async move { crate::tls::watch_files(&c.tls, &c.config).await });
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::rebalance::run(&c).await });
+                if let Some(l) = sql_admin.and_then(|l| tokio::net::TcpListener::from_std(l).ok()) {
+                    let (c, mut stop) = (ctx.clone(), stop_tx.subscribe());
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            _ = crate::sqladmin::serve(c, l) => {}
+                            _ = stop.changed() => {}
+                        }
+                    });
+                }
                 if !ctx.config().cluster.etcd.is_empty() {
                     tokio::spawn(crate::cluster::run(ctx.clone(), me));
                 }

@@ -25,6 +25,9 @@ pub const ENV: &str = "SLUICE_UPGRADE_FD";
 /// The listener name of the admin API's socket.
 pub const ADMIN: &str = "admin";
 
+/// The listener name of the SQL admin listener's socket.
+pub const SQL_ADMIN: &str = "sql-admin";
+
 /// At most this many sockets are handed over (the kernel's limit per message).
 const MAX_FDS: usize = 253;
 

@@ -91,6 +91,7 @@ pub fn fixed_changes(old: &Config, new: &Config) -> Vec<String> {
     check(old.proxy.workers != new.proxy.workers, "proxy.workers");
     check(old.proxy.runtime != new.proxy.runtime, "proxy.runtime");
     check(old.admin.listen != new.admin.listen, "admin.listen");
+    check(old.admin.sql_listen != new.admin.sql_listen, "admin.sql_listen");
     let users_mode = |c: &Config| c.listeners.iter().map(|l| c.auth_mode(l) == AuthMode::Users).collect::<Vec<_>>();
     check(users_mode(old) != users_mode(new), "the listeners' auth mode (users given or not)");
     check(old.rules != new.rules, "rules");

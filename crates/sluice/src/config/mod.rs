@@ -4,8 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
@@ -14,10 +12,12 @@ mod live;
 mod routing;
 mod rules;
 mod show;
+mod tls;
 pub use cluster::{ClusterConfig, Shared};
 pub use live::{Live, Source, fixed_changes};
 pub use routing::{CausalReads, ReadOnlyTransactions, RoutingConfig};
 pub use rules::{DigestsConfig, Network, RuleConfig, parse_digest};
+pub use tls::{ClientTls, TlsConfig, load_certs, load_key};
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -366,49 +366,13 @@ pub struct AdminConfig {
     /// Bearer token required on every admin request when set.
     #[serde(serialize_with = "show::masked")]
     pub token: Option<String>,
-}
-
-/// TLS for client connections.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub enum ClientTls {
-    /// `tls = "auto"` (the default): a self-signed certificate generated in memory at start and
-    /// replaced before it expires.
-    #[default]
-    SelfSigned,
-    /// `tls = "off"`: no TLS; clients that ask for it are refused.
-    Off,
-    /// A `[tls]` table: certificate and key files.
-    Files(TlsConfig),
-}
-
-impl<'de> Deserialize<'de> for ClientTls {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = ClientTls;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("\"auto\", \"off\", or a [tls] table with cert and key")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ClientTls, E> {
-                match v {
-                    "auto" => Ok(ClientTls::SelfSigned),
-                    "off" => Ok(ClientTls::Off),
-                    _ => Err(E::custom(format!("tls: expected \"auto\", \"off\" or a [tls] table with cert and key, not {v:?}"))),
-                }
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<ClientTls, A::Error> {
-                TlsConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(ClientTls::Files)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    pub cert: Spanned<PathBuf>,
-    pub key: Spanned<PathBuf>,
+    /// `HOST:PORT` of the SQL admin listener (the mysql client's way in); unset disables it.
+    #[serde(default)]
+    pub sql_listen: Option<Spanned<String>>,
+    /// Who may log in to the SQL admin listener (as `[[users]]`: name, password or
+    /// password_hash).
+    #[serde(default)]
+    pub sql_users: Vec<UserConfig>,
 }
 
 /// The longest duration a setting takes: a year. Longer ones would overflow the clock
@@ -476,25 +440,6 @@ pub fn show_optional_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) 
         Some(d) => s.serialize_some(&format!("{}ms", d.as_millis())),
         None => s.serialize_none(),
     }
-}
-
-/// Reads the PEM certificates of a file the configuration names (`[tls] cert`, `tls_ca`).
-pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let certs: Vec<_> = CertificateDer::pem_slice_iter(&data).collect::<Result<_, _>>().map_err(|e| format!("{}: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{}: no certificate found", path.display()));
-    }
-    Ok(certs)
-}
-
-/// Reads the PEM private key of a file the configuration names (`[tls] key`).
-pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    PrivateKeyDer::from_pem_slice(&data).map_err(|e| match e {
-        rustls::pki_types::pem::Error::NoItemsFound => format!("{}: no private key found", path.display()),
-        e => format!("{}: {e}", path.display()),
-    })
 }
 
 /// A configuration error, with the line it refers to when known.
@@ -619,7 +564,13 @@ impl Config {
         if let Some(a) = &self.admin.listen {
             parse_address(a.get_ref()).map_err(|m| at(a.span(), format!("admin.listen: {m}")))?;
         }
-        for u in &self.users {
+        if let Some(a) = &self.admin.sql_listen {
+            parse_address(a.get_ref()).map_err(|m| at(a.span(), format!("admin.sql_listen: {m}")))?;
+            if self.admin.sql_users.is_empty() {
+                return Err(at(a.span(), "admin.sql_listen needs [[admin.sql_users]] to log in with".into()));
+            }
+        }
+        for u in self.users.iter().chain(&self.admin.sql_users) {
             match (&u.password, &u.password_hash) {
                 (Some(_), Some(h)) => {
                     return Err(at(h.span(), format!("users {:?}: set password or password_hash, not both", u.name)));

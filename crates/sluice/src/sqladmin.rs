@@ -1,0 +1,374 @@
+//! The SQL admin listener (`[admin] sql_listen`): operators connect with the mysql client, as
+//! one of `[[admin.sql_users]]`, and read the same data as the HTTP API through read-only
+//! SELECTs over tables (`backends`, `sessions`, `digests`, `config`, `instances`), or run the
+//! verbs as statements (`DRAIN BACKEND 'a'`, `UNDRAIN BACKEND 'a'`, `RELOAD CONFIG`, `KILL
+//! SESSION 42`). A statement it does not know gets a MySQL error naming those it does.
+
+use std::sync::Arc;
+use std::sync::OnceLock;
+
+use regex::Regex;
+use serde_json::{Map, Value};
+use sluice_proto::basic::{eof_payload, err_payload, ok_payload};
+use sluice_proto::consts::{cap, com, status};
+use sluice_proto::handshake::{Greeting, HandshakeResponse, write_auth_switch};
+use sluice_proto::packet::put_lenenc;
+use sluice_proto::{auth, resultset};
+
+use crate::auth::{Check, Users};
+use crate::ctx::Ctx;
+use crate::net::{PacketConn, Stream};
+
+const TABLES: &str = "backends, sessions, digests, config, instances";
+const STATEMENTS: &str = "SELECT columns FROM table [WHERE column = 'value'] [LIMIT n], SHOW TABLES, DRAIN BACKEND 'name', \
+UNDRAIN BACKEND 'name', RELOAD CONFIG, KILL SESSION id";
+
+/// Accepts admin connections until the process ends.
+pub async fn serve(ctx: Arc<Ctx>, l: tokio::net::TcpListener) {
+    loop {
+        match l.accept().await {
+            Ok((s, peer)) => {
+                let ctx = ctx.clone();
+                tokio::spawn(async move {
+                    // (The users in force now: a reload changes them.)
+                    let users = Users::from_config(&ctx.config().admin.sql_users, 0);
+                    if let Err(e) = session(&ctx, PacketConn::new(Stream::Tcp(s)), &users).await {
+                        tracing::info!(client = %peer, error = %e, "SQL admin session ended");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "SQL admin accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+fn io(e: std::io::Error) -> String {
+    e.to_string()
+}
+
+async fn session(ctx: &Arc<Ctx>, mut c: PacketConn, users: &Users) -> Result<(), String> {
+    let scramble = auth::make_scramble(random());
+    let caps = cap::LONG_PASSWORD
+        | cap::LONG_FLAG
+        | cap::CONNECT_WITH_DB
+        | cap::PROTOCOL_41
+        | cap::TRANSACTIONS
+        | cap::SECURE_CONNECTION
+        | cap::PLUGIN_AUTH
+        | cap::PLUGIN_AUTH_LENENC_DATA
+        | cap::CONNECT_ATTRS;
+    let g = Greeting {
+        server_version: format!("5.5.5-10.11.0-sluice-admin-{}", env!("CARGO_PKG_VERSION")).into_bytes(),
+        connection_id: 1,
+        scramble: scramble.to_vec(),
+        capabilities: caps,
+        mariadb_capabilities: 0,
+        collation: 45,
+        status: status::AUTOCOMMIT,
+        auth_plugin: auth::NATIVE.to_vec(),
+    };
+    let mut p = Vec::new();
+    g.write(&mut p);
+    c.write_packet(&p, 0).await.map_err(io)?;
+    let (seq, payload) = c.read_packet(1 << 16).await.map_err(io)?;
+    let hr = HandshakeResponse::parse(&payload).map_err(|_| "a malformed handshake response".to_string())?;
+    let name = String::from_utf8_lossy(&hr.user).into_owned();
+    let mut seq = seq.wrapping_add(1);
+    let plugin = hr.auth_plugin.clone().unwrap_or_else(|| auth::NATIVE.to_vec());
+    let ok = match users.get(&name) {
+        None => {
+            crate::auth::phantom_check(&scramble, &hr.auth_response);
+            false
+        }
+        Some(u) => match u.check(&plugin, &scramble, &hr.auth_response) {
+            Check::Ok => true,
+            Check::Denied => false,
+            Check::SwitchToNative | Check::FullAuth => {
+                let mut p = Vec::new();
+                write_auth_switch(&mut p, auth::NATIVE, &scramble);
+                c.write_packet(&p, seq).await.map_err(io)?;
+                let (s, reply) = c.read_packet(1 << 16).await.map_err(io)?;
+                seq = s.wrapping_add(1);
+                matches!(u.check(auth::NATIVE, &scramble, &reply), Check::Ok)
+            }
+        },
+    };
+    if !ok {
+        let mut p = Vec::new();
+        err_payload(&mut p, 1045, b"28000", &format!("Access denied for user '{name}' to the sluice admin listener"));
+        c.write_packet(&p, seq).await.map_err(io)?;
+        return Err(format!("access denied for {name}"));
+    }
+    write_ok(&mut c, seq, "").await?;
+    tracing::info!(user = %name, "SQL admin session began");
+    loop {
+        let (_, cmd) = c.read_packet(1 << 20).await.map_err(io)?;
+        match cmd.first() {
+            Some(&com::QUIT) | None => return Ok(()),
+            Some(&com::QUERY) => {
+                let sql = String::from_utf8_lossy(&cmd[1..]).into_owned();
+                let answer = run(ctx, &sql).await;
+                reply(&mut c, answer).await?;
+            }
+            Some(&com::PING) | Some(&com::INIT_DB) => write_ok(&mut c, 1, "").await?,
+            Some(_) => {
+                reply(&mut c, Answer::Error(1047, "this admin listener answers COM_QUERY, COM_PING and COM_QUIT only".into())).await?
+            }
+        }
+    }
+}
+
+fn random() -> [u8; 20] {
+    let mut r = [0u8; 20];
+    let _ = aws_lc_rs::rand::fill(&mut r);
+    r
+}
+
+/// What a statement answers.
+enum Answer {
+    Rows { table: String, columns: Vec<String>, rows: Vec<Vec<Option<String>>> },
+    Done(String),
+    Error(u16, String),
+}
+
+async fn write_ok(c: &mut PacketConn, seq: u8, info: &str) -> Result<(), String> {
+    let mut p = Vec::new();
+    ok_payload(&mut p, 0, 0, 0, status::AUTOCOMMIT, 0);
+    if !info.is_empty() {
+        sluice_proto::packet::put_lenenc_bytes(&mut p, info.as_bytes());
+    }
+    c.write_packet(&p, seq).await.map_err(io).map(|_| ())
+}
+
+async fn reply(c: &mut PacketConn, a: Answer) -> Result<(), String> {
+    match a {
+        Answer::Done(info) => write_ok(c, 1, &info).await,
+        Answer::Error(code, msg) => {
+            let mut p = Vec::new();
+            let state = if code == 1064 {
+                b"42000"
+            } else if code == 1146 {
+                b"42S02"
+            } else if code == 1054 {
+                b"42S22"
+            } else {
+                b"HY000"
+            };
+            err_payload(&mut p, code, state, &msg);
+            c.write_packet(&p, 1).await.map_err(io).map(|_| ())
+        }
+        Answer::Rows { table, columns, rows } => {
+            let mut seq = 1u8;
+            let mut p = Vec::new();
+            put_lenenc(&mut p, columns.len() as u64);
+            seq = c.write_packet(&p, seq).await.map_err(io)?;
+            for name in &columns {
+                p.clear();
+                resultset::column_def(&mut p, &table, name);
+                seq = c.write_packet(&p, seq).await.map_err(io)?;
+            }
+            p.clear();
+            eof_payload(&mut p, 0, status::AUTOCOMMIT);
+            seq = c.write_packet(&p, seq).await.map_err(io)?;
+            for r in &rows {
+                p.clear();
+                let values: Vec<Option<&str>> = r.iter().map(|v| v.as_deref()).collect();
+                resultset::text_row(&mut p, &values);
+                seq = c.write_packet(&p, seq).await.map_err(io)?;
+            }
+            p.clear();
+            eof_payload(&mut p, 0, status::AUTOCOMMIT);
+            c.write_packet(&p, seq).await.map_err(io).map(|_| ())
+        }
+    }
+}
+
+fn re(cell: &'static OnceLock<Regex>, pattern: &str) -> &'static Regex {
+    cell.get_or_init(|| Regex::new(pattern).expect("a valid pattern"))
+}
+
+/// Answers one statement.
+async fn run(ctx: &Arc<Ctx>, sql: &str) -> Answer {
+    static SELECT: OnceLock<Regex> = OnceLock::new();
+    static VERB: OnceLock<Regex> = OnceLock::new();
+    static RELOAD: OnceLock<Regex> = OnceLock::new();
+    let sql = sql.trim().trim_end_matches(';').trim();
+    let lower = sql.to_ascii_lowercase();
+    let one =
+        |name: &str, value: &str| Answer::Rows { table: String::new(), columns: vec![name.into()], rows: vec![vec![Some(value.into())]] };
+    if let Some(vars) = lower.strip_prefix("select @@") {
+        // What clients ask on connecting (`@@version_comment`, `@@max_allowed_packet`, ...).
+        let vars = vars.trim_end_matches("limit 1").trim();
+        let names: Vec<String> = vars.split(',').map(|v| v.trim().trim_start_matches("@@").to_string()).collect();
+        let value = |n: &str| match n {
+            "version_comment" => Some("sluice admin".to_string()),
+            "max_allowed_packet" => Some((1u32 << 24).to_string()),
+            "wait_timeout" | "interactive_timeout" => Some("28800".to_string()),
+            "version" => Some(env!("CARGO_PKG_VERSION").to_string()),
+            _ => None,
+        };
+        let rows = vec![names.iter().map(|n| value(n)).collect()];
+        return Answer::Rows { table: String::new(), columns: names.iter().map(|n| format!("@@{n}")).collect(), rows };
+    }
+    if lower == "select 1" {
+        return one("1", "1");
+    }
+    if lower == "select version()" {
+        return one("version()", env!("CARGO_PKG_VERSION"));
+    }
+    if lower == "select database()" {
+        return Answer::Rows { table: String::new(), columns: vec!["database()".into()], rows: vec![vec![None]] };
+    }
+    if lower.starts_with("set ") {
+        return Answer::Done(String::new());
+    }
+    if lower == "show tables" {
+        let rows = TABLES.split(", ").map(|t| vec![Some(t.to_string())]).collect();
+        return Answer::Rows { table: String::new(), columns: vec!["Tables_in_sluice".into()], rows };
+    }
+    let select =
+        re(&SELECT, r"(?is)^select\s+(.+?)\s+from\s+`?(\w+)`?(?:\s+where\s+`?(\w+)`?\s*=\s*(?:'([^']*)'|(\S+?)))?(?:\s+limit\s+(\d+))?$");
+    if let Some(m) = select.captures(sql) {
+        let want = m.get(1).map_or("", |x| x.as_str());
+        let table = m[2].to_ascii_lowercase();
+        let filter = m.get(3).map(|col| (col.as_str().to_string(), m.get(4).or(m.get(5)).map_or("", |v| v.as_str()).to_string()));
+        let limit = m.get(6).and_then(|l| l.as_str().parse().ok()).unwrap_or(usize::MAX);
+        return select_from(ctx, &table, want, filter, limit).await;
+    }
+    let verb = re(&VERB, r"(?i)^(drain|undrain)\s+backend\s+'([^']+)'$");
+    if let Some(m) = verb.captures(sql) {
+        let Some(b) = ctx.backends.by_name(&m[2]) else {
+            let names: Vec<String> = ctx.backends.list().iter().map(|b| b.name.clone()).collect();
+            return Answer::Error(1105, format!("no backend '{}': backends are {}", &m[2], names.join(", ")));
+        };
+        return if m[1].eq_ignore_ascii_case("drain") {
+            let asked = crate::control::start_drain(ctx, &b);
+            Answer::Done(format!("draining {}: {asked} sessions asked to move", b.name))
+        } else {
+            crate::control::undrain(ctx, &b);
+            Answer::Done(format!("{} undrained", b.name))
+        };
+    }
+    if re(&RELOAD, r"(?i)^reload\s+config(uration)?$").is_match(sql) {
+        return match crate::reload::reload(ctx) {
+            Ok(out) => Answer::Done(serde_json::to_string(&out).unwrap_or_default()),
+            Err(errors) => Answer::Error(1105, format!("reload refused: {}", errors.join("; "))),
+        };
+    }
+    static KILL_SESSION: OnceLock<Regex> = OnceLock::new();
+    if let Some(m) = re(&KILL_SESSION, r"(?i)^kill\s+(?:session\s+)?(\d+)$").captures(sql) {
+        let id: u32 = m[1].parse().unwrap_or(0);
+        return match ctx.sessions.get(id) {
+            Some(h) => {
+                h.kill();
+                Answer::Done(format!("session {id} killed"))
+            }
+            None => Answer::Error(1094, format!("Unknown thread id: {id} (SELECT id FROM sessions lists them)")),
+        };
+    }
+    Answer::Error(1064, format!("sluice's admin listener does not know this statement; it knows: {STATEMENTS}"))
+}
+
+/// The rows of a table, each an object (the HTTP API's JSON).
+async fn table_rows(ctx: &Ctx, table: &str) -> Result<Vec<Map<String, Value>>, Answer> {
+    let list = match table {
+        "backends" => serde_json::to_value(crate::admin::backend_views(ctx)).unwrap_or_default(),
+        "sessions" => serde_json::to_value(ctx.sessions.all().iter().map(|h| h.snapshot()).collect::<Vec<_>>()).unwrap_or_default(),
+        "digests" => serde_json::to_value(ctx.digests.top(1000, crate::digest::By::TotalTime)).unwrap_or_default(),
+        "config" => {
+            let mut rows = Vec::new();
+            flatten("", &serde_json::to_value(&**ctx.config()).unwrap_or_default(), &mut rows);
+            Value::Array(rows.into_iter().map(|(k, v)| serde_json::json!({ "key": k, "value": v })).collect())
+        }
+        "instances" if ctx.config().cluster.etcd.is_empty() => Value::Array(Vec::new()),
+        "instances" => Value::Array(crate::cluster::instances(ctx).await.map_err(|e| Answer::Error(1105, e))?),
+        other => return Err(Answer::Error(1146, format!("Table 'sluice.{other}' doesn't exist: the tables are {TABLES}"))),
+    };
+    Ok(list.as_array().map(|a| a.iter().filter_map(|r| r.as_object().map(lift)).collect()).unwrap_or_default())
+}
+
+/// An object with the fields of its object fields lifted beside its own (a session's `state`).
+fn lift(o: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = Map::new();
+    for (k, v) in o {
+        match v {
+            Value::Object(inner) if k == "state" => {
+                for (ik, iv) in inner {
+                    out.insert(if o.contains_key(ik) { format!("{k}_{ik}") } else { ik.clone() }, iv.clone());
+                }
+            }
+            _ => {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Every leaf of `v` as (path, value): `proxy.max_connections`, `backends[0].address`.
+fn flatten(path: &str, v: &Value, out: &mut Vec<(String, Value)>) {
+    match v {
+        Value::Object(o) => o.iter().for_each(|(k, x)| flatten(&if path.is_empty() { k.clone() } else { format!("{path}.{k}") }, x, out)),
+        Value::Array(a) if a.iter().any(|x| x.is_object()) => {
+            a.iter().enumerate().for_each(|(i, x)| flatten(&format!("{path}[{i}]"), x, out))
+        }
+        _ => out.push((path.to_string(), v.clone())),
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
+async fn select_from(ctx: &Ctx, table: &str, want: &str, filter: Option<(String, String)>, limit: usize) -> Answer {
+    let rows = match table_rows(ctx, table).await {
+        Ok(r) => r,
+        Err(a) => return a,
+    };
+    let mut all: Vec<String> = Vec::new();
+    for r in &rows {
+        for k in r.keys() {
+            if !all.contains(k) {
+                all.push(k.clone());
+            }
+        }
+    }
+    let columns: Vec<String> =
+        if want.trim() == "*" { all.clone() } else { want.split(',').map(|c| c.trim().trim_matches('`').to_string()).collect() };
+    let known = |c: &str| all.iter().any(|a| a == c) || rows.is_empty();
+    for c in columns.iter().chain(filter.iter().map(|f| &f.0)) {
+        if !known(c) {
+            return Answer::Error(1054, format!("Unknown column '{c}' in {table}: its columns are {}", all.join(", ")));
+        }
+    }
+    let rows = rows
+        .iter()
+        .filter(|r| filter.as_ref().is_none_or(|(col, value)| r.get(col).and_then(text).as_deref() == Some(value.as_str())))
+        .take(limit)
+        .map(|r| columns.iter().map(|c| r.get(c).and_then(text)).collect())
+        .collect();
+    Answer::Rows { table: table.to_string(), columns, rows }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configurations_flatten_to_keys() {
+        let mut out = Vec::new();
+        flatten("", &serde_json::json!({ "proxy": { "workers": 2 }, "backends": [{ "address": "a" }], "rules": [] }), &mut out);
+        let keys: Vec<&str> = out.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["backends[0].address", "proxy.workers", "rules"]);
+        let lifted = lift(serde_json::json!({ "id": 1, "state": { "user": "app", "id": 9 } }).as_object().unwrap());
+        assert_eq!(lifted.get("user"), Some(&Value::String("app".into())));
+        assert_eq!(lifted.get("state_id"), Some(&Value::from(9)));
+    }
+}
