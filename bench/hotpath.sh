@@ -57,7 +57,7 @@ run() {
 echo "| configuration | instructions per query | vs bare | vs mux |"
 echo "|---|---|---|---|"
 bare= mux=
-for cfg in ${HOTPATH_CONFIGS:-bare digests rules mux split}; do
+for cfg in ${HOTPATH_CONFIGS:-bare digests rules mux split capture}; do
   a=$(run $cfg 1000); b=$(run $cfg 3000)
   per=$(( (b - a) / 2000 ))
   [ -z "$bare" ] && bare=$per

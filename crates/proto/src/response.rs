@@ -36,6 +36,37 @@ pub enum Expect {
     Nothing,
 }
 
+impl Expect {
+    /// The response a command gets, by its first bytes (`head`: the command byte and at least
+    /// what follows up to an execute's flags byte, which says whether it opens a cursor).
+    /// Commands a proxy handles apart (COM_QUIT, COM_CHANGE_USER, replication) are its own
+    /// business; anything unknown is taken for [`Expect::Results`].
+    #[inline]
+    pub fn of(head: &[u8]) -> Expect {
+        use crate::consts::com;
+        match head.first().copied().unwrap_or(com::QUERY) {
+            com::STMT_PREPARE => Expect::Prepare,
+            // The flags byte after the statement id: a cursor type other than none.
+            com::STMT_EXECUTE if head.get(5).is_some_and(|f| f & 7 != 0) => Expect::Cursor,
+            com::STMT_FETCH => Expect::Rows,
+            com::FIELD_LIST => Expect::FieldList,
+            com::STATISTICS => Expect::Single,
+            com::STMT_CLOSE | com::STMT_SEND_LONG_DATA | com::QUIT => Expect::Nothing,
+            com::PING
+            | com::INIT_DB
+            | com::REFRESH
+            | com::SHUTDOWN
+            | com::DEBUG
+            | com::SET_OPTION
+            | com::STMT_RESET
+            | com::RESET_CONNECTION
+            | com::CREATE_DB
+            | com::DROP_DB => Expect::Reply,
+            _ => Expect::Results,
+        }
+    }
+}
+
 /// Receives what the tracker finds in the packets it inspects.
 pub trait Sink {
     /// An OK packet, or the OK-shaped terminator of a result set.

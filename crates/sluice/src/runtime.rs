@@ -346,6 +346,7 @@ fn spawn_control(
     done_tx: std::sync::mpsc::Sender<()>,
 ) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let (over_tx, _) = watch::channel(false);
     std::thread::Builder::new()
         .name("sluice-control".into())
         .spawn(move || {
@@ -367,7 +368,7 @@ fn spawn_control(
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::rebalance::run(&c).await });
                 if let Some(l) = sql_admin.and_then(|l| tokio::net::TcpListener::from_std(l).ok()) {
-                    let (c, mut stop) = (ctx.clone(), stop_tx.subscribe());
+                    let (c, mut stop) = (ctx.clone(), over_tx.subscribe());
                     tokio::spawn(async move {
                         tokio::select! {
                             _ = crate::sqladmin::serve(c, l) => {}
@@ -382,8 +383,9 @@ fn spawn_control(
                     match tokio::net::TcpListener::from_std(l) {
                         Ok(l) => {
                             let app = crate::admin::router(ctx.clone());
-                            // (It stops when the sockets are handed over to a new process.)
-                            let mut stop = stop_tx.subscribe();
+                            // (It stops when the sockets are handed over to a new process; while
+                            // draining it goes on, to say so.)
+                            let mut stop = over_tx.subscribe();
                             tokio::spawn(async move {
                                 let stopped = async move {
                                     let _ = stop.changed().await;
@@ -396,7 +398,7 @@ fn spawn_control(
                         Err(e) => tracing::error!(error = %e, "admin listener"),
                     }
                 }
-                control_loop(&ctx, listening, &stop_tx).await;
+                control_loop(&ctx, listening, [&stop_tx, &over_tx]).await;
                 drain(&ctx, &stop_tx).await;
                 let _ = done_tx.send(());
             });
@@ -438,7 +440,8 @@ fn trim_heap() {}
 /// Runs until SIGTERM or SIGINT, or, once an upgrade handed the sockets over, until the last
 /// session ended. Meanwhile SIGHUP reloads the configuration (`crate::reload`), and SIGUSR2 or
 /// `POST /upgrade` upgrades (`crate::upgrade`).
-async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop_tx: &watch::Sender<bool>) {
+/// `stop`: the accept loops' stop, and the admin listeners' (which stop only once handed over).
+async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop: [&watch::Sender<bool>; 2]) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int), Ok(mut hup), Ok(mut usr2)) = (
         signal(SignalKind::terminate()),
@@ -465,10 +468,10 @@ async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop_tx: &watch
             }
             _ = usr2.recv() => {
                 tracing::info!("SIGUSR2: upgrading");
-                let _ = upgrade(ctx, &listening, None, stop_tx).await;
+                let _ = upgrade(ctx, &listening, None, stop).await;
             }
             Some((binary, reply)) = async { match asks.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
-                let _ = reply.send(upgrade(ctx, &listening, binary, stop_tx).await);
+                let _ = reply.send(upgrade(ctx, &listening, binary, stop).await);
             }
             _ = tick.tick(), if handed_over => {
                 let since = *linger.get_or_insert_with(Instant::now);
@@ -482,7 +485,7 @@ async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop_tx: &watch
 
 /// Starts the new binary and hands it the sockets; once it accepts, this process stops
 /// accepting and serves its sessions until they end. The new process's id.
-async fn upgrade(ctx: &Ctx, listening: &Arc<Listening>, binary: Option<PathBuf>, stop_tx: &watch::Sender<bool>) -> Result<u32, String> {
+async fn upgrade(ctx: &Ctx, listening: &Arc<Listening>, binary: Option<PathBuf>, stop: [&watch::Sender<bool>; 2]) -> Result<u32, String> {
     if ctx.handed_over() {
         return Err("this process already handed its sockets over to a new one".into());
     }
@@ -491,7 +494,9 @@ async fn upgrade(ctx: &Ctx, listening: &Arc<Listening>, binary: Option<PathBuf>,
     match &r {
         Ok(pid) => {
             ctx.set_handed_over();
-            let _ = stop_tx.send(true);
+            for s in stop {
+                let _ = s.send(true);
+            }
             tracing::info!(
                 new_pid = pid,
                 sessions = ctx.sessions.len(),

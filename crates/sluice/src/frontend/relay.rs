@@ -376,7 +376,7 @@ impl Session {
     /// statement, user variables named, a SQL PREPARE or DEALLOCATE, recorded once it
     /// succeeded).
     fn route(&mut self, cmd: u8, body_end: usize, done: &mut Done) -> Route {
-        let expect = match cmd {
+        match cmd {
             com::QUIT => return Route::Quit,
             com::BINLOG_DUMP
             | com::BINLOG_DUMP_GTID
@@ -388,6 +388,7 @@ impl Session {
             | com::DELAYED_INSERT
             | com::TIME
             | com::SLEEP => return Route::Unsupported,
+            com::CHANGE_USER => return Route::ChangeUser,
             com::PROCESS_KILL | com::QUERY | com::STMT_PREPARE => {
                 if self.credential.is_some() && cmd == com::QUERY {
                     self.note_query(body_end, done);
@@ -395,28 +396,12 @@ impl Session {
                 if let Some(plan) = self.kill_in(cmd, body_end) {
                     return Route::Kill(plan);
                 }
-                if cmd == com::STMT_PREPARE { Expect::Prepare } else { Expect::Results }
             }
-            com::CHANGE_USER => return Route::ChangeUser,
-            com::STMT_FETCH => Expect::Rows,
-            com::FIELD_LIST => Expect::FieldList,
-            com::STATISTICS => Expect::Single,
-            com::STMT_CLOSE | com::STMT_SEND_LONG_DATA => Expect::Nothing,
-            // The flags byte after the statement id: a cursor type other than none.
-            com::STMT_EXECUTE if self.note_execute(done) && self.client.rbuf.get(HEADER + 5).is_some_and(|f| f & 7 != 0) => Expect::Cursor,
-            com::PING
-            | com::INIT_DB
-            | com::REFRESH
-            | com::SHUTDOWN
-            | com::DEBUG
-            | com::SET_OPTION
-            | com::STMT_RESET
-            | com::RESET_CONNECTION
-            | com::CREATE_DB
-            | com::DROP_DB => Expect::Reply,
-            _ => Expect::Results,
-        };
-        Route::Relay(expect)
+            com::STMT_EXECUTE if !self.note_execute(done) => return Route::Relay(Expect::Results),
+            _ => {}
+        }
+        let rbuf = &self.client.rbuf;
+        Route::Relay(Expect::of(rbuf.get(HEADER..(HEADER + 6).min(rbuf.len())).unwrap_or(&[cmd])))
     }
 
     /// A command naming a prepared statement, once ids are mapped (the session took another

@@ -69,25 +69,7 @@ impl Sink for Collect {
 
 /// What a command leads to: the response it expects, or none.
 fn expect(payload: &[u8]) -> Option<Expect> {
-    Some(match payload[0] {
-        com::QUERY | com::PROCESS_KILL => Expect::Results,
-        com::STMT_PREPARE => Expect::Prepare,
-        com::STMT_EXECUTE if payload.get(5).is_some_and(|f| f & 7 != 0) => Expect::Cursor,
-        com::STMT_FETCH => Expect::Rows,
-        com::FIELD_LIST => Expect::FieldList,
-        com::STATISTICS => Expect::Single,
-        com::STMT_CLOSE | com::STMT_SEND_LONG_DATA => return None,
-        com::PING
-        | com::INIT_DB
-        | com::REFRESH
-        | com::DEBUG
-        | com::SET_OPTION
-        | com::STMT_RESET
-        | com::RESET_CONNECTION
-        | com::CREATE_DB
-        | com::DROP_DB => Expect::Reply,
-        _ => Expect::Results,
-    })
+    Some(Expect::of(payload)).filter(|e| *e != Expect::Nothing)
 }
 
 impl Conn {
