@@ -64,42 +64,14 @@ pub fn run(ctx: Arc<Ctx>, mut inherited: Option<Inherited>) -> Result<(), String
     let per_socket = if flavor == RuntimeFlavor::PerCore { workers } else { 1 };
     let mut listening = Listening::new();
     let (bound, names) = listen(&ctx, per_socket, inherited.as_mut(), &mut listening)?;
-    let admin = match &ctx.config().admin.listen {
-        Some(a) => {
-            let addr = match parse_address(a.get_ref())? {
-                Address::Tcp(a) => a,
-                Address::Unix(_) => return Err("admin.listen must be HOST:PORT".into()),
-            };
-            let l = match inherited.as_mut().and_then(|i| i.take(upgrade::ADMIN).pop()) {
-                Some(fd) => std::net::TcpListener::from(fd),
-                None => std::net::TcpListener::bind(addr).map_err(|e| format!("admin listen on {addr}: {e}"))?,
-            };
-            l.set_nonblocking(true).map_err(|e| e.to_string())?;
-            listening.keep(upgrade::ADMIN, &l)?;
-            Some(l)
-        }
-        None => None,
-    };
-    let sql_admin = match &ctx.config().admin.sql_listen {
-        Some(a) => {
-            let addr = match parse_address(a.get_ref())? {
-                Address::Tcp(a) => a,
-                Address::Unix(_) => return Err("admin.sql_listen must be HOST:PORT".into()),
-            };
-            let l = match inherited.as_mut().and_then(|i| i.take(upgrade::SQL_ADMIN).pop()) {
-                Some(fd) => std::net::TcpListener::from(fd),
-                None => std::net::TcpListener::bind(addr).map_err(|e| format!("admin.sql_listen on {addr}: {e}"))?,
-            };
-            l.set_nonblocking(true).map_err(|e| e.to_string())?;
-            listening.keep(upgrade::SQL_ADMIN, &l)?;
-            if !addr.ip().is_loopback() {
-                tracing::warn!(address = %addr, "the SQL admin listener listens on a non-loopback address");
-            }
-            tracing::info!(address = %l.local_addr().map_err(|e| e.to_string())?, "SQL admin listener");
-            Some(l)
-        }
-        None => None,
-    };
+    let config = ctx.config();
+    let admin = admin_listener(config.admin.listen.as_ref(), "admin.listen", upgrade::ADMIN, inherited.as_mut(), &mut listening)?;
+    let sql_admin =
+        admin_listener(config.admin.sql_listen.as_ref(), "admin.sql_listen", upgrade::SQL_ADMIN, inherited.as_mut(), &mut listening)?;
+    drop(config);
+    if let Some(l) = &sql_admin {
+        tracing::info!(address = %l.local_addr().map_err(|e| e.to_string())?, "SQL admin listener");
+    }
     let admin_name = admin.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_else(|| "none".into());
     for (l, _) in &bound {
         if let Sock::Tcp(_, a) = l
@@ -139,6 +111,29 @@ pub fn run(ctx: Arc<Ctx>, mut inherited: Option<Inherited>) -> Result<(), String
     let _ = done_rx.recv();
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// An admin listener (`key` names its setting, `name` its sockets in a hand-over): handed over
+/// by an old process, else bound; kept in `listening`.
+fn admin_listener(
+    address: Option<&toml::Spanned<String>>,
+    key: &str,
+    name: &str,
+    inherited: Option<&mut Inherited>,
+    listening: &mut Listening,
+) -> Result<Option<std::net::TcpListener>, String> {
+    let Some(a) = address else { return Ok(None) };
+    let Address::Tcp(addr) = parse_address(a.get_ref())? else { return Err(format!("{key} must be HOST:PORT")) };
+    let l = match inherited.and_then(|i| i.take(name).pop()) {
+        Some(fd) => std::net::TcpListener::from(fd),
+        None => std::net::TcpListener::bind(addr).map_err(|e| format!("{key} on {addr}: {e}"))?,
+    };
+    l.set_nonblocking(true).map_err(|e| e.to_string())?;
+    listening.keep(name, &l)?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(address = %addr, "{key} is not a loopback address");
+    }
+    Ok(Some(l))
 }
 
 /// The sockets of every configured listener: handed over by an old process, else bound (TCP:
