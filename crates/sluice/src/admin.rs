@@ -402,18 +402,12 @@ async fn instances(State(ctx): State<Arc<Ctx>>) -> Response {
     }
 }
 
-#[derive(serde::Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct UpgradeTo {
-    /// The new binary (default: the one sluice was started from, as it is on disk now).
-    binary: Option<std::path::PathBuf>,
-}
-
 /// Starts the new binary and hands it the listening sockets (`crate::upgrade`); answers once
 /// it accepts, with its process id, or with why it failed (this process then goes on).
-async fn upgrade(State(ctx): State<Arc<Ctx>>, body: Option<Json<UpgradeTo>>) -> Response {
-    let to = body.map(|Json(t)| t).unwrap_or_default();
-    match ctx.upgrades.ask(to.binary).await {
+/// The binary is the one sluice was started from, as it is on disk now: the API names no
+/// other (it would run any program it was told of).
+async fn upgrade(State(ctx): State<Arc<Ctx>>) -> Response {
+    match ctx.upgrades.ask().await {
         Ok(pid) => Json(serde_json::json!({ "new_pid": pid, "old_pid": std::process::id() })).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "error": e }))).into_response(),
     }

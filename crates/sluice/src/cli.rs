@@ -91,13 +91,9 @@ pub enum CtlVerb {
     Kill { session: u32 },
     /// Reads the configuration file again and applies it.
     Reload,
-    /// Starts the new binary and hands it the listening sockets; the old process serves its
-    /// sessions until they end.
-    Upgrade {
-        /// The new binary (default: the path sluice was started from).
-        #[arg(long)]
-        binary: Option<PathBuf>,
-    },
+    /// Starts the binary sluice was started from (as it is on disk now) and hands it the
+    /// listening sockets; the old process serves its sessions until they end.
+    Upgrade,
     /// The configuration in force (secrets masked).
     Config,
     /// The instances registered in the cluster's etcd (`[cluster]`).

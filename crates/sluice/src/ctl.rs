@@ -52,9 +52,7 @@ fn call_of(verb: &CtlVerb) -> Result<Call, String> {
         }
         CtlVerb::Kill { session } => post(format!("/sessions/{session}/kill")),
         CtlVerb::Reload => post("/config/reload"),
-        CtlVerb::Upgrade { binary } => {
-            Call { method: "POST", path: "/upgrade".into(), body: Some(serde_json::json!({ "binary": binary })) }
-        }
+        CtlVerb::Upgrade => post("/upgrade"),
         CtlVerb::Config => get("/config"),
         CtlVerb::Instances => get("/cluster/instances"),
         CtlVerb::Digests { top, by } => get(format!("/digests?top={top}&by={}", segment(by))),

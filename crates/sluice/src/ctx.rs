@@ -47,9 +47,8 @@ pub struct Ctx {
     handed_over: AtomicBool,
 }
 
-/// An upgrade asked for: the binary to start (None: the one this process runs, as it is on
-/// disk now), and where the new process's id (or why it failed) goes.
-pub type UpgradeAsk = (Option<std::path::PathBuf>, tokio::sync::oneshot::Sender<Result<u32, String>>);
+/// An upgrade asked for: where the new process's id (or why it failed) goes.
+pub type UpgradeAsk = tokio::sync::oneshot::Sender<Result<u32, String>>;
 
 pub struct Upgrades {
     tx: tokio::sync::mpsc::Sender<UpgradeAsk>,
@@ -63,9 +62,9 @@ impl Upgrades {
     }
 
     /// Asks for an upgrade; the new process's id once it accepts.
-    pub async fn ask(&self, binary: Option<std::path::PathBuf>) -> Result<u32, String> {
+    pub async fn ask(&self) -> Result<u32, String> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.tx.send((binary, reply)).await.map_err(|_| "sluice is shutting down".to_string())?;
+        self.tx.send(reply).await.map_err(|_| "sluice is shutting down".to_string())?;
         answer.await.map_err(|_| "sluice is shutting down".to_string())?
     }
 

@@ -463,10 +463,10 @@ async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop: [&watch::
             }
             _ = usr2.recv() => {
                 tracing::info!("SIGUSR2: upgrading");
-                let _ = upgrade(ctx, &listening, None, stop).await;
+                let _ = upgrade(ctx, &listening, stop).await;
             }
-            Some((binary, reply)) = async { match asks.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
-                let _ = reply.send(upgrade(ctx, &listening, binary, stop).await);
+            Some(reply) = async { match asks.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                let _ = reply.send(upgrade(ctx, &listening, stop).await);
             }
             _ = tick.tick(), if handed_over => {
                 let since = *linger.get_or_insert_with(Instant::now);
@@ -480,12 +480,12 @@ async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop: [&watch::
 
 /// Starts the new binary and hands it the sockets; once it accepts, this process stops
 /// accepting and serves its sessions until they end. The new process's id.
-async fn upgrade(ctx: &Ctx, listening: &Arc<Listening>, binary: Option<PathBuf>, stop: [&watch::Sender<bool>; 2]) -> Result<u32, String> {
+async fn upgrade(ctx: &Ctx, listening: &Arc<Listening>, stop: [&watch::Sender<bool>; 2]) -> Result<u32, String> {
     if ctx.handed_over() {
         return Err("this process already handed its sockets over to a new one".into());
     }
     let l = listening.clone();
-    let r = tokio::task::spawn_blocking(move || l.hand_over(binary.as_deref())).await.map_err(|e| e.to_string()).and_then(|r| r);
+    let r = tokio::task::spawn_blocking(move || l.hand_over()).await.map_err(|e| e.to_string()).and_then(|r| r);
     match &r {
         Ok(pid) => {
             ctx.set_handed_over();

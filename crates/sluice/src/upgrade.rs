@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -69,11 +69,11 @@ impl Listening {
         Ok(())
     }
 
-    /// Starts the new binary (`binary`, else the one this process was started from, as it is
-    /// on disk now) with this process's arguments, hands it the sockets and waits until it
-    /// accepts. Its process id. Blocks: call it off the event loop.
-    pub fn hand_over(&self, binary: Option<&Path>) -> Result<u32, String> {
-        let exe = binary.map(Path::to_path_buf).or_else(|| self.exe.clone()).ok_or("cannot tell which binary this process runs")?;
+    /// Starts the new binary (the one this process was started from, as it is on disk now)
+    /// with this process's arguments, hands it the sockets and waits until it accepts. Its
+    /// process id. Blocks: call it off the event loop.
+    pub fn hand_over(&self) -> Result<u32, String> {
+        let exe = self.exe.clone().ok_or("cannot tell which binary this process runs")?;
         let exe = strip_deleted(exe);
         let (mine, theirs) = UnixStream::pair().map_err(|e| format!("socket pair: {e}"))?;
         let fd = theirs.as_raw_fd();

@@ -126,9 +126,6 @@ async fn a_failed_upgrade_changes_nothing_and_a_second_one_succeeds() {
     let old = pid(&s);
     let mut c = app(&s).await;
 
-    let (code, body) = admin_post_json(&s, "/upgrade", &serde_json::json!({ "binary": "/nonexistent/sluice" }));
-    assert_eq!(code, 500, "{body}");
-    assert!(body.contains("/nonexistent/sluice"), "{body}");
     // A new process that cannot start (its configuration is bad) leaves the old one as it was.
     std::fs::write(&path, cfg.clone() + "[proxy]\nmax_connections = \"many\"\n").unwrap();
     let (code, body) = admin_post(&s, "/upgrade");
