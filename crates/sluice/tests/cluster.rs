@@ -23,8 +23,7 @@ fn free_port() -> u16 {
 
 impl EtcdServer {
     fn start() -> EtcdServer {
-        let root = PathBufExt::root();
-        let scripts = root.join("scripts/setup.sh");
+        let scripts = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/setup.sh");
         assert!(Command::new("bash").arg(scripts).arg("etcd-server").status().unwrap().success(), "install etcd-server");
         let dir = sluice_testkit::mariadb::work_root().join(format!("etcd-{}-{}", std::process::id(), sluice_testkit::unique_id()));
         let (client, peer) = (free_port(), free_port());
@@ -84,14 +83,6 @@ impl Drop for EtcdServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-struct PathBufExt;
-
-impl PathBufExt {
-    fn root() -> std::path::PathBuf {
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
     }
 }
 
