@@ -137,6 +137,13 @@ impl User {
         }
     }
 
+    /// Counts a connection of the user that is open already (a session handed over by another
+    /// process), even past the limit.
+    pub fn count(&self) -> UserSlot {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        UserSlot(self.connections.clone())
+    }
+
     /// Counts a connection against the user's limit; None when the limit is reached.
     pub fn acquire(&self) -> Option<UserSlot> {
         let n = self.connections.fetch_add(1, Ordering::Relaxed);

@@ -42,6 +42,8 @@ pub struct Ctx {
     pub capture: crate::capture::Capture,
     /// Upgrades asked through the admin API, for the control thread.
     pub upgrades: Upgrades,
+    /// Once an upgrade succeeded: where sessions are handed over to the new process.
+    pub handoff: crate::fdpass::Outbox,
     /// The listening sockets were handed over to a new process (an upgrade): this one no
     /// longer accepts, and ends when its last session does.
     handed_over: AtomicBool,
@@ -112,6 +114,7 @@ impl Ctx {
             clock: crate::deadline::Clock::new(config.proxy.response_timeout),
             config: Arc::new(Live::new(config, source)),
             upgrades: Upgrades::new(),
+            handoff: Default::default(),
             handed_over: AtomicBool::new(false),
         }))
     }

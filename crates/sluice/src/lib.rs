@@ -15,6 +15,7 @@ pub mod ctx;
 pub mod deadline;
 pub mod digest;
 pub mod error;
+pub mod fdpass;
 pub mod frontend;
 pub mod gtid;
 pub mod metrics;

@@ -317,6 +317,10 @@ pub struct Metrics {
     /// Idle sessions parked (`frontend/idle.rs`, `frontend/lot.rs`).
     pub parked_sessions: Gauge,
     pub session_parks: Counter,
+    /// Sessions an upgrade handed over to the new process (counted by the old one), and
+    /// sessions taken over from the old process (counted by the new one).
+    pub sessions_handed_over: Counter,
+    pub sessions_adopted: Counter,
     /// Records written by traffic capture, and those dropped because its writer fell behind.
     pub capture_records: Counter,
     /// Configuration reloads applied (refused ones are not counted).
@@ -499,6 +503,10 @@ impl Metrics {
         registry.register("parked_sessions", "Idle sessions parked until their client speaks", parked_sessions.clone());
         let session_parks = Counter::default();
         registry.register("session_parks", "Times an idle session parked", session_parks.clone());
+        let sessions_handed_over = Counter::default();
+        registry.register("sessions_handed_over", "Sessions an upgrade handed over to the new process", sessions_handed_over.clone());
+        let sessions_adopted = Counter::default();
+        registry.register("sessions_adopted", "Sessions taken over from the process an upgrade replaced", sessions_adopted.clone());
         let config_reloads = Counter::default();
         registry.register("config_reloads", "Configuration reloads applied", config_reloads.clone());
         let capture_records = Counter::default();
@@ -594,6 +602,8 @@ impl Metrics {
             client_connections,
             parked_sessions,
             session_parks,
+            sessions_handed_over,
+            sessions_adopted,
             capture_records,
             config_reloads,
             capture_dropped,

@@ -96,6 +96,30 @@ impl Stream {
         within(limit, send).await
     }
 
+    /// The descriptor of a plain connection (TCP or Unix: not TLS, which holds state of its
+    /// own), to hand it to another process.
+    pub fn plain_fd(&self) -> Option<std::os::fd::RawFd> {
+        match self {
+            Stream::Tcp(s) => Some(s.as_raw_fd()),
+            Stream::Unix(s) => Some(s.as_raw_fd()),
+            Stream::Tls(_) | Stream::Detached => None,
+        }
+    }
+
+    /// A plain connection from a descriptor another process handed over (`unix`: a Unix
+    /// socket, else TCP). Within a runtime.
+    pub fn from_fd(fd: std::os::fd::OwnedFd, unix: bool) -> io::Result<Stream> {
+        if unix {
+            let s = std::os::unix::net::UnixStream::from(fd);
+            s.set_nonblocking(true)?;
+            Ok(Stream::Unix(UnixStream::from_std(s)?))
+        } else {
+            let s = std::net::TcpStream::from(fd);
+            s.set_nonblocking(true)?;
+            Ok(Stream::Tcp(TcpStream::from_std(s)?))
+        }
+    }
+
     pub fn is_unix(&self) -> bool {
         match self {
             Stream::Unix(_) => true,

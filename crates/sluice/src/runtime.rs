@@ -63,6 +63,9 @@ pub fn run(ctx: Arc<Ctx>, mut inherited: Option<Inherited>) -> Result<(), String
     let flavor = ctx.config().proxy.runtime;
     let per_socket = if flavor == RuntimeFlavor::PerCore { workers } else { 1 };
     let mut listening = Listening::new();
+    if let Some(first) = inherited.as_ref().map(Inherited::next_session_id).filter(|&n| n != 0) {
+        ctx.sessions.start_ids_at(first);
+    }
     let (bound, names) = listen(&ctx, per_socket, inherited.as_mut(), &mut listening)?;
     let config = ctx.config();
     let admin = admin_listener(config.admin.listen.as_ref(), "admin.listen", upgrade::ADMIN, inherited.as_mut(), &mut listening)?;
@@ -98,15 +101,15 @@ pub fn run(ctx: Arc<Ctx>, mut inherited: Option<Inherited>) -> Result<(), String
         started_at_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
     };
     spawn_control(ctx.clone(), [admin, sql_admin], Arc::new(listening), me, stop_tx, done_tx)?;
-    match flavor {
+    let runtimes = match flavor {
         RuntimeFlavor::PerCore => spawn_per_core(&ctx, bound, workers, stop_rx)?,
         RuntimeFlavor::Multi => spawn_multi(&ctx, bound, workers, stop_rx)?,
-    }
+    };
     let joined = names.join(",");
     tracing::info!(listeners = ?joined, admin = ?admin_name, workers, runtime = ?flavor, pid = std::process::id(), "sluice ready");
     if let Some(i) = inherited {
-        tracing::info!("upgrade: accepting on the sockets handed over; the old process stops accepting");
-        i.ready();
+        tracing::info!("upgrade: accepting on the sockets handed over; the old process stops accepting and hands its sessions over");
+        adopt_sessions(ctx.clone(), i.ready(), runtimes)?;
     }
     let _ = done_rx.recv();
     tracing::info!("shutdown complete");
@@ -189,7 +192,32 @@ fn listen(
     Ok((bound, names))
 }
 
-fn spawn_per_core(ctx: &Arc<Ctx>, bound: Vec<Bound>, workers: usize, stop: watch::Receiver<bool>) -> Result<(), String> {
+/// Takes over the sessions the old process hands over on `channel` (an upgrade), each in a
+/// worker runtime, in turn.
+fn adopt_sessions(ctx: Arc<Ctx>, channel: std::os::unix::net::UnixStream, runtimes: Vec<tokio::runtime::Handle>) -> Result<(), String> {
+    if runtimes.is_empty() {
+        return Err("no worker runtime to take sessions over".into());
+    }
+    std::thread::Builder::new()
+        .name("sluice-adopt".into())
+        .spawn(move || {
+            let mut next = 0;
+            upgrade::receive_sessions(channel, |text, fds| {
+                next = (next + 1) % runtimes.len();
+                runtimes[next].spawn(frontend::handoff::adopt(ctx.clone(), text, fds));
+            });
+        })
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Starts a runtime per worker, each serving its share of the sockets; their handles.
+fn spawn_per_core(
+    ctx: &Arc<Ctx>,
+    bound: Vec<Bound>,
+    workers: usize,
+    stop: watch::Receiver<bool>,
+) -> Result<Vec<tokio::runtime::Handle>, String> {
     // Hand each worker its own TCP socket and a duplicate of every Unix socket.
     let mut per_worker: Vec<Vec<Bound>> = (0..workers).map(|_| Vec::new()).collect();
     for (b, info) in bound {
@@ -207,9 +235,11 @@ fn spawn_per_core(ctx: &Arc<Ctx>, bound: Vec<Bound>, workers: usize, stop: watch
             }
         }
     }
+    let (handles_tx, handles) = std::sync::mpsc::channel();
     for (i, mine) in per_worker.into_iter().enumerate() {
         let ctx = ctx.clone();
         let stop = stop.clone();
+        let handles_tx = handles_tx.clone();
         std::thread::Builder::new()
             .name(format!("sluice-w{i}"))
             .spawn(move || {
@@ -222,14 +252,22 @@ fn spawn_per_core(ctx: &Arc<Ctx>, bound: Vec<Bound>, workers: usize, stop: watch
                         return;
                     }
                 };
+                let _ = handles_tx.send(rt.handle().clone());
+                drop(handles_tx);
                 rt.block_on(accept_forever(ctx, mine, stop));
             })
             .map_err(|e| e.to_string())?;
     }
-    Ok(())
+    drop(handles_tx);
+    Ok(handles.iter().collect())
 }
 
-fn spawn_multi(ctx: &Arc<Ctx>, bound: Vec<Bound>, workers: usize, stop: watch::Receiver<bool>) -> Result<(), String> {
+fn spawn_multi(
+    ctx: &Arc<Ctx>,
+    bound: Vec<Bound>,
+    workers: usize,
+    stop: watch::Receiver<bool>,
+) -> Result<Vec<tokio::runtime::Handle>, String> {
     let next_shard = std::sync::atomic::AtomicUsize::new(1);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
@@ -239,13 +277,14 @@ fn spawn_multi(ctx: &Arc<Ctx>, bound: Vec<Bound>, workers: usize, stop: watch::R
         .build()
         .map_err(|e| e.to_string())?;
     let ctx = ctx.clone();
+    let handle = rt.handle().clone();
     std::thread::Builder::new()
         .name("sluice-rt".into())
         .spawn(move || {
             rt.block_on(accept_forever(ctx, bound, stop));
         })
         .map_err(|e| e.to_string())?;
-    Ok(())
+    Ok(vec![handle])
 }
 
 /// Runs the accept loops of `bound` on the current runtime; sessions run until the process ends.
@@ -469,6 +508,9 @@ async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop: [&watch::
                 let _ = reply.send(upgrade(ctx, &listening, stop).await);
             }
             _ = tick.tick(), if handed_over => {
+                // Sessions go to the new process at their next wait for a command: the idle
+                // ones (parked too) are woken to go.
+                ctx.sessions.for_each(|h| h.wake.notify());
                 let since = *linger.get_or_insert_with(Instant::now);
                 if ctx.sessions.is_empty() && since.elapsed() >= Duration::from_secs(1) {
                     return tracing::info!("upgrade: the last session of the old process ended");
@@ -485,7 +527,13 @@ async fn upgrade(ctx: &Ctx, listening: &Arc<Listening>, stop: [&watch::Sender<bo
         return Err("this process already handed its sockets over to a new one".into());
     }
     let l = listening.clone();
-    let r = tokio::task::spawn_blocking(move || l.hand_over()).await.map_err(|e| e.to_string()).and_then(|r| r);
+    // (Ids this process may still give before the new one accepts stay below the new one's.)
+    let first_id = ctx.sessions.peek_next_id().wrapping_add(1 << 20);
+    let r = tokio::task::spawn_blocking(move || l.hand_over(first_id)).await.map_err(|e| e.to_string()).and_then(|r| r);
+    let r = r.map(|(pid, channel)| {
+        ctx.handoff.open(channel);
+        pid
+    });
     match &r {
         Ok(pid) => {
             ctx.set_handed_over();
@@ -495,7 +543,7 @@ async fn upgrade(ctx: &Ctx, listening: &Arc<Listening>, stop: [&watch::Sender<bo
             tracing::info!(
                 new_pid = pid,
                 sessions = ctx.sessions.len(),
-                "upgrade: the new process accepts; this one stopped accepting and serves its sessions until they end"
+                "upgrade: the new process accepts; this one stopped accepting and hands each session over at its next wait for a command (those that cannot go are served here until they end)"
             );
         }
         Err(e) => tracing::warn!(error = %e, "upgrade failed: this process goes on"),

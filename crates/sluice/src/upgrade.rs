@@ -9,6 +9,10 @@
 //! how many sockets it has, with all the sockets attached in that order; the new process binds
 //! nothing it was given, starts, and answers `ready\n`. A new process that fails (a bad
 //! configuration, a crash) closes the pair, and the old one goes on as if nothing happened.
+//!
+//! Then the old process hands over its sessions too, each at its next safe point, on the same
+//! pair (`frontend/handoff.rs`): one message per session, its state with its client socket
+//! and backend socket attached. The new process carries each on where it was.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -28,15 +32,16 @@ pub const ADMIN: &str = "admin";
 /// The listener name of the SQL admin listener's socket.
 pub const SQL_ADMIN: &str = "sql-admin";
 
-/// At most this many sockets are handed over (the kernel's limit per message).
-const MAX_FDS: usize = 253;
-
 /// How long the old process waits for the new one to say it is ready.
 const READY_WITHIN: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Offer {
     listeners: Vec<Offered>,
+    /// The new process numbers its sessions from here: ids the old one gave (which handed-over
+    /// sessions keep) stay below.
+    #[serde(default)]
+    next_session_id: u32,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -71,11 +76,12 @@ impl Listening {
 
     /// Starts the new binary (the one this process was started from, as it is on disk now)
     /// with this process's arguments, hands it the sockets and waits until it accepts. Its
-    /// process id. Blocks: call it off the event loop.
-    pub fn hand_over(&self) -> Result<u32, String> {
+    /// process id, and the channel on which sessions go to it. `next_session_id`: where the new
+    /// process numbers its sessions from. Blocks: call it off the event loop.
+    pub fn hand_over(&self, next_session_id: u32) -> Result<(u32, UnixStream), String> {
         let exe = self.exe.clone().ok_or("cannot tell which binary this process runs")?;
         let exe = strip_deleted(exe);
-        let (mine, theirs) = UnixStream::pair().map_err(|e| format!("socket pair: {e}"))?;
+        let (mine, theirs) = crate::fdpass::pair().map_err(|e| format!("socket pair: {e}"))?;
         let fd = theirs.as_raw_fd();
         // The child's end outlives exec (the pair is made close-on-exec).
         set_cloexec(fd, false)?;
@@ -86,17 +92,15 @@ impl Listening {
             .spawn()
             .map_err(|e| format!("starting {}: {e}", exe.display()))?;
         drop(theirs);
-        let offer = Offer { listeners: self.entries.iter().map(|(n, fds)| Offered { name: n.clone(), count: fds.len() }).collect() };
+        let listeners = self.entries.iter().map(|(n, fds)| Offered { name: n.clone(), count: fds.len() }).collect();
+        let offer = Offer { listeners, next_session_id };
         let fds: Vec<RawFd> = self.entries.iter().flat_map(|(_, f)| f.iter().map(AsRawFd::as_raw_fd)).collect();
-        if fds.len() > MAX_FDS {
-            return Err(format!("{} sockets to hand over: at most {MAX_FDS}", fds.len()));
-        }
         let text = serde_json::to_vec(&offer).map_err(|e| e.to_string())?;
-        send_with_fds(&mine, &text, &fds).map_err(|e| format!("handing the sockets over: {e}"))?;
+        crate::fdpass::send(&mine, &text, &fds, true).map_err(|e| format!("handing the sockets over: {e}"))?;
         mine.set_read_timeout(Some(READY_WITHIN)).map_err(|e| e.to_string())?;
         let mut answer = [0u8; 6];
         match (&mine).read_exact(&mut answer) {
-            Ok(()) if &answer == b"ready\n" => Ok(child.id()),
+            Ok(()) if &answer == b"ready\n" => Ok((child.id(), mine)),
             Ok(()) => Err("the new process answered something else than ready".into()),
             Err(e) => Err(format!("the new process did not start (see its log above): {e}")),
         }
@@ -116,6 +120,7 @@ fn strip_deleted(p: PathBuf) -> PathBuf {
 pub struct Inherited {
     sockets: HashMap<String, Vec<OwnedFd>>,
     channel: UnixStream,
+    next_session_id: u32,
 }
 
 impl Inherited {
@@ -130,7 +135,7 @@ impl Inherited {
         set_cloexec(fd, true)?;
         // SAFETY: see above: the descriptor is open and owned by nobody else here.
         let channel = unsafe { UnixStream::from_raw_fd(fd) };
-        let (text, mut fds) = recv_with_fds(&channel).map_err(|e| format!("receiving the sockets: {e}"))?;
+        let (text, mut fds) = crate::fdpass::recv(&channel).map_err(|e| format!("receiving the sockets: {e}"))?;
         let offer: Offer = serde_json::from_slice(&text).map_err(|e| format!("the old process's offer: {e}"))?;
         let mut sockets = HashMap::new();
         for o in offer.listeners {
@@ -139,7 +144,12 @@ impl Inherited {
             }
             sockets.insert(o.name, fds.drain(..o.count).collect());
         }
-        Ok(Some(Inherited { sockets, channel }))
+        Ok(Some(Inherited { sockets, channel, next_session_id: offer.next_session_id }))
+    }
+
+    /// Where this process numbers its sessions from.
+    pub fn next_session_id(&self) -> u32 {
+        self.next_session_id
     }
 
     /// The sockets of listener `name` (none when the old process had no such listener).
@@ -147,14 +157,31 @@ impl Inherited {
         self.sockets.remove(name).unwrap_or_default()
     }
 
-    /// Tells the old process that this one accepts: it stops accepting. Sockets not taken are
-    /// closed (the listener is gone from the configuration).
-    pub fn ready(mut self) {
+    /// Tells the old process that this one accepts: it stops accepting, and hands its sessions
+    /// over on the channel returned. Sockets not taken are closed (the listener is gone from
+    /// the configuration).
+    pub fn ready(mut self) -> UnixStream {
         if let Err(e) = self.channel.write_all(b"ready\n") {
             tracing::warn!(error = %e, "cannot tell the old process that this one is ready");
         }
         for (name, fds) in self.sockets.drain() {
             tracing::info!(listener = %name, sockets = fds.len(), "closing handed-over sockets of a listener no longer configured");
+        }
+        self.channel
+    }
+}
+
+/// Receives the sessions the old process hands over on `channel`, each given to `adopt` with
+/// its sockets, until the old process closes it (it ended). Blocks: run it on a thread.
+pub fn receive_sessions(channel: UnixStream, mut adopt: impl FnMut(Vec<u8>, Vec<OwnedFd>)) {
+    loop {
+        match crate::fdpass::recv(&channel) {
+            Ok((text, fds)) if text.is_empty() && fds.is_empty() => {
+                return tracing::info!("upgrade: the old process closed the hand-over channel");
+            }
+            Ok((text, fds)) => adopt(text, fds),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return tracing::warn!(error = %e, "upgrade: receiving sessions from the old process failed"),
         }
     }
 }
@@ -165,92 +192,13 @@ fn set_cloexec(fd: RawFd, on: bool) -> Result<(), String> {
     if r < 0 { Err(format!("fcntl: {}", std::io::Error::last_os_error())) } else { Ok(()) }
 }
 
-fn send_with_fds(s: &UnixStream, data: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
-    let fd_bytes = std::mem::size_of_val(fds);
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
-    let mut control = vec![0u8; space.max(1)];
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-    // SAFETY: msghdr is plain data; every pointer set below points into live buffers above,
-    // with their lengths, and the control buffer has CMSG_SPACE bytes for one SCM_RIGHTS header
-    // with `fds`; sendmsg reads them only during the call.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        if !fds.is_empty() {
-            msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = space as _;
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as _;
-            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast::<RawFd>(), fds.len());
-        }
-        if libc::sendmsg(s.as_raw_fd(), &msg, 0) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
-fn recv_with_fds(s: &UnixStream) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
-    let mut data = vec![0u8; 1 << 16];
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
-    let mut control = vec![0u8; space];
-    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
-    let mut fds = Vec::new();
-    // SAFETY: as in `send_with_fds`, the pointers point into the live buffers above with their
-    // lengths; the headers walked are those recvmsg wrote into `control` (bounded by
-    // msg_controllen), and each descriptor read from an SCM_RIGHTS header is a new one this
-    // process now owns (MSG_CMSG_CLOEXEC: not inherited by later children).
-    let n = unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        let n = libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                let p = libc::CMSG_DATA(cmsg).cast::<RawFd>();
-                for i in 0..bytes / std::mem::size_of::<RawFd>() {
-                    fds.push(OwnedFd::from_raw_fd(p.add(i).read_unaligned()));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
-        n as usize
-    };
-    data.truncate(n);
-    Ok((data, fds))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn sockets_pass_between_the_ends_of_a_pair() {
-        let (a, b) = UnixStream::pair().unwrap();
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        send_with_fds(&a, b"{}", &[l.as_raw_fd()]).unwrap();
-        let (text, fds) = recv_with_fds(&b).unwrap();
-        assert_eq!(text, b"{}");
-        assert_eq!(fds.len(), 1);
-        drop(l);
-        // The socket received is the same one: it still listens once the sender's is closed.
-        let got = std::net::TcpListener::from(fds.into_iter().next().unwrap());
-        assert_eq!(got.local_addr().unwrap(), addr);
-        let _c = std::net::TcpStream::connect(addr).unwrap();
-        assert!(got.accept().is_ok());
+    fn a_replaced_binary_is_found_at_its_path() {
         assert_eq!(strip_deleted(PathBuf::from("/usr/bin/sluice (deleted)")), PathBuf::from("/usr/bin/sluice"));
+        assert_eq!(strip_deleted(PathBuf::from("/usr/bin/sluice")), PathBuf::from("/usr/bin/sluice"));
     }
 }

@@ -152,6 +152,18 @@ impl Serialize for Vars {
     }
 }
 
+/// From a map of names to values.
+impl<'de> serde::Deserialize<'de> for Vars {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Vars, D::Error> {
+        let m = std::collections::BTreeMap::<String, String>::deserialize(d)?;
+        let mut v = Vars::default();
+        for (n, value) in m {
+            v.insert(n, value);
+        }
+        Ok(v)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +182,7 @@ mod tests {
         assert_eq!(v.remove("a"), None);
         assert_eq!(v.len(), 2);
         assert_eq!(serde_json::to_string(&v).unwrap(), r#"{"b":"two","c":"3"}"#);
+        assert_eq!(serde_json::from_str::<Vars>(r#"{"b":"two","c":"3"}"#).unwrap(), v);
         let w = v.clone();
         assert_eq!(v, w);
         // A copy shares the pairs until one side changes.

@@ -27,7 +27,7 @@ use crate::metrics::BackendMetrics;
 use crate::net::PacketConn;
 
 /// A statement prepared on one backend connection.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct OnConn {
     pub id: u32,
     pub params: u16,
@@ -40,8 +40,9 @@ pub struct OnConn {
 /// that no session holds when it is given back.
 pub const MAX_STATEMENTS: usize = 256;
 
-/// What a backend connection carries besides its socket.
-#[derive(Debug, Default)]
+/// What a backend connection carries besides its socket (serialized when its session is
+/// handed over to a new process).
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ConnState {
     pub schema: Option<String>,
     /// Session variables changed since its login, as the backend reported them.
@@ -204,6 +205,16 @@ impl Lanes {
             return self.take_for(None).await;
         }
         self.take_for(Some(key)).await
+    }
+
+    /// A place under the cap for a connection that is open already (a session handed over by
+    /// another process brings its own), taken even past the cap. None when there is no cap.
+    pub fn hold(self: &Arc<Self>) -> Option<Slot> {
+        let w = worker();
+        self.capped.then(|| {
+            self.lane(w).lock().open += 1;
+            Slot { lanes: self.clone(), worker: w }
+        })
     }
 
     /// A spare connection of `key` on this worker, if one is there (no wait).

@@ -40,6 +40,16 @@ impl ClientConn {
         }
     }
 
+    /// The compression negotiated at login.
+    pub fn compression(&self) -> Option<Algorithm> {
+        self.comp.as_ref().map(|c| c.alg)
+    }
+
+    /// Whether compressed bytes were read and not decoded yet (part of a frame).
+    pub fn holds_raw_bytes(&self) -> bool {
+        self.comp.as_ref().is_some_and(|c| !c.raw.is_empty())
+    }
+
     /// Whether the connection can wait for a command without its read buffer (no TLS, no
     /// compression: those hold bytes of their own).
     pub fn can_wait_unbuffered(&self) -> bool {

@@ -25,6 +25,8 @@ pub(super) enum Wait {
     Command(Header),
     End,
     Park,
+    /// Handed over to the new process an upgrade started (`handoff.rs`).
+    HandedOff,
 }
 
 /// How often the sweep looks at the sessions: one idle for a whole interval parks.
@@ -65,6 +67,9 @@ impl Session {
             }
             if self.handle.killed.load(Ordering::Relaxed) {
                 return Ok(Wait::End);
+            }
+            if self.ctx.handoff.is_open() && self.hand_off() {
+                return Ok(Wait::HandedOff);
             }
             if self.ctx.is_draining() && !self.state.in_transaction() && self.client.rbuf.is_empty() {
                 return Ok(Wait::End);

@@ -60,6 +60,16 @@ impl Profile {
         HandshakeResponse::parse(&self.0).unwrap_or_default()
     }
 
+    /// As encoded (a handshake response without its auth response).
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// From [`Profile::bytes`]; None when they do not parse.
+    pub fn from_bytes(b: Vec<u8>) -> Option<Profile> {
+        HandshakeResponse::parse(&b).ok().map(|_| Profile(b.into_boxed_slice()))
+    }
+
     /// A later login is as `user` (after COM_CHANGE_USER).
     pub fn set_user(&mut self, user: &[u8]) {
         let hr = HandshakeResponse { user: user.to_vec(), ..self.get() };

@@ -3,6 +3,7 @@
 mod capture;
 mod client;
 mod commands;
+pub mod handoff;
 pub mod idle;
 mod login;
 mod lot;
@@ -149,6 +150,9 @@ async fn live(mut session: Box<relay::Session>, admission: Admission, first: boo
     let result = if first { session.run().await } else { session.resume().await };
     let result = match result {
         Ok(relay::Ended::Parked) => return idle::spawn(session, admission),
+        // Its sockets are closed here without a word: the connections live on in the new
+        // process.
+        Ok(relay::Ended::HandedOff) => return drop((session, admission)),
         Ok(relay::Ended::Done) => Ok(()),
         Err(e) => Err(e),
     };

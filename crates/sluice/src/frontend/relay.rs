@@ -113,6 +113,8 @@ pub(super) enum Ended {
     Done,
     /// The session is idle and parked (`idle.rs`): it resumes in a task of its own.
     Parked,
+    /// It went to the new process of an upgrade (`handoff.rs`), with its connections.
+    HandedOff,
 }
 
 /// What to do after a command.
@@ -201,6 +203,7 @@ impl Session {
                 Wait::Command(h) => h,
                 Wait::End => return Ok(Ended::Done),
                 Wait::Park => return Ok(Ended::Parked),
+                Wait::HandedOff => return Ok(Ended::HandedOff),
             };
             self.handle.busy.store(true, Ordering::Relaxed);
             let flow = self.command(h).await;

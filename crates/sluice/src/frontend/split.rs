@@ -32,7 +32,7 @@ use crate::rules::RouteTo;
 
 /// Causal reads (`causal_reads = "session"`): the session's last write, and the replicas known
 /// to have applied it.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub(super) struct Causal {
     /// The GTID waited for.
     gtid: String,

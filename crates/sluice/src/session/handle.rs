@@ -305,6 +305,29 @@ impl Registry {
         self.map.lock().insert(h.id, h);
     }
 
+    /// Registers a session handed over by another process under the id it had there; false
+    /// when a session here has it already.
+    pub fn insert_new(&self, h: Arc<SessionHandle>) -> bool {
+        match self.map.lock().entry(h.id) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(h);
+                true
+            }
+        }
+    }
+
+    /// The id the next session would get.
+    pub fn peek_next_id(&self) -> u32 {
+        self.next_id.load(Ordering::Relaxed).wrapping_add(1)
+    }
+
+    /// Numbers the sessions from `first` on (a process started by an upgrade: the ids below
+    /// are the old process's, which its sessions keep when handed over).
+    pub fn start_ids_at(&self, first: u32) {
+        self.next_id.store(first.wrapping_sub(1), Ordering::Relaxed);
+    }
+
     /// Runs `f` on every live session (under the registry's lock: keep it short).
     pub fn for_each(&self, mut f: impl FnMut(&SessionHandle)) {
         for h in self.map.lock().values() {

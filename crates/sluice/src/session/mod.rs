@@ -16,7 +16,9 @@ use sluice_proto::consts::status;
 use sluice_proto::response::Sink;
 
 mod handle;
+mod parcel;
 pub use handle::{EXPIRED, MOVE_ANYWHERE, NO_MOVE, NOT_WAITING, Registry, SessionHandle, SessionInfo, Wake};
+pub use parcel::StateParcel;
 
 /// A prepared statement as the client knows it.
 #[derive(Debug, Clone, Serialize)]
