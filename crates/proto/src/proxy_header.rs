@@ -114,18 +114,44 @@ pub fn write_v2(out: &mut Vec<u8>, source: SocketAddr, dest: SocketAddr) {
             out.extend_from_slice(&d.ip().octets());
         }
         _ => {
-            let v6 = |a: SocketAddr| match a.ip() {
-                IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-                IpAddr::V6(v6) => v6,
-            };
             out.push(0x21);
             out.extend_from_slice(&36u16.to_be_bytes());
-            out.extend_from_slice(&v6(source).octets());
-            out.extend_from_slice(&v6(dest).octets());
+            out.extend_from_slice(&as_v6(source.ip()).octets());
+            out.extend_from_slice(&as_v6(dest.ip()).octets());
         }
     }
     out.extend_from_slice(&source.port().to_be_bytes());
     out.extend_from_slice(&dest.port().to_be_bytes());
+}
+
+/// A version 1 PROXY header saying that `source` connected to `dest`. Addresses of different
+/// families are both written as IPv6 (v4-mapped).
+pub fn write_v1(out: &mut Vec<u8>, source: SocketAddr, dest: SocketAddr) {
+    let (s, d) = match (source.ip(), dest.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => (IpAddr::V4(s), IpAddr::V4(d)),
+        (s, d) => (IpAddr::V6(as_v6(s)), IpAddr::V6(as_v6(d))),
+    };
+    let family = if s.is_ipv4() { "TCP4" } else { "TCP6" };
+    let line = format!("PROXY {family} {s} {d} {} {}\r\n", source.port(), dest.port());
+    out.extend_from_slice(line.as_bytes());
+}
+
+/// A PROXY header for a connection of the proxy's own, on behalf of no client (a health
+/// check): v2 LOCAL, or v1 UNKNOWN. The receiver keeps the connection's own peer address.
+pub fn write_local(out: &mut Vec<u8>, v2: bool) {
+    if v2 {
+        out.extend_from_slice(&V2_SIGNATURE);
+        out.extend_from_slice(&[0x20, 0x00, 0, 0]);
+    } else {
+        out.extend_from_slice(b"PROXY UNKNOWN\r\n");
+    }
+}
+
+fn as_v6(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    }
 }
 
 #[cfg(test)]
@@ -156,6 +182,16 @@ mod tests {
         ] {
             assert!(matches!(parse(bad), Parsed::Invalid(_)), "{:?}", String::from_utf8_lossy(bad));
         }
+        for (s, d) in [("192.0.2.7:56324", "10.0.0.1:6033"), ("[2001:db8::1]:4000", "[2001:db8::2]:6033"), ("192.0.2.7:1", "[::1]:2")] {
+            let (s, d): (SocketAddr, SocketAddr) = (s.parse().unwrap(), d.parse().unwrap());
+            let mut h = Vec::new();
+            write_v1(&mut h, s, d);
+            let want = if s.is_ipv4() == d.is_ipv4() { s } else { SocketAddr::new(IpAddr::V6(as_v6(s.ip())), s.port()) };
+            assert_eq!(parse(&h), Parsed::Header { len: h.len(), source: Some(want) }, "{}", String::from_utf8_lossy(&h));
+        }
+        let mut unknown = Vec::new();
+        write_local(&mut unknown, false);
+        assert_eq!(parse(&unknown), Parsed::Header { len: 15, source: None });
         let long = [&b"PROXY "[..], &[b'x'; 120]].concat();
         assert!(matches!(parse(&long), Parsed::Invalid(_)));
     }
@@ -175,6 +211,9 @@ mod tests {
         }
         // LOCAL (a health check of the balancer itself): no address.
         let local = [&V2_SIGNATURE[..], &[0x20, 0x00, 0, 0]].concat();
+        let mut written = Vec::new();
+        write_local(&mut written, true);
+        assert_eq!(written, local);
         assert_eq!(parse(&local), Parsed::Header { len: 16, source: None });
         let mut bad = local.clone();
         bad[12] = 0x11;

@@ -213,6 +213,7 @@ impl Cli {
                     tls_skip_verify: false,
                     role: Default::default(),
                     group: None,
+                    send_proxy: None,
                 })
                 .collect();
         }

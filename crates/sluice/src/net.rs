@@ -96,6 +96,15 @@ impl Stream {
         within(limit, send).await
     }
 
+    /// The local address of a TCP connection (TLS over TCP too).
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Stream::Tcp(s) => s.local_addr().ok(),
+            Stream::Tls(t) => t.get_ref().0.local_addr(),
+            Stream::Unix(_) | Stream::Detached => None,
+        }
+    }
+
     /// The descriptor of a plain connection (TCP or Unix: not TLS, which holds state of its
     /// own), to hand it to another process.
     pub fn plain_fd(&self) -> Option<std::os::fd::RawFd> {

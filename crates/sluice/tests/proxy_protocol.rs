@@ -96,3 +96,47 @@ async fn peers_outside_the_trusted_networks_send_no_header() {
     let lb = balancer(s.listen.clone(), v1).await;
     assert!(mysql_async::Conn::new(mysql_async::Opts::from(opts(&lb, "app", "apppw"))).await.is_err());
 }
+
+/// What the server says of the session's own connection: its host (address:port) and USER().
+async fn seen_by_server(c: &mut mysql_async::Conn) -> (String, String) {
+    let host: Option<String> = c.query_first("SELECT host FROM information_schema.processlist WHERE id = CONNECTION_ID()").await.unwrap();
+    let user: Option<String> = c.query_first("SELECT USER()").await.unwrap();
+    (host.unwrap(), user.unwrap())
+}
+
+/// A backend with `send_proxy` is told each client's own address (the one a trusted balancer
+/// gave sluice), in either version; a pooled connection opened for one address does not serve
+/// a client of another; health checks (LOCAL / UNKNOWN) keep the backend up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_sent_the_header_see_each_clients_address() {
+    let db = sluice_testkit::mariadb::MariaDb::start_with(&["--proxy-protocol-networks=127.0.0.0/8".to_string()]);
+    for version in ["v1", "v2"] {
+        let s = TestConfig::new()
+            .listener("proxy_protocol = [\"127.0.0.1/32\"]\n")
+            .backend_with(&db.addr(), &format!("send_proxy = \"{version}\"\n"))
+            .table("health", "interval = \"100ms\"\nuser = \"monitor\"\npassword = \"monitorpw\"\n")
+            .app_users()
+            .start();
+        let lb = balancer(s.listen.clone(), v1).await;
+        let mut c = connect(&lb, "app", "apppw").await;
+        let (host, user) = seen_by_server(&mut c).await;
+        assert_eq!((host.as_str(), user.as_str()), ("203.0.113.9:40000", "app@203.0.113.9"), "{version}");
+        c.disconnect().await.unwrap();
+        let backend = || json(&admin_get(&s, "/backends", None).1)[0].clone();
+        wait_for("its connection is pooled", || backend()["pooled"] == 1);
+
+        let lb6 = balancer(s.listen.clone(), v2).await;
+        let mut c6 = connect(&lb6, "app", "apppw").await;
+        let (host, user) = seen_by_server(&mut c6).await;
+        assert!(host.contains("2001:db8::7") && user.contains("2001:db8::7"), "{version}: {host} {user}");
+        c6.disconnect().await.unwrap();
+
+        // The health checks (with a monitor login) pass all along.
+        let checks = backend()["checks"].as_u64().unwrap();
+        wait_for("more health checks pass", || {
+            let b = backend();
+            b["checks"].as_u64().unwrap() > checks + 2 && b["consecutive_ok"].as_u64().unwrap() > 2
+        });
+        assert_eq!(backend()["up"], true);
+    }
+}

@@ -16,13 +16,49 @@ use crate::net::{PacketConn, Stream, tune_tcp};
 /// Largest packet accepted from a backend during the connection phase.
 const LOGIN_PACKET_LIMIT: usize = 1 << 20;
 
-/// Connects and reads the greeting, all within `timeout`. Failures are retry-safe.
+/// On whose behalf sluice opens a connection to a backend: what the PROXY protocol header says
+/// to a backend with `send_proxy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Sluice's own (health checks, one-off connections), or a client of a Unix socket: v2
+    /// LOCAL, v1 UNKNOWN (the server keeps sluice's address).
+    Sluice,
+    /// A client's session: where the client connected from, and the address it reached.
+    Client { source: std::net::SocketAddr, dest: std::net::SocketAddr },
+}
+
+impl Origin {
+    /// The client's address, when the connection is a client's.
+    pub fn source(self) -> Option<std::net::IpAddr> {
+        match self {
+            Origin::Sluice => None,
+            Origin::Client { source, .. } => Some(source.ip()),
+        }
+    }
+}
+
+/// The PROXY protocol header `b` is sent first on a connection for `origin` (none when `b` is
+/// not configured to get one).
+fn proxy_header(b: &Backend, origin: Origin) -> Option<Vec<u8>> {
+    use sluice_proto::proxy_header::{write_local, write_v1, write_v2};
+    let v2 = b.send_proxy? == crate::config::SendProxy::V2;
+    let mut out = Vec::with_capacity(64);
+    match origin {
+        Origin::Sluice => write_local(&mut out, v2),
+        Origin::Client { source, dest } if v2 => write_v2(&mut out, source, dest),
+        Origin::Client { source, dest } => write_v1(&mut out, source, dest),
+    }
+    Some(out)
+}
+
+/// Connects and reads the greeting, all within `timeout`. Failures are retry-safe. A backend
+/// with `send_proxy` is first sent the PROXY protocol header for `origin`.
 ///
 /// A backend at its connection limit (1040 Too many connections) while sluice keeps idle
 /// connections to it gets those back first ([`Backend::release_idle`]): they are closed with
 /// COM_QUIT and the connection is tried again a few times while the server frees their places.
-pub async fn open(b: &Backend, timeout: Duration) -> Result<(PacketConn, Greeting)> {
-    let first = open_once(b, timeout).await;
+pub async fn open(b: &Backend, timeout: Duration, origin: Origin) -> Result<(PacketConn, Greeting)> {
+    let first = open_once(b, timeout, origin).await;
     let full = |r: &Result<(PacketConn, Greeting)>| matches!(r, Err(e) if e.code == sluice_proto::consts::err::CON_COUNT);
     if !full(&first) {
         return first;
@@ -41,7 +77,7 @@ pub async fn open(b: &Backend, timeout: Duration) -> Result<(PacketConn, Greetin
     let mut res = first;
     for pause_ms in [0, 5, 20, 50, 100] {
         tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-        res = open_once(b, timeout).await;
+        res = open_once(b, timeout, origin).await;
         if !full(&res) {
             break;
         }
@@ -49,7 +85,7 @@ pub async fn open(b: &Backend, timeout: Duration) -> Result<(PacketConn, Greetin
     res
 }
 
-async fn open_once(b: &Backend, timeout: Duration) -> Result<(PacketConn, Greeting)> {
+async fn open_once(b: &Backend, timeout: Duration, origin: Origin) -> Result<(PacketConn, Greeting)> {
     let res = tokio::time::timeout(timeout, async {
         let stream = match &b.address {
             Address::Tcp(a) => {
@@ -60,6 +96,12 @@ async fn open_once(b: &Backend, timeout: Duration) -> Result<(PacketConn, Greeti
             Address::Unix(p) => Stream::Unix(UnixStream::connect(p).await.map_err(|e| Error::connect(format!("connect: {e}")))?),
         };
         let mut conn = PacketConn::new(stream);
+        if let Some(header) = proxy_header(b, origin) {
+            conn.stream
+                .write_within(Duration::ZERO, &header)
+                .await
+                .map_err(|e| Error::connect(format!("sending the PROXY header: {e}")))?;
+        }
         let (_, payload) = conn.read_packet(LOGIN_PACKET_LIMIT).await.map_err(|e| Error::connect(format!("reading greeting: {e}")))?;
         if payload.first() == Some(&0xff) {
             // The backend refused the connection (e.g. 1040 Too many connections): keep its code
@@ -181,7 +223,7 @@ pub struct As<'a> {
 
 /// Opens a connection logged in as `who`; returns it with the capabilities in force.
 pub async fn login_as(b: &Backend, who: &As<'_>) -> Result<(PacketConn, u32)> {
-    let (conn, g) = open(b, b.connect_timeout).await?;
+    let (conn, g) = open(b, b.connect_timeout, Origin::Sluice).await?;
     let tls = b.tls.decide(who.client_tls, &g)?;
     let caps = backend_capabilities(cap::SLUICE_SUPPORTED, &g, tls);
     let hr = HandshakeResponse {

@@ -62,7 +62,7 @@ async fn check_loop(b: &Backend, config: &Live) {
 /// One probe; Err carries the reason for logs, errors and the admin API.
 pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Credential)>, max_lag: Duration) -> Result<(), String> {
     let work = async {
-        let (conn, g) = bconn::open(b, cfg.timeout).await.map_err(|e| e.message)?;
+        let (conn, g) = bconn::open(b, cfg.timeout, bconn::Origin::Sluice).await.map_err(|e| e.message)?;
         // As for a TLS client's session: a backend with backend_tls "on" that does not offer
         // TLS cannot serve anyone, and a monitor login is encrypted whenever sessions may be.
         let tls = b.tls.decide(true, &g).map_err(|e| e.message)?;

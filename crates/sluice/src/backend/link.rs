@@ -8,8 +8,9 @@ use std::sync::Arc;
 use sluice_proto::consts::{com, err as code, mariadb_cap};
 use sluice_proto::handshake::{Greeting, HandshakeResponse};
 
+use super::conn::{self, Origin};
 use super::pool::{Fit, Idle};
-use super::{Backend, Backends, conn};
+use super::{Backend, Backends};
 use crate::error::{Error, Result, Side};
 use crate::net::PacketConn;
 
@@ -27,10 +28,10 @@ pub enum Link {
 }
 
 /// Opens a connection to the next usable backend, trying others when one cannot be reached.
-pub async fn open_any(backends: &Backends, tried: &mut Vec<(usize, Error)>) -> Result<Opened> {
+pub async fn open_any(backends: &Backends, tried: &mut Vec<(usize, Error)>, origin: Origin) -> Result<Opened> {
     loop {
         let b = pick(backends, tried)?;
-        if let Some(o) = open_on(b, tried).await {
+        if let Some(o) = open_on(b, tried, origin).await {
             return Ok(o);
         }
     }
@@ -38,10 +39,10 @@ pub async fn open_any(backends: &Backends, tried: &mut Vec<(usize, Error)>) -> R
 
 /// Like `open_any`, but takes a pooled connection of the chosen backend when one fits (made
 /// for a client whose connection is TLS as well, or plain as well, when that matters there).
-pub async fn link_any(backends: &Backends, tried: &mut Vec<(usize, Error)>, fit: Fit, client_tls: bool) -> Result<Link> {
+pub async fn link_any(backends: &Backends, tried: &mut Vec<(usize, Error)>, fit: Fit, client_tls: bool, origin: Origin) -> Result<Link> {
     loop {
         let b = pick(backends, tried)?;
-        if let Some(link) = link_on(b, tried, fit, client_tls).await {
+        if let Some(link) = link_on(b, tried, fit, client_tls, origin).await {
             return Ok(link);
         }
     }
@@ -49,11 +50,11 @@ pub async fn link_any(backends: &Backends, tried: &mut Vec<(usize, Error)>, fit:
 
 /// A pooled connection of `b` that fits, else a new one; None when `b` cannot be reached (the
 /// failure is recorded in `tried`).
-pub async fn link_on(b: Arc<Backend>, tried: &mut Vec<(usize, Error)>, fit: Fit, client_tls: bool) -> Option<Link> {
+pub async fn link_on(b: Arc<Backend>, tried: &mut Vec<(usize, Error)>, fit: Fit, client_tls: bool, origin: Origin) -> Option<Link> {
     if let Some(idle) = b.reuse(Fit { backend_tls: b.tls.wanted(client_tls), ..fit }) {
         return Some(Link::Reused(b, idle));
     }
-    open_on(b, tried).await.map(Link::Fresh)
+    open_on(b, tried, origin).await.map(Link::Fresh)
 }
 
 /// The balancer's choice of a primary (any backend when none is usable) among the backends not
@@ -75,8 +76,8 @@ pub fn pick(backends: &Backends, tried: &[(usize, Error)]) -> Result<Arc<Backend
 }
 
 /// Connects to `b`; a failure is recorded in `tried`.
-async fn open_on(b: Arc<Backend>, tried: &mut Vec<(usize, Error)>) -> Option<Opened> {
-    match conn::open(&b, b.connect_timeout).await {
+async fn open_on(b: Arc<Backend>, tried: &mut Vec<(usize, Error)>, origin: Origin) -> Option<Opened> {
+    match conn::open(&b, b.connect_timeout, origin).await {
         Ok((conn, greeting)) => Some(Opened { backend: b, conn, greeting }),
         Err(e) => {
             tracing::warn!(backend = %b.name, error = %e.message, "backend unreachable at login; trying the next one");

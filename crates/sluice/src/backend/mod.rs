@@ -116,6 +116,8 @@ pub struct Backend {
     pub tls: BackendTls,
     /// Its configured part in replication.
     pub role: Role,
+    /// Connections to it begin with a PROXY protocol header of this version.
+    pub send_proxy: Option<crate::config::SendProxy>,
     /// The part it plays now (a [`Role`] as u8: never `Auto`).
     serving: AtomicU8,
     /// As a replica, it may serve the split's reads (lag and replication as last read).
@@ -198,6 +200,7 @@ impl Backend {
             weight: AtomicU32::new(c.weight.max(1)),
             tls,
             role: c.role,
+            send_proxy: c.send_proxy,
             serving: AtomicU8::new(if c.role == Role::Replica { Role::Replica as u8 } else { Role::Primary as u8 }),
             reads_ok: AtomicBool::new(true),
             replication: Mutex::new(Replication::default()),

@@ -33,7 +33,7 @@ pub fn worker() -> usize {
 }
 
 /// What a pooled connection was logged in with; a login reuses it only if these match.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Fit {
     /// Capabilities in force between the client and sluice, without the client-leg transport
     /// bits (TLS, compression), which do not reach the backend.
@@ -43,6 +43,9 @@ pub struct Fit {
     /// The session wanted TLS to the backend ([`super::BackendTls::wanted`]): a TLS client's
     /// connection does not go to a plain client, nor the reverse.
     pub backend_tls: bool,
+    /// The client address its PROXY protocol header gave the server (set when a backend is
+    /// sent one): the connection serves clients of that address only.
+    pub source: Option<std::net::IpAddr>,
 }
 
 /// A backend connection that is logged in and idle.
@@ -139,9 +142,9 @@ mod tests {
 
     #[test]
     fn keeps_at_most_max_per_worker_and_takes_only_a_fitting_connection() {
-        let a = Fit { client_caps: 1, mariadb_caps: 0, backend_tls: false };
-        let b = Fit { client_caps: 2, mariadb_caps: 0, backend_tls: false };
-        let c = Fit { client_caps: 3, mariadb_caps: 0, backend_tls: false };
+        let a = Fit { client_caps: 1, mariadb_caps: 0, backend_tls: false, source: None };
+        let b = Fit { client_caps: 2, mariadb_caps: 0, backend_tls: false, source: None };
+        let c = Fit { client_caps: 3, mariadb_caps: 0, backend_tls: false, source: None };
         let p = Pool::new(2, Duration::from_secs(60));
         let mut oldest = idle(c);
         oldest.since -= Duration::from_secs(1);
@@ -163,7 +166,7 @@ mod tests {
 
     #[test]
     fn idled_out_connections_are_not_taken_and_are_swept() {
-        let a = Fit { client_caps: 1, mariadb_caps: 0, backend_tls: false };
+        let a = Fit { client_caps: 1, mariadb_caps: 0, backend_tls: false, source: None };
         let p = Pool::new(4, Duration::from_secs(60));
         let mut old = idle(a);
         old.since -= Duration::from_secs(61);

@@ -235,6 +235,19 @@ pub struct BackendConfig {
     pub role: Role,
     /// A group that query rules may route to.
     pub group: Option<String>,
+    /// Begin every connection to it with a PROXY protocol header ("v1" or "v2"), so that the
+    /// server sees each client's own address (MariaDB's `proxy_protocol_networks` must name
+    /// sluice's). Sluice's own connections (health checks) send LOCAL (v1: UNKNOWN). Pooled
+    /// and shared connections then serve only clients of the address they were opened for.
+    pub send_proxy: Option<SendProxy>,
+}
+
+/// The PROXY protocol version sent to a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SendProxy {
+    V1,
+    V2,
 }
 
 /// A backend's part in a replication topology.

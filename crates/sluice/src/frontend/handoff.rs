@@ -33,6 +33,7 @@ struct Parcel {
     client: String,
     listener: String,
     connected_at_unix: u64,
+    local: Option<std::net::SocketAddr>,
     client_unix: bool,
     /// Bytes of the client's next command read already.
     pending: Vec<u8>,
@@ -49,7 +50,7 @@ struct Parcel {
     scramble: [u8; 20],
     credential: Option<Secret>,
     profile: Option<Vec<u8>>,
-    fit: (u32, u32, bool),
+    fit: Fit,
     state: StateParcel,
     conn: Option<ConnState>,
     conn_gen: u32,
@@ -127,7 +128,7 @@ impl Session {
 
     fn parcel(&self) -> Parcel {
         let info = self.handle.info.lock();
-        let (client, listener, connected_at_unix) = (info.client.clone(), info.listener.clone(), info.connected_at_unix);
+        let (client, listener, connected_at_unix, local) = (info.client.clone(), info.listener.clone(), info.connected_at_unix, info.local);
         drop(info);
         let credential = self.credential.as_ref().map(|c| match c {
             Credential::Password(p) => Secret::Password(p.clone()),
@@ -138,6 +139,7 @@ impl Session {
             client,
             listener,
             connected_at_unix,
+            local,
             client_unix: self.client.stream.is_unix(),
             pending: self.client.rbuf.to_vec(),
             compression: self.client.compression().map(|a| match a {
@@ -153,7 +155,7 @@ impl Session {
             scramble: self.scramble,
             credential,
             profile: self.profile.as_ref().map(|p| p.bytes().to_vec()),
-            fit: (self.fit.client_caps, self.fit.mariadb_caps, self.fit.backend_tls),
+            fit: self.fit,
             state: StateParcel::from(&self.state),
             conn: self.conn.as_deref().cloned(),
             conn_gen: self.conn_gen,
@@ -201,6 +203,7 @@ fn unpack(ctx: &Arc<Ctx>, text: &[u8], fds: Vec<OwnedFd>) -> Result<(Box<Session
     {
         let mut i = handle.info.lock();
         i.connected_at_unix = p.connected_at_unix;
+        i.local = p.local;
         i.compressed = p.compression.is_some();
     }
     handle.bind_backend(b.index, &b.name, p.backend_thread_id);
@@ -231,7 +234,7 @@ fn unpack(ctx: &Arc<Ctx>, text: &[u8], fds: Vec<OwnedFd>) -> Result<(Box<Session
         user_slot,
         scramble: p.scramble,
         profile: p.profile.and_then(Profile::from_bytes),
-        fit: Fit { client_caps: p.fit.0, mariadb_caps: p.fit.1, backend_tls: p.fit.2 },
+        fit: p.fit,
         slot,
         conn: p.conn.map(Box::new),
     };

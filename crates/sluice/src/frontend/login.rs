@@ -193,7 +193,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
     let mut pre = None;
     let info = match ctx.backends.server_info() {
         Some(i) => i,
-        None => match link::open_any(&ctx.backends, &mut tried).await.map_err(no_backend) {
+        None => match link::open_any(&ctx.backends, &mut tried, super::origin(handle)).await.map_err(no_backend) {
             Ok(o) => {
                 let i = o.backend.info.lock().clone().unwrap_or_default();
                 pre = Some(o);
@@ -257,6 +257,8 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
         client_caps: client_caps & !(cap::TRANSPORT | cap::CONNECT_WITH_DB),
         mariadb_caps: hr.mariadb_capabilities & g.mariadb_capabilities,
         backend_tls: false,
+        // (Connections opened with a PROXY header carry the client's address.)
+        source: ctx.backends.list().iter().any(|b| b.send_proxy.is_some()).then(|| super::origin(handle).source()).flatten(),
     };
     let client_tls = client.stream.is_tls();
     let multiplex = listener.multiplex && listener.auth == AuthMode::Users;
@@ -406,7 +408,7 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, cseq: u8) -> 
         let slot = b.shared.place().await.map_err(|w| (queue_full(&b, w, ctx), Some(cseq)))?;
         let link = match a.pre.take() {
             Some(o) => Link::Fresh(o),
-            None => match link::link_on(b, &mut a.tried, a.fit, a.client_tls).await {
+            None => match link::link_on(b, &mut a.tried, a.fit, a.client_tls, super::origin(a.handle)).await {
                 Some(link) => link,
                 None => continue,
             },
@@ -542,7 +544,7 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
         };
         let link = match pre.take() {
             Some(o) => Link::Fresh(o),
-            None => match link::link_on(backend, tried, a.fit, a.client_tls).await {
+            None => match link::link_on(backend, tried, a.fit, a.client_tls, super::origin(a.handle)).await {
                 Some(link) => link,
                 None => continue,
             },

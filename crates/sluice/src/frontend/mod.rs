@@ -136,6 +136,7 @@ async fn admit(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Listen
     }
     let id = ctx.sessions.next_id();
     let handle = Arc::new(SessionHandle::new(id, peer.clone(), listener.name.clone()));
+    handle.info.lock().local = stream.local_addr();
     ctx.sessions.insert(handle.clone());
     admission.registered = Some(id);
     let session = start(ctx, stream, handle, &listener, &peer).await?;
@@ -199,6 +200,18 @@ async fn start(ctx: Arc<Ctx>, stream: Stream, handle: Arc<SessionHandle>, listen
     }
     tracing::debug!(session = id, client = %peer, user = %logged_in.state.user, backend = %logged_in.guard.name, "session started");
     Some(Box::new(relay::Session::new(ctx, handle, logged_in, listener.multiplex)))
+}
+
+/// On whose behalf the session's backend connections are opened (what a backend with
+/// `send_proxy` is told): the client's address (from its PROXY header, if any) and the address
+/// of sluice it reached; sluice's own for a Unix socket client.
+pub(super) fn origin(handle: &SessionHandle) -> crate::backend::conn::Origin {
+    use crate::backend::conn::Origin;
+    let i = handle.info.lock();
+    match (i.client.parse::<std::net::SocketAddr>(), i.local) {
+        (Ok(source), Some(dest)) => Origin::Client { source, dest },
+        _ => Origin::Sluice,
+    }
 }
 
 /// COM_RESET_CONNECTION on the way into `b`'s pool, counted; whether the backend said OK within

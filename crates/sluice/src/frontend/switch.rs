@@ -216,7 +216,7 @@ impl Session {
         let (Some(profile), Some(credential)) = (self.profile.as_ref(), self.credential.as_ref()) else {
             return Err(Error::proxy(code::UNKNOWN_ERROR, "sluice holds no credentials for this session"));
         };
-        let (conn, g) = bconn::open(b, b.connect_timeout).await?;
+        let (conn, g) = bconn::open(b, b.connect_timeout, super::origin(&self.handle)).await?;
         let client_tls = self.client.stream.is_tls();
         let tls = b.tls.decide(client_tls, &g)?;
         let mut bhr = backend_response(&profile.get(), &g, self.client_caps(), tls);

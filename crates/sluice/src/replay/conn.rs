@@ -76,7 +76,7 @@ impl Conn {
     /// Logs in to `b` as `user` for the captured session `begin` (its capabilities, schema and
     /// character set) and brings the connection to its captured state.
     pub async fn open(b: &Arc<Backend>, user: &str, password: &str, begin: &Begin, timeout: Duration) -> Result<Conn, String> {
-        let (conn, g) = bconn::open(b, timeout).await.map_err(|e| e.message)?;
+        let (conn, g) = bconn::open(b, timeout, bconn::Origin::Sluice).await.map_err(|e| e.message)?;
         let tls = b.tls.decide(false, &g).map_err(|e| e.message)?;
         let mut caps = bconn::backend_capabilities(begin.capabilities, &g, tls) & !cap::CONNECT_ATTRS;
         if begin.schema.is_some() {

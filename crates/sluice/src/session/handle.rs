@@ -20,6 +20,8 @@ pub struct SessionInfo {
     pub id: u32,
     pub client: String,
     pub listener: String,
+    /// The address of sluice the client reached (TCP).
+    pub local: Option<std::net::SocketAddr>,
     /// The client's connection to sluice is TLS.
     pub tls: bool,
     /// Sluice's connection to the backend is TLS.
@@ -113,6 +115,7 @@ impl SessionHandle {
                 id,
                 client,
                 listener,
+                local: None,
                 tls: false,
                 backend_tls: false,
                 compressed: false,
