@@ -515,6 +515,11 @@ async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop: [&watch::
                 if ctx.sessions.is_empty() && since.elapsed() >= Duration::from_secs(1) {
                     return tracing::info!("upgrade: the last session of the old process ended");
                 }
+                let after = ctx.config().proxy.upgrade_drain_after;
+                if !after.is_zero() && since.elapsed() >= after && !ctx.is_draining() {
+                    tracing::info!(sessions = ctx.sessions.len(), "upgrade: upgrade_drain_after passed; the sessions left end at their next transaction boundary");
+                    ctx.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
             }
         }
     }

@@ -250,3 +250,33 @@ async fn parked_multiplexed_sessions_go_over_too() {
     assert_eq!(c.query_first::<String, _>("SELECT @w").await.unwrap().as_deref(), Some("kept"));
     c.disconnect().await.unwrap();
 }
+
+/// With `upgrade_drain_after`, a session that cannot go over (TLS) finishes its transaction in
+/// the old process and is then closed there, and the old process ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_left_behind_finish_their_transaction_then_close() {
+    let db = shared_db();
+    let path = config_path("upgrade-drain-after");
+    std::fs::write(&path, TestConfig::new().dbs(&[db]).app_users().proxy("upgrade_drain_after = \"300ms\"\n").text()).unwrap();
+    let mut s = start_sluice_file(&path);
+    let mut c = app(&s).await;
+    fresh_db(&mut c, "upgrade_drain_after").await;
+    c.query_drop("CREATE TABLE t (a INT PRIMARY KEY)").await.unwrap();
+    let mut tls = mysql_async::Conn::new(mysql_async::Opts::from(tls_opts(&s.listen, "app", "apppw").db_name(Some("upgrade_drain_after"))))
+        .await
+        .unwrap();
+    tls.query_drop("START TRANSACTION").await.unwrap();
+    tls.query_drop("INSERT INTO t VALUES (1)").await.unwrap();
+
+    let (code, body) = admin_post(&s, "/upgrade");
+    assert_eq!(code, 200, "{body}");
+    let _reaper = Reaper(json(&body)["new_pid"].as_u64().unwrap());
+    wait_for("the old process drains what it kept", || s.log_text().contains("upgrade_drain_after passed"));
+    // Inside its transaction the session goes on; at its end it is closed.
+    tls.query_drop("INSERT INTO t VALUES (2)").await.unwrap();
+    tls.query_drop("COMMIT").await.unwrap();
+    assert_eq!(s.wait_exit(std::time::Duration::from_secs(60)), Some(0), "the old process ends with its last session");
+    assert!(tls.query_drop("SELECT 1").await.is_err(), "the session was closed after its transaction");
+    assert_eq!(c.query_first::<i64, _>("SELECT COUNT(*) FROM t").await.unwrap(), Some(2), "what it committed is there");
+    c.disconnect().await.unwrap();
+}

@@ -106,6 +106,10 @@ pub struct ProxyConfig {
     pub max_packet_size: u64,
     #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub shutdown_timeout: Duration,
+    /// After an upgrade, the sessions the old process could not hand over end at their next
+    /// transaction boundary once this long passed (0: they are served until they end).
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
+    pub upgrade_drain_after: Duration,
     /// The auth plugin sluice's greeting names in users mode: "mysql_native_password" or
     /// "caching_sha2_password".
     pub auth_plugin: AuthPlugin,
@@ -179,6 +183,7 @@ impl Default for ProxyConfig {
             client_write_timeout: Duration::from_secs(60),
             max_packet_size: 1 << 30,
             shutdown_timeout: Duration::from_secs(30),
+            upgrade_drain_after: Duration::ZERO,
             auth_plugin: AuthPlugin::MysqlNativePassword,
             pool_idle_max: 16,
             pool_idle_timeout: Duration::from_secs(60),
