@@ -59,12 +59,16 @@ impl<'a> Lexer<'a> {
     /// Skips whitespace, comments, and the markers of executable comments.
     fn skip_space(&mut self) {
         let s = self.sql;
-        while self.pos < s.len() {
+        loop {
+            self.pos = end_of(s, self.pos, SPACE);
+            // (Only these bytes begin a comment or end an executable one.)
+            if !matches!(s.get(self.pos), Some(b'#' | b'-' | b'/' | b'*')) {
+                return;
+            }
             let rest = &s[self.pos..];
             match rest {
-                [c, ..] if c.is_ascii_whitespace() => self.pos += 1,
                 [b'#', ..] | [b'-', b'-', b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c, ..] => {
-                    self.pos = rest.iter().position(|&c| c == b'\n').map_or(s.len(), |p| self.pos + p + 1)
+                    self.pos = memchr::memchr(b'\n', rest).map_or(s.len(), |p| self.pos + p + 1)
                 }
                 [b'-', b'-'] => self.pos = s.len(),
                 [b'/', b'*', b'!', ..] | [b'/', b'*', b'M', b'!', ..] => {
@@ -76,7 +80,7 @@ impl<'a> Lexer<'a> {
                     self.executable = true;
                 }
                 [b'/', b'*', ..] => {
-                    self.pos = match rest[2..].windows(2).position(|w| w == b"*/") {
+                    self.pos = match memchr::memmem::find(&rest[2..], b"*/") {
                         Some(p) => self.pos + 2 + p + 2,
                         None => s.len(),
                     }
@@ -99,45 +103,81 @@ impl Iterator for Lexer<'_> {
         let s = self.sql;
         let start = self.pos;
         let c = *s.get(start)?;
-        let kind = match c {
-            b'\'' | b'"' | b'`' => {
-                self.pos = skip_quoted(s, start + 1, c);
-                Kind::Quoted
-            }
-            b'@' => {
-                self.pos += 1;
-                if s.get(self.pos) == Some(&b'@') {
+        let class = CLASS[usize::from(c)];
+        let kind = if class & DIGIT != 0 {
+            self.pos = end_of(s, start, WORD | DOT);
+            Kind::Number
+        } else if class & WORD != 0 {
+            self.pos = end_of(s, start, WORD);
+            Kind::Word
+        } else {
+            match c {
+                b'\'' | b'"' | b'`' => {
+                    self.pos = skip_quoted(s, start + 1, c);
+                    Kind::Quoted
+                }
+                b'@' => {
                     self.pos += 1;
+                    if s.get(self.pos) == Some(&b'@') {
+                        self.pos += 1;
+                    }
+                    match s.get(self.pos) {
+                        Some(&q @ (b'\'' | b'"' | b'`')) => self.pos = skip_quoted(s, self.pos + 1, q),
+                        _ => self.pos = end_of(s, self.pos, WORD | DOT),
+                    }
+                    Kind::Variable
                 }
-                match s.get(self.pos) {
-                    Some(&q @ (b'\'' | b'"' | b'`')) => self.pos = skip_quoted(s, self.pos + 1, q),
-                    _ => self.pos = word_end(s, self.pos, |c| is_word_byte(c) || c == b'.'),
+                _ => {
+                    self.pos += 1;
+                    Kind::Punct
                 }
-                Kind::Variable
-            }
-            c if c.is_ascii_digit() => {
-                self.pos = word_end(s, start, |c| is_word_byte(c) || c == b'.');
-                Kind::Number
-            }
-            c if is_word_byte(c) => {
-                self.pos = word_end(s, start, is_word_byte);
-                Kind::Word
-            }
-            _ => {
-                self.pos += 1;
-                Kind::Punct
             }
         };
         Some(Token { kind, at: start..self.pos })
     }
 }
 
-fn word_end(s: &[u8], from: usize, keep: impl Fn(u8) -> bool) -> usize {
-    s[from..].iter().position(|&c| !keep(c)).map_or(s.len(), |p| from + p)
+/// Byte classes (bits of [`CLASS`]).
+const SPACE: u8 = 1;
+/// Letters, digits, `_`, `$` and non-ASCII bytes: what words are made of.
+const WORD: u8 = 2;
+const DIGIT: u8 = 4;
+const DOT: u8 = 8;
+
+/// The class of every byte: one load per byte instead of a chain of comparisons.
+static CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        let c = i as u8;
+        if c.is_ascii_whitespace() {
+            t[i] |= SPACE;
+        }
+        if c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80 {
+            t[i] |= WORD;
+        }
+        if c.is_ascii_digit() {
+            t[i] |= DIGIT;
+        }
+        if c == b'.' {
+            t[i] |= DOT;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The index of the first byte from `from` on whose class has none of the bits of `mask`.
+fn end_of(s: &[u8], from: usize, mask: u8) -> usize {
+    let mut i = from;
+    while i < s.len() && CLASS[usize::from(s[i])] & mask != 0 {
+        i += 1;
+    }
+    i
 }
 
 pub fn is_word_byte(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80
+    CLASS[usize::from(c)] & WORD != 0
 }
 
 /// The index after a quoted string or identifier whose body starts at `from` and whose quote

@@ -229,23 +229,19 @@ pub fn hazards(sql: &[u8]) -> u16 {
             }
             Kind::Word => {
                 let eq = |k: &[u8]| text.eq_ignore_ascii_case(k);
-                if eq(b"TEMPORARY") {
-                    found |= hazard::TEMPORARY_TABLE;
-                } else if eq(b"GET_LOCK") || (prev.lock && (eq(b"TABLE") || eq(b"TABLES"))) {
-                    found |= hazard::LOCK;
-                } else if eq(b"PREPARE") {
-                    found |= hazard::SQL_PREPARE;
-                } else if eq(b"HANDLER") {
-                    found |= hazard::HANDLER;
-                } else if eq(b"XA") {
-                    found |= hazard::XA;
-                } else if prev.set && eq(b"TRANSACTION") {
-                    found |= hazard::SET_TRANSACTION;
-                } else if eq(b"SQL_CALC_FOUND_ROWS") {
-                    found |= hazard::FOUND_ROWS;
-                } else if eq(b"ROW_COUNT") {
-                    found |= hazard::ROW_COUNT;
-                }
+                // (By length first: most words are none of these, and are passed over at once.)
+                found |= match text.len() {
+                    2 if eq(b"XA") => hazard::XA,
+                    5 | 6 if prev.lock && (eq(b"TABLE") || eq(b"TABLES")) => hazard::LOCK,
+                    7 if eq(b"PREPARE") => hazard::SQL_PREPARE,
+                    7 if eq(b"HANDLER") => hazard::HANDLER,
+                    8 if eq(b"GET_LOCK") => hazard::LOCK,
+                    9 if eq(b"TEMPORARY") => hazard::TEMPORARY_TABLE,
+                    9 if eq(b"ROW_COUNT") => hazard::ROW_COUNT,
+                    11 if prev.set && eq(b"TRANSACTION") => hazard::SET_TRANSACTION,
+                    19 if eq(b"SQL_CALC_FOUND_ROWS") => hazard::FOUND_ROWS,
+                    _ => 0,
+                };
             }
             _ => {}
         }
@@ -268,12 +264,22 @@ struct Prev {
 
 impl Prev {
     fn after(&mut self, t: &Token, sql: &[u8]) {
-        let word = |kw: &str| t.is_word(sql, kw);
-        self.prepare = (self.prepare || word("PREPARE")) && !t.is_punct(sql, b';');
-        self.code_next = (self.execute && word("IMMEDIATE")) || (self.prepare && word("FROM"));
-        self.lock = word("LOCK");
-        self.set = word("SET");
-        self.execute = word("EXECUTE");
+        let text = t.text(sql);
+        let is = |kw: &[u8]| t.kind == Kind::Word && text.eq_ignore_ascii_case(kw);
+        // (By length first: the words looked for are 3, 4, 7 and 9 letters long.)
+        let (mut prepare, mut from, mut lock, mut set, mut execute, mut immediate) = (false, false, false, false, false, false);
+        match text.len() {
+            3 => set = is(b"SET"),
+            4 => (from, lock) = (is(b"FROM"), is(b"LOCK")),
+            7 => (prepare, execute) = (is(b"PREPARE"), is(b"EXECUTE")),
+            9 => immediate = is(b"IMMEDIATE"),
+            _ => {}
+        }
+        self.prepare = (self.prepare || prepare) && !t.is_punct(sql, b';');
+        self.code_next = (self.execute && immediate) || (self.prepare && from);
+        self.lock = lock;
+        self.set = set;
+        self.execute = execute;
     }
 }
 
