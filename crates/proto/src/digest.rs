@@ -162,12 +162,21 @@ impl<'a> Iterator for Parts<'a> {
         let sql = self.sql;
         loop {
             let t = self.lex.next()?;
-            // (Whether a `-` or `+` is a sign is asked only of those.)
-            let sign = t.kind == Kind::Punct && matches!(sql[t.at.start], b'-' | b'+') && self.sign_allowed();
-            if Self::literal(sql, &mut self.lex, &t, sign) {
+            let text = t.text(sql);
+            let literal = match t.kind {
+                // (Only `_charset` and one-letter words introduce a literal: most words are
+                // passed over without a look.)
+                Kind::Word => (text[0] == b'_' || text.len() == 1) && Self::literal(sql, &mut self.lex, &t, false),
+                Kind::Variable => false,
+                _ => {
+                    // (Whether a `-` or `+` is a sign is asked only of those.)
+                    let sign = t.kind == Kind::Punct && matches!(text[0], b'-' | b'+') && self.sign_allowed();
+                    Self::literal(sql, &mut self.lex, &t, sign)
+                }
+            };
+            if literal {
                 return self.emit(Part::Value);
             }
-            let text = t.text(sql);
             match t.kind {
                 Kind::Word => return self.emit(Part::Word(text)),
                 Kind::Punct if text == b"(" && self.list_allowed() && self.list() => return self.emit(Part::List),
@@ -195,21 +204,15 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 /// The digest of SQL text: a hash of its normalized tokens (never 0).
 pub fn digest(sql: &[u8]) -> u64 {
     let mut h = FNV_OFFSET;
-    let mut feed = |bytes: &[u8], lower: bool| {
-        for &b in bytes {
-            h ^= u64::from(if lower { b.to_ascii_lowercase() } else { b });
-            h = h.wrapping_mul(FNV_PRIME);
-        }
-        h ^= u64::from(b' ');
-        h = h.wrapping_mul(FNV_PRIME);
-    };
+    let mut byte = |b: u8| h = (h ^ u64::from(b)).wrapping_mul(FNV_PRIME);
     for p in parts(sql) {
         match p {
-            Part::Word(w) => feed(w, true),
-            Part::Keep(k) => feed(k, false),
-            Part::Value => feed(b"?", false),
-            Part::List => feed(b"(...)", false),
+            Part::Word(w) => w.iter().for_each(|b| byte(b.to_ascii_lowercase())),
+            Part::Keep(k) => k.iter().for_each(|&b| byte(b)),
+            Part::Value => byte(b'?'),
+            Part::List => b"(...)".iter().for_each(|&b| byte(b)),
         }
+        byte(b' ');
     }
     h.max(1)
 }
