@@ -296,12 +296,14 @@ password = "sbtest"
                f"--threads={threads}", f"--time={duration}", "--percentile=95", "--report-interval=0",
                "--mysql-ignore-errors=all", *extra, "run"]
         cpu0 = proc_cpu_split(t.pid) if t.pid else None
+        srv0 = self.server_cpu()
         m0, ru0 = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.time()
         out = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.time() - t0
         m1, ru1 = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu1 = proc_cpu_split(t.pid) if t.pid else None
+        srv1 = self.server_cpu()
         text = out.stdout
         m = re.search(r"queries:\s+(\d+)\s+\(([\d.]+) per sec", text)
         if out.returncode != 0 or not m:
@@ -321,6 +323,9 @@ password = "sbtest"
             "machine_steal_pct": 100.0 * os.cpu_count() * (m1[1] - m0[1]) / max(m1[2] - m0[2], 1),
             "client_cpu_pct": 100.0 * (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / wall,
         }
+        if srv0 is not None and srv1 is not None:
+            # The main MariaDB server's CPU (its clients' queries and everything else it does).
+            cell["server_cpu_us_per_query"] = 1e6 * (srv1 - srv0) / max(queries, 1)
         if cpu0 is not None:
             user, kernel = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
             cpu = user + kernel
@@ -330,6 +335,14 @@ password = "sbtest"
             cell["proxy_kernel_us_per_query"] = 1e6 * kernel / max(queries, 1)
             cell["proxy_rss_kb"] = proc_rss_kb(t.pid)
         return cell
+
+    def server_cpu(self):
+        """utime+stime of the main MariaDB server so far, in seconds (None: not known)."""
+        pid = getattr(self, "server_pid", None)
+        try:
+            return sum(proc_cpu_split(pid)) if pid else None
+        except OSError:
+            return None
 
     def stop(self):
         for t in self.targets.values():

@@ -136,9 +136,9 @@ def multiplex(med, args, lines):
               f"MariaDB, through HAProxy (one backend connection per client) and through sluice in users mode with "
               f"`multiplex = true` and `max_backend_connections = {cap}`. Backend connections (MariaDB's "
               "Threads_connected, health checks included) and proxy memory per client are sampled halfway "
-              "through the run.", "",
+              "through the run. Server µs/query is the MariaDB server's CPU per query (where it was measured).", "",
               "| workload | clients | target | QPS | vs direct | vs HAProxy | p95 ms | errors | backend connections "
-              "| proxy µs/query | proxy KB per client |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| proxy µs/query | server µs/query | proxy KB per client |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in args.workloads[:2]:
         for c in getattr(args, "mux_clients", []):
             base = f"multiplex/{w}/{c}"
@@ -150,7 +150,8 @@ def multiplex(med, args, lines):
                 q = get(med, k, "qps")
                 lines.append(f"| {w} | {c} | {x} | {f(q)} | {f(ratio(q, direct), 2)} | {f(ratio(q, haproxy), 2)} "
                              f"| {f(get(med, k, 'p95_ms'), 2)} | {f(get(med, k, 'errors'))} | {f(get(med, k, 'backend_threads'))} "
-                             f"| {f(get(med, k, 'proxy_cpu_us_per_query'), 1)} | {f(get(med, k, 'kb_per_client'), 2)} |")
+                             f"| {f(get(med, k, 'proxy_cpu_us_per_query'), 1)} | {f(get(med, k, 'server_cpu_us_per_query'), 1)} "
+                             f"| {f(get(med, k, 'kb_per_client'), 2)} |")
     lines.append("")
 
 
@@ -355,6 +356,7 @@ def targets(med, args, lines):
     for t in args.threads:
         one, two = get(med, f"scaling/responder/{t}/sluice-1w-resp", "qps"), get(med, f"scaling/responder/{t}/sluice-2w-resp", "qps")
         rows.append((f"1 -> 2 workers, proxy-bound, {t} threads", ratio(two, one), ">=", 1.9, scaling_why(med, t)))
+    rows += mux_targets(med, args) + idle_targets(med, args) + capture_targets(med, args)
     lines += ["A target not met has, next to it, what limits it as measured in this same run (details in the "
               "sections below and in docs/PERFORMANCE.md).", "",
               "| figure | measured | target | met | what limits it, in this run |", "|---|---|---|---|---|"]
@@ -363,6 +365,70 @@ def targets(med, args, lines):
         note = "; ".join(x for x in [why if met == "no" else ""] + always if x)
         lines.append(f"| {name} | {f(v, 2)} | {op} {goal} | {met} | {note} |")
     lines.append("")
+
+
+def mux_targets(med, args):
+    """Issue 15's throughput targets: at the most clients, multiplexing at or above direct and HAProxy."""
+    if "multiplex" not in args.suites or not getattr(args, "mux_clients", None):
+        return []
+    c, rows = max(args.mux_clients), []
+    for w in args.workloads[:2]:
+        k = f"multiplex/{w}/{c}"
+        q = get(med, f"{k}/sluice-mux", "qps")
+        for other, label in (("direct", "direct"), ("haproxy", "HAProxy")):
+            rows.append((f"QPS vs {label}, {w} {c} clients, multiplexed", ratio(q, get(med, f"{k}/{other}", "qps")), ">=", 1.0,
+                         mux_why(med, k)))
+    return rows
+
+
+def mux_why(med, k):
+    """Where the CPU of a multiplexed query goes, against direct's: the machine is shared by all three."""
+    busy, proxy = get(med, f"{k}/sluice-mux", "machine_busy_pct"), get(med, f"{k}/sluice-mux", "proxy_cpu_us_per_query")
+    if busy is None or proxy is None:
+        return ""
+    why = f"machine {busy:.0f}% busy of {100 * os.cpu_count()}%; sluice {proxy:.1f} µs of CPU per query"
+    direct, through = get(med, f"{k}/direct", "server_cpu_us_per_query"), get(med, f"{k}/sluice-mux", "server_cpu_us_per_query")
+    if direct is not None and through is not None:
+        why += f"; the server {direct:.1f} µs per query direct, {through:.1f} through sluice"
+    return why
+
+
+def idle_targets(med, args):
+    """Issue 15's memory target: an idle multiplexed driver connection at most 2 KB."""
+    n = getattr(args, "idle_clients", 0)
+    if "idle" not in args.suites or not n:
+        return []
+    plain = get(med, f"idle/{n}/sluice-mux-plain", "kb_per_idle_client")
+    tls_why = "" if plain is None else f"{plain:.2f} KB without TLS in this run: the rest is each connection's TLS state (rustls)"
+    return [("proxy memory per idle driver connection, multiplexed, TLS (KB)", get(med, f"idle/{n}/sluice-mux", "kb_per_idle_client"),
+             "<=", 2, tls_why),
+            ("proxy memory per idle driver connection, multiplexed, plain (KB)",
+             get(med, f"idle/{n}/sluice-mux-plain", "kb_per_idle_client"), "<=", 2, "")]
+
+
+def capture_targets(med, args):
+    """Issue 17's targets: capture on costs at most 1% of the average QPS and 2% of the lowest second's."""
+    if "capture" not in args.suites:
+        return []
+    rows = []
+    for t in args.capture_threads:
+        off, on = f"capture/oltp_read_write/{t}/capture-off", f"capture/oltp_read_write/{t}/capture-on"
+        for field, label, goal in (("qps", "average", 1), ("min_qps", "minimum", 2)):
+            a, b = get(med, off, field), get(med, on, field)
+            loss = None if not a or b is None else 100 * (1 - b / a)
+            rows.append((f"{label} QPS loss with capture on, {t} threads (%)", loss, "<=", goal, capture_why(med, off, on)))
+    return rows
+
+
+def capture_why(med, off, on):
+    """How far the capture-off and capture-on cells moved round by round."""
+    pairs = [(a, b) for a, b in zip(get(med, off, "qps_rounds") or [], get(med, on, "qps_rounds") or []) if a and b is not None]
+    if len(pairs) < 2:
+        return ""
+    changes = ", ".join(f"{100 * (b / a - 1):+.1f}%".replace("-", "−") for a, b in pairs)
+    cpu = ratio(get(med, on, "proxy_cpu_us_per_query"), get(med, off, "proxy_cpu_us_per_query"))
+    return (f"QPS change per round {changes}" + ("" if cpu is None else f"; sluice's CPU per query {cpu:.2f}x with capture")
+            + "; rounds that differ this much cannot resolve 1%")
 
 
 def floor_why(med, cell):
@@ -509,7 +575,7 @@ def write(med, args, out, command):
                 ("split", "Read/write split over a primary and two replicas", split),
                 ("features", "The cost of digests, rules and the classifier", features),
                 ("capture", "Traffic capture", capture)]
-    if any(s in args.suites for s in ("basic", "ranges", "latency", "long", "short", "scaling")):
+    if any(s in args.suites for s in ("basic", "ranges", "latency", "long", "short", "scaling", "multiplex", "idle", "capture")):
         lines += ["## Targets", ""]
         targets(med, args, lines)
     for name, title, fn in sections:
