@@ -150,26 +150,64 @@ impl Stream {
         matches!(peek, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
-    /// Whether [`Stream::readable`] can wait for data without a read buffer (plain sockets; a
-    /// TLS stream may hold decrypted bytes that no socket readiness announces).
+    /// Whether [`Stream::readable`] can wait for data without a read buffer: a plain socket, or
+    /// a TLS stream that holds no decrypted bytes, no close and nothing to send, so that its
+    /// socket's readiness announces whatever comes next (a record's rest included).
+    #[inline]
     pub fn can_wait_unbuffered(&self) -> bool {
-        !self.is_tls()
+        match self {
+            Stream::Tls(t) => tls_is_quiet(t),
+            _ => true,
+        }
     }
 
-    /// Waits until the socket has data or an end (plain sockets only; TLS never returns). The
-    /// waker goes to the socket's reader slot, as a read's does: no waiter list, no lock.
+    /// Waits until the socket has data or an end. The waker goes to the socket's reader slot,
+    /// as a read's does: no waiter list, no lock. For a TLS stream it is its socket's readiness,
+    /// which says nothing of what rustls holds (see [`Stream::can_wait_unbuffered`]).
     pub async fn readable(&self) -> io::Result<()> {
         std::future::poll_fn(|cx| self.poll_read_ready(cx)).await
     }
 
-    /// Socket readiness for reading (plain sockets; a TLS stream is never ready here).
+    /// Socket readiness for reading (for a TLS stream, its socket's).
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
             Stream::Tcp(s) => s.poll_read_ready(cx),
             Stream::Unix(s) => s.poll_read_ready(cx),
-            Stream::Tls(_) => Poll::Pending,
+            // (Its socket directly: no recursion, which would keep this from being inlined.)
+            Stream::Tls(t) => match t.get_ref().0 {
+                Stream::Tcp(s) => s.poll_read_ready(cx),
+                Stream::Unix(s) => s.poll_read_ready(cx),
+                _ => Poll::Pending,
+            },
             Stream::Detached => Poll::Ready(Err(detached())),
         }
+    }
+
+    /// Reads what is there without waiting, from a TLS stream too (polled once: what rustls
+    /// holds or its socket has); `WouldBlock` when there is nothing. After a readiness, this
+    /// tells a command from a false alarm without a task's read buffer.
+    #[inline]
+    pub fn try_read_now(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            Stream::Tls(t) => try_read_tls(t, buf),
+            _ => self.try_read_buf(buf),
+        }
+    }
+}
+
+/// Whether rustls holds no decrypted byte, no close and nothing to send.
+#[cold]
+fn tls_is_quiet(t: &tokio_rustls::TlsStream<Stream>) -> bool {
+    let (_, tls) = t.get_ref();
+    tls.wants_read() && !tls.wants_write()
+}
+
+/// One poll of a TLS stream's read that does not wait (`WouldBlock`: nothing there).
+#[cold]
+fn try_read_tls(t: &mut tokio_rustls::TlsStream<Stream>, buf: &mut BytesMut) -> io::Result<usize> {
+    match poll_read_tls(t, &mut Context::from_waker(std::task::Waker::noop()), buf) {
+        Poll::Ready(r) => r,
+        Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
     }
 }
 

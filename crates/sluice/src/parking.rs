@@ -2,9 +2,10 @@
 //!
 //! A session's task is sized for its busiest moment (a command in flight), about 1 KB, and an
 //! idle session keeps it, with its socket's registration in tokio's reactor. A multiplexed
-//! session on a plain connection that holds no backend connection needs neither between
-//! commands: once it has been idle for a sweep interval, it is asked to park, and it then
-//! waits for its client in its worker's parking lot (`frontend/lot.rs`). Busy sessions are
+//! session that holds no backend connection needs neither between commands: once it has been
+//! idle for a sweep interval, it is asked to park, and it then waits for its client in its
+//! worker's parking lot (`frontend/lot.rs`; a TLS session in a small task of its own, since
+//! rustls keeps the socket). Busy sessions are
 //! never asked, so parking costs the relay nothing: the sweep compares the command counts it
 //! saw on its previous round with the current ones.
 
@@ -18,7 +19,7 @@ const BUSY: u64 = 1 << 62;
 /// A session's parking state, in its handle.
 #[derive(Default)]
 pub struct Parking {
-    /// The session could park (a multiplexed session on a plain connection).
+    /// The session could park (a multiplexed session without compression).
     candidate: AtomicBool,
     /// The command count seen by the last sweep, with `BUSY` when a command was running then,
     /// `ASKED` once the session was asked at it.

@@ -343,6 +343,33 @@ async fn idle_sessions_park_and_come_back_with_their_state() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_sessions_park_too_and_come_back() {
+    let db = MariaDb::start();
+    let s = mux(&db, "");
+    let mut a = mysql_async::Conn::new(mysql_async::Opts::from(tls_opts(&s.listen, "app", "apppw"))).await.unwrap();
+    assert_eq!(session_info(&s, a.id())["tls"], true, "the client leg is encrypted");
+    a.query_drop("SET @u = 'mine'").await.unwrap();
+    let stmt = a.prep("SELECT ?, LENGTH(REPEAT('x', ?))").await.unwrap();
+    // A response of many TLS records before the wait.
+    let big: Option<String> = a.query_first("SELECT REPEAT('y', 300000)").await.unwrap();
+    assert_eq!(big.map(|b| b.len()), Some(300_000));
+    let id = a.id();
+    wait_for("the idle TLS session parks", || session_info(&s, id)["parked"] == true);
+    // A command of many records, then its state, after the park.
+    let (u, n): (String, i64) = a.exec_first(&stmt, ("mine", 5_000_000)).await.unwrap().unwrap();
+    assert_eq!((u.as_str(), n), ("mine", 5_000_000));
+    let long = "z".repeat(200_000);
+    let echoed: Option<i64> = a.query_first(format!("SELECT LENGTH('{long}')")).await.unwrap();
+    assert_eq!(echoed, Some(200_000));
+    let u: Option<String> = a.query_first("SELECT @u").await.unwrap();
+    assert_eq!(u.as_deref(), Some("mine"));
+    wait_for("the TLS session parks again", || session_info(&s, id)["parked"] == true);
+    // The client's end reaches a parked TLS session.
+    a.disconnect().await.unwrap();
+    wait_for("the session ends with its client", || session_info(&s, id).is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_park_does_not_restart_the_idle_timeout() {
     let db = MariaDb::start();
     let s = mux(&db, "idle_timeout = \"5s\"\n");

@@ -51,7 +51,7 @@ impl Session {
     pub(super) async fn wait_command(&mut self) -> Result<Wait> {
         let idle_deadline = self.idle_deadline();
         // Whether to wait without read buffers (until the first readiness).
-        let mut may_park = self.client.can_wait_unbuffered() && self.backend.stream.can_wait_unbuffered();
+        let mut may_park = self.unbuffered();
         loop {
             if self.handle.move_asked() && self.client.rbuf.is_empty() && self.settle().await? {
                 return Ok(Wait::End);
@@ -95,14 +95,23 @@ impl Session {
                 // The backend first: when it left and a command arrived at once, the session
                 // must know before forwarding the command.
                 r = backend_event(backend, park), if self.lost.is_none() && !attached_to_nothing => {
-                    if park {
-                        // Readiness only: read it with buffers on the next turn.
-                        may_park = false;
-                        continue;
-                    }
+                    let r = if park {
+                        // Readiness only: read what is there (a TLS connection's readiness
+                        // may be left from its last response, and mean nothing).
+                        buffers::unpark(&mut self.backend.rbuf);
+                        match self.backend.stream.try_read_now(&mut self.backend.rbuf) {
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                may_park = self.unbuffered();
+                                continue;
+                            }
+                            r => r,
+                        }
+                    } else {
+                        r
+                    };
                     // The backend spoke or left unasked (wait_timeout, a kill, a shutdown).
                     let (reason, code) = match r {
-                        Ok(n) if n > 0 => lost_reason(&backend.rbuf),
+                        Ok(n) if n > 0 => lost_reason(&self.backend.rbuf),
                         _ => ("the backend closed the connection".to_string(), None),
                     };
                     let handle = &*self.handle;
@@ -126,16 +135,15 @@ impl Session {
                 }
                 r = client_event(client, park) => match r {
                     _ if park => {
-                        // Readiness: read at once rather than wait again (a parked session is
-                        // plain, so its socket is read directly; a false readiness goes back to
-                        // waiting on everything).
-                        may_park = false;
+                        // Readiness: read at once rather than wait again. A false one (for
+                        // TLS, a readiness left from the last command, or a record's first
+                        // part) goes back to waiting without buffers.
                         buffers::unpark(&mut self.client.rbuf);
                         buffers::unpark(&mut self.backend.rbuf);
-                        match self.client.stream.try_read_buf(&mut self.client.rbuf) {
+                        match self.client.stream.try_read_now(&mut self.client.rbuf) {
                             Ok(0) => return Ok(Wait::End),
-                            Ok(_) => {}
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Ok(_) => may_park = false,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => may_park = self.unbuffered(),
                             Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
                         }
                     }
@@ -150,6 +158,11 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Whether both connections can wait for their next bytes without read buffers.
+    fn unbuffered(&self) -> bool {
+        self.client.can_wait_unbuffered() && self.backend.stream.can_wait_unbuffered()
     }
 
     /// Answers a request to park: true when the session can (a multiplexed session between

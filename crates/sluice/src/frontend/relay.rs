@@ -140,7 +140,7 @@ impl Session {
         let mut state = l.state;
         state.stmt_ids_mapped |= multiplex;
         let client_ip = handle.info.lock().client.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
-        if multiplex && client.can_wait_unbuffered() {
+        if multiplex && client.compression().is_none() {
             handle.parking.allow(config.proxy.park_every_command);
         }
         Session {
