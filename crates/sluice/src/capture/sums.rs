@@ -9,8 +9,11 @@ use twox_hash::XxHash3_64;
 
 #[derive(Default)]
 pub struct RowSums {
-    /// The row being hashed (its payload may come in pieces).
-    row: Option<XxHash3_64>,
+    /// A row's payload comes in pieces: it is hashed here as they come (rare: a row longer
+    /// than the relay reads at once), kept from row to row.
+    pieces: Option<Box<XxHash3_64>>,
+    /// `pieces` holds a row not yet folded in.
+    in_pieces: bool,
     ordered: u64,
     unordered: u64,
 }
@@ -18,10 +21,14 @@ pub struct RowSums {
 impl RowSums {
     /// A row begins: its whole payload, or nothing when the payload follows through
     /// [`RowSums::more`] (the response tracker's two cases).
+    #[inline]
     pub fn row(&mut self, payload: &[u8]) {
-        self.end_row();
+        if self.in_pieces {
+            self.end_pieces();
+        }
         if payload.is_empty() {
-            self.row = Some(XxHash3_64::with_seed(0));
+            self.in_pieces = true;
+            *self.pieces.get_or_insert_with(Default::default).as_mut() = XxHash3_64::with_seed(0);
         } else {
             self.fold(XxHash3_64::oneshot(payload));
         }
@@ -29,17 +36,20 @@ impl RowSums {
 
     /// More of the payload of the row last begun.
     pub fn more(&mut self, bytes: &[u8]) {
-        if let Some(h) = self.row.as_mut() {
+        if let Some(h) = self.pieces.as_mut().filter(|_| self.in_pieces) {
             h.write(bytes);
         }
     }
 
-    fn end_row(&mut self) {
-        if let Some(h) = self.row.take() {
+    #[cold]
+    fn end_pieces(&mut self) {
+        self.in_pieces = false;
+        if let Some(h) = self.pieces.as_ref() {
             self.fold(h.finish());
         }
     }
 
+    #[inline]
     fn fold(&mut self, v: u64) {
         self.ordered = (self.ordered ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
         self.unordered = self.unordered.wrapping_add(v.wrapping_mul(0xff51_afd7_ed55_8ccd));
@@ -47,7 +57,9 @@ impl RowSums {
 
     /// The checksums of all rows: in order, and in any order; the sums start again from none.
     pub fn finish(&mut self) -> (u64, u64) {
-        self.end_row();
+        if self.in_pieces {
+            self.end_pieces();
+        }
         let sums = (self.ordered, self.unordered);
         (self.ordered, self.unordered) = (0, 0);
         sums
