@@ -285,16 +285,22 @@ password = "sbtest"
     def cpu_seconds(self, pid):
         return proc_cpu_seconds(pid)
 
+    def machine_cpu(self):
+        return machine_cpu()
+
     def rss(self, t):
         return proc_rss_kb(t.pid) if t.pid else 0
 
-    def sysbench(self, t, workload, threads, duration, extra=(), unix=False):
+    def sysbench_cmd(self, t, workload, threads, duration, extra=(), unix=False):
         a = self.args
         conn = [f"--mysql-socket={t.socket_path}"] if unix else ["--mysql-host=127.0.0.1", f"--mysql-port={t.port}"]
-        cmd = ["sysbench", workload, "--db-driver=mysql", "--mysql-user=sbtest", "--mysql-password=sbtest",
-               "--mysql-db=sbtest", *conn, f"--tables={a.tables}", f"--table-size={a.table_size}",
-               f"--threads={threads}", f"--time={duration}", "--percentile=95", "--report-interval=0",
-               "--mysql-ignore-errors=all", *extra, "run"]
+        return ["sysbench", workload, "--db-driver=mysql", "--mysql-user=sbtest", "--mysql-password=sbtest",
+                "--mysql-db=sbtest", *conn, f"--tables={a.tables}", f"--table-size={a.table_size}",
+                f"--threads={threads}", f"--time={duration}", "--percentile=95", "--report-interval=0",
+                "--mysql-ignore-errors=all", *extra, "run"]
+
+    def sysbench(self, t, workload, threads, duration, extra=(), unix=False):
+        cmd = self.sysbench_cmd(t, workload, threads, duration, extra, unix)
         cpu0 = proc_cpu_split(t.pid) if t.pid else None
         srv0 = self.server_cpu()
         m0, ru0 = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -419,6 +425,8 @@ def parse_args():
     p.add_argument("--idle-clients", type=int, default=3000, help="idle driver connections of the idle suite")
     p.add_argument("--split-threads", default="8,64,256", help="client threads of the split suite")
     p.add_argument("--capture-threads", default="20,50,100", help="client threads of the capture suite")
+    p.add_argument("--capture-phase", type=int, default=5, help="seconds between switches of capture in its suite's runs")
+    p.add_argument("--capture-phases", type=int, default=12, help="phases of each capture suite run (off and on in turn)")
     p.add_argument("--drain-sessions", default="16,1000", help="idle sessions moved by a drain in the drain suite")
     p.add_argument("--steal-limit", type=float, default=5.0,
                    help="a measurement during which the host stole more than this %% of the CPU is taken again")
@@ -432,7 +440,7 @@ def parse_args():
         a.duration, a.rounds, a.threads, a.table_size, a.tables = 2, 1, "4", 1000, 1
         a.range_sizes, a.idle_conns, a.churn_rate = "10,100", 50, 50
         a.mux_clients, a.mux_cap, a.idle_clients, a.drain_sessions = "40", 4, 50, "16"
-        a.split_threads, a.capture_threads = "4", "4"
+        a.split_threads, a.capture_threads, a.capture_phase, a.capture_phases = "4", "4", 2, 4
         a.workloads = "oltp_point_select,oltp_read_only"
         a.steal_retries = 0
         a.name = a.name or "smoke"
@@ -464,6 +472,7 @@ def measure_quiet(env, cell, target, args, label):
         cpu = figures.get("proxy_cpu_us_per_query")
         if "qps" in figures:
             log(f"{label}: {figures['qps']:.0f} qps" + (f", {cpu:.1f} us/query" if cpu is not None else "")
+                + (f" (capture off: {figures['qps_off']:.0f} qps, {figures['cpu_off']:.1f} us/query)" if "qps_off" in figures else "")
                 + (f", steal {steal:.0f}%" if steal and steal > args.steal_limit else ""))
         else:
             log(f"{label}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items() if isinstance(v, (int, float))))
@@ -485,6 +494,8 @@ def rewrite_report(cli):
     out = ROOT / "bench" / "results" / name
     raw = json.loads((out / "raw.json").read_text())
     args = argparse.Namespace(**{**vars(cli), **raw["args"]})
+    if "capture_phase" not in raw["args"]:
+        args.capture_phase = None  # (its capture suite measured off and on in two runs)
     med = median_cells(raw["rounds"])
     report.ensure_matplotlib()
     report.write(med, args, out, raw.get("command", f"bench/bench.py --name {name} (command not recorded)"))
@@ -530,8 +541,7 @@ def main():
             env.start_features(args.workers)
         if "capture" in args.suites:
             backend = f'[[backends]]\naddress = "127.0.0.1:{env.backend_port}"\n'
-            env.start_sluice_users("capture-off", args.workers, 'tls = "off"\n', "", backend)
-            env.start_sluice_users("capture-on", args.workers, 'tls = "off"\n', "", backend)
+            env.start_sluice_users("sluice-capture", args.workers, 'tls = "off"\n', "", backend)
         if "floor" in args.suites:
             env.start_forward("forward-epoll", "epoll", env.backend_port)
             env.start_forward("forward-uring", "uring", env.backend_port)
@@ -551,7 +561,9 @@ def main():
                 shift = rnd % len(cell.targets)
                 for target in cell.targets[shift:] + cell.targets[:shift]:
                     figures = measure_quiet(env, cell, target, args, f"round {rnd + 1}/{args.rounds} {cell.key(target)}")
-                    results.setdefault(cell.key(target), []).append(figures)
+                    # (A measurement of two targets in one run gives each its figures.)
+                    for name, fig in figures.pop("halves", {target: figures}).items():
+                        results.setdefault(cell.key(name), []).append(fig)
         med = median_cells(results)
         out = ROOT / "bench" / "results" / args.name
         out.mkdir(parents=True, exist_ok=True)
@@ -559,7 +571,7 @@ def main():
         (out / "raw.json").write_text(json.dumps({"args": vars(args), "command": command, "rounds": results, "median": med}, indent=1))
         report.write(med, args, out, command)
         log(f"report: {out / 'report.md'}")
-        missing = [c.key(t) for c in plan for t in c.targets if c.key(t) not in med]
+        missing = [k for c in plan for k in c.result_keys() if k not in med]
         # Every planned cell must have produced numbers (a cell, not a threshold, passes).
         print(f"bench: {len(med)} passed, {len(missing)} failed")
         if missing:

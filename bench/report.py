@@ -204,12 +204,16 @@ def features(med, args, lines):
 
 
 def capture(med, args, lines):
-    lines += ["Traffic capture's cost, as in the TiProxy seed's table: oltp_read_write through sluice (users mode, TLS "
-              "off) with capture off and on, in one run. Min QPS is the lowest one-second sample. The capture's rate "
-              "is what it wrote (zstd) per second of the run; replay plays each capture back against the server, "
-              "as fast as it goes in order (`--speed 1000`): its throughput. (It replays against the server as the "
-              "run left it, so its results are not compared here; tests/replay.rs compares them against a copy.)", "",
-              "| threads | capture | QPS | min QPS | p95 ms | proxy CPU % | QPS loss | min QPS loss | MB/s | bytes/command | "
+    if args.capture_phase is None:
+        # (A run from before the suite switched capture within one run.)
+        lines += ["Traffic capture's cost, as in the TiProxy seed's table: oltp_read_write through sluice (users mode, TLS "
+                  "off) with capture off and on, in one run. Min QPS is the lowest one-second sample. The capture's rate "
+                  "is what it wrote (zstd) per second of the run; replay plays each capture back against the server, "
+                  "as fast as it goes in order (`--speed 1000`): its throughput. (It replays against the server as the "
+                  "run left it, so its results are not compared here; tests/replay.rs compares them against a copy.)", ""]
+    else:
+        lines += capture_method(args)
+    lines += ["| threads | capture | QPS | min QPS | p95 ms | proxy CPU % | QPS loss | min QPS loss | MB/s | bytes/command | "
               "dropped | replay commands/s |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in args.capture_threads:
@@ -230,6 +234,20 @@ def capture(med, args, lines):
                          f"| {f(get(med, k, 'capture_dropped')) if label == 'on' else ''} "
                          f"| {f(get(med, k, 'replay_commands_per_s')) if label == 'on' else ''} |")
     lines.append("")
+
+
+def capture_method(args):
+    return ["Traffic capture's cost, as in the TiProxy seed's table: oltp_read_write through sluice (users mode, TLS "
+            f"off). Off and on are not two runs: in one sysbench run of each round, capture is switched on and off "
+            f"every {args.capture_phase} s ({args.capture_phases} phases after one of warm-up, the first alternating between "
+            "rounds), and "
+            "each row is measured over its own seconds, the first second after each switch left out (the host drifts "
+            "more from one run to the next than capture costs). QPS is the mean of the one-second samples, min QPS "
+            "the lowest, p95 the median of the seconds' p95, proxy CPU over the same seconds. Each capture starts "
+            "with every session open. The capture's rate is what it wrote (zstd) per second captured; replay plays "
+            "the run's last capture back against the server, as fast as it goes in order (`--speed 1000`): its "
+            "throughput. (It replays against the server as the run left it, so its results are not compared here; "
+            "tests/replay.rs compares them against a copy.)", ""]
 
 
 def idle(med, args, lines):
@@ -416,11 +434,11 @@ def capture_targets(med, args):
         for field, label, goal in (("qps", "average", 1), ("min_qps", "minimum", 2)):
             a, b = get(med, off, field), get(med, on, field)
             loss = None if not a or b is None else 100 * (1 - b / a)
-            rows.append((f"{label} QPS loss with capture on, {t} threads (%)", loss, "<=", goal, capture_why(med, off, on)))
+            rows.append((f"{label} QPS loss with capture on, {t} threads (%)", loss, "<=", goal, capture_why(med, off, on, args)))
     return rows
 
 
-def capture_why(med, off, on):
+def capture_why(med, off, on, args):
     """How far the capture-off and capture-on cells moved round by round."""
     pairs = [(a, b) for a, b in zip(get(med, off, "qps_rounds") or [], get(med, on, "qps_rounds") or []) if a and b is not None]
     if len(pairs) < 2:
@@ -428,7 +446,7 @@ def capture_why(med, off, on):
     changes = ", ".join(f"{100 * (b / a - 1):+.1f}%".replace("-", "−") for a, b in pairs)
     cpu = ratio(get(med, on, "proxy_cpu_us_per_query"), get(med, off, "proxy_cpu_us_per_query"))
     return (f"QPS change per round {changes}" + ("" if cpu is None else f"; sluice's CPU per query {cpu:.2f}x with capture")
-            + "; rounds that differ this much cannot resolve 1%")
+            + ("; rounds that differ this much cannot resolve 1%" if args.capture_phase is None else ""))
 
 
 def floor_why(med, cell):

@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+import capture_cost
+
 BASIC = ["oltp_point_select", "oltp_read_only", "oltp_write_only", "oltp_read_write"]
 RANGE_SIZES = [10, 100, 1000, 10000]
 # The range size of the CPU target, measured again in the floor suite.
@@ -30,12 +32,16 @@ class Cell:
         # sample: the backend's connections and the proxy's memory halfway through the run;
         # idle: a driver's idle connections, held, instead of a workload.
         self.sample, self.idle, self.drain = sample, idle, drain
-        # capture: one-second samples (the lowest QPS), and on target capture-on a traffic
-        # capture during the run, then its replay against the server.
+        # capture: capture switched off and on in turn during the run (capture_cost.py).
         self.capture = capture
 
     def key(self, target):
         return f"{self.suite}/{self.variant}/{target}"
+
+    def result_keys(self):
+        """The keys its measurements give figures for (a capture run measures off and on)."""
+        names = ["capture-off", "capture-on"] if self.capture else self.targets
+        return [self.key(n) for n in names]
 
 
 def cells(env, args):
@@ -107,9 +113,10 @@ def cells(env, args):
             for threads in args.threads:
                 out.append(Cell("features", f"{w}/{threads}", w, threads, feats))
     if "capture" in suites:
-        # The TiProxy seed's capture table: oltp_read_write with capture off and on, in one run.
+        # The TiProxy seed's capture table: oltp_read_write with capture off and on, in turn
+        # within one run (capture_cost.py); its figures go to capture-off and capture-on.
         for threads in args.capture_threads:
-            out.append(Cell("capture", f"oltp_read_write/{threads}", "oltp_read_write", threads, ["capture-off", "capture-on"],
+            out.append(Cell("capture", f"oltp_read_write/{threads}", "oltp_read_write", threads, ["sluice-capture"],
                             capture=True))
     if "floor" in suites:
         # The cells of the CPU targets, also on two forwarders that relay bytes and do nothing
@@ -135,14 +142,8 @@ def admin(t, path, body=None):
         return json.loads(r.read())
 
 
-def capture_figures(env, t, cap_dir, args):
-    """Stops the capture of a capture-on run: its rate and size, then its replay against the
-    server (as fast as it goes, in order): the replay's own throughput."""
-    st = admin(t, "/capture/stop", {})
-    out = {"capture_mb_per_s": st["bytes_written"] / args.duration / 1e6,
-           "capture_bytes_per_command": st["bytes_written"] / max(st["commands"], 1),
-           "capture_raw_bytes_per_command": st["bytes_raw"] / max(st["commands"], 1),
-           "capture_dropped": st["dropped_records"], "capture_commands": st["commands"]}
+def replay_rate(env, cap_dir):
+    """Replays a capture against the server as fast as it goes, in order: commands per second."""
     t0 = time.time()
     r = subprocess.run([str(env.root / "target/release/sluice"), "replay", "--input", str(cap_dir), "--target",
                         f"127.0.0.1:{env.backend_port}", "--user", "sbtest", "--password", "sbtest", "--speed", "1000"],
@@ -151,8 +152,7 @@ def capture_figures(env, t, cap_dir, args):
     m = re.search(r"replayed (\d+) of (\d+) commands .*: (\d+) same, (\d+) different", r.stdout)
     if r.returncode != 0 or not m:
         raise RuntimeError(f"replay failed: {r.stdout}{r.stderr}")
-    out["replay_commands_per_s"] = int(m.group(1)) / took
-    return out
+    return int(m.group(1)) / took
 
 
 def ensure_pymysql():
@@ -230,6 +230,8 @@ def measure(env, cell, target, args):
         return drain_time(env, cell, target)
     if cell.workload is None:
         return connection_cost(env, cell, target, args)
+    if cell.capture:
+        return capture_cost.measure(env, cell, target, args, admin, lambda t, d: replay_rate(env, d))
     t = env.targets[target]
     sampled = {}
     if cell.sample:
@@ -255,14 +257,8 @@ def measure(env, cell, target, args):
     if cell.churn:
         companion = subprocess.Popen([str(env.conns_bin), "churn", f"127.0.0.1:{t.port}", "sbtest", "sbtest",
                                       str(cell.churn), str(args.duration + 2)], stdout=subprocess.PIPE, text=True)
-    extra = list(cell.extra) + ([] if cell.ps else ["--db-ps-mode=disable"]) + (["--report-interval=1"] if cell.capture else [])
-    capturing = cell.capture and target == "capture-on"
-    if capturing:
-        cap_dir = env.work / f"capture-{cell.threads}-{time.time_ns()}"
-        admin(t, "/capture/start", {"dir": str(cap_dir)})
+    extra = list(cell.extra) + ([] if cell.ps else ["--db-ps-mode=disable"])
     figures = env.sysbench(t, cell.workload, cell.threads, args.duration, extra, unix=cell.unix)
-    if capturing:
-        figures.update(capture_figures(env, t, cap_dir, args))
     if companion:
         if cell.churn:
             out, _ = companion.communicate(timeout=args.duration + 60)
