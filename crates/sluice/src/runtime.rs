@@ -155,7 +155,7 @@ fn listen(
         let auth = config.auth_mode(l);
         let multiplex = l.multiplex.unwrap_or(config.proxy.multiplex);
         let proxy_from = l.proxy_protocol.iter().filter_map(|n| crate::config::Network::parse(n.get_ref()).ok()).collect();
-        let info = Arc::new(Listener { name: name.clone(), auth, multiplex, proxy_from });
+        let info = Arc::new(Listener { name: name.as_str().into(), auth, multiplex, proxy_from });
         let given = inherited.as_mut().map(|i| i.take(&name)).unwrap_or_default();
         match parse_address(&name)? {
             Address::Tcp(a) => {

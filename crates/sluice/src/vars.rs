@@ -1,50 +1,35 @@
 //! A small map of names to values (session variables, user variables, statements prepared with
 //! SQL). Most sessions have none or a few entries, and an idle session's memory counts, so the
-//! entries are kept in one string with their spans sorted by name (three allocations, however
-//! many entries; a `BTreeMap` takes a node of about 500 bytes for its first), and copies share
-//! them until one changes (the session's state, the copy it publishes for the admin API and the
-//! state of the connection it last used are then one).
+//! entries are kept sorted by name in one allocation, each its name's length, its value's
+//! length (`u32`s, little-endian) and the two (a `BTreeMap` takes a node of about 500 bytes for
+//! its first), and copies share them until one changes (the session's state, the copy it
+//! publishes for the admin API and the state of the connection it last used are then one).
 
 use std::sync::Arc;
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Vars(Option<Arc<Entries>>);
-
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Entries {
-    /// Each entry's name and value, one after the other.
-    text: Box<str>,
-    /// By name: where its name starts, where it ends (its value starts), where its value ends.
-    spans: Box<[[u32; 3]]>,
-}
-
-impl Entries {
-    fn name(&self, s: &[u32; 3]) -> &str {
-        &self.text[s[0] as usize..s[1] as usize]
-    }
-
-    fn value(&self, s: &[u32; 3]) -> &str {
-        &self.text[s[1] as usize..s[2] as usize]
-    }
-}
+pub struct Vars(Option<Arc<[u8]>>);
 
 /// The entries of a [`Vars`], by name.
 #[derive(Clone)]
 pub struct Iter<'a> {
-    entries: Option<&'a Entries>,
-    next: usize,
+    rest: &'a [u8],
 }
 
 impl<'a> Iterator for Iter<'a> {
     type Item = (&'a str, &'a str);
 
     fn next(&mut self) -> Option<Self::Item> {
-        let e = self.entries?;
-        let s = e.spans.get(self.next)?;
-        self.next += 1;
-        Some((e.name(s), e.value(s)))
+        let (lens, rest) = self.rest.split_first_chunk::<8>()?;
+        let n = u32::from_le_bytes([lens[0], lens[1], lens[2], lens[3]]) as usize;
+        let v = u32::from_le_bytes([lens[4], lens[5], lens[6], lens[7]]) as usize;
+        let (name, rest) = rest.split_at(n);
+        let (value, rest) = rest.split_at(v);
+        self.rest = rest;
+        // (Written from `&str`s by `from_sorted`.)
+        Some((std::str::from_utf8(name).unwrap_or_default(), std::str::from_utf8(value).unwrap_or_default()))
     }
 }
 
@@ -58,34 +43,36 @@ impl<'a> IntoIterator for &'a Vars {
 }
 
 impl Vars {
+    /// Where `name` is (its place in the order), or where it would go.
     fn find(&self, name: &str) -> Result<usize, usize> {
-        match &self.0 {
-            None => Err(0),
-            Some(e) => e.spans.binary_search_by(|s| e.name(s).cmp(name)),
+        for (i, (n, _)) in self.iter().enumerate() {
+            match n.cmp(name) {
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal => return Ok(i),
+                std::cmp::Ordering::Greater => return Err(i),
+            }
         }
+        Err(self.len())
     }
 
     /// Made again from `pairs`, sorted by name (none: empty).
     fn from_sorted<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)> + Clone) -> Vars {
-        let len: usize = pairs.clone().map(|(n, v)| n.len() + v.len()).sum();
-        let mut text = String::with_capacity(len);
-        let mut spans = Vec::with_capacity(pairs.clone().count());
-        for (n, v) in pairs {
-            let start = text.len() as u32;
-            text.push_str(n);
-            let mid = text.len() as u32;
-            text.push_str(v);
-            spans.push([start, mid, text.len() as u32]);
-        }
-        if spans.is_empty() {
+        let len: usize = pairs.clone().map(|(n, v)| 8 + n.len() + v.len()).sum();
+        if len == 0 {
             return Vars(None);
         }
-        Vars(Some(Arc::new(Entries { text: text.into_boxed_str(), spans: spans.into_boxed_slice() })))
+        let mut out = Vec::with_capacity(len);
+        for (n, v) in pairs {
+            out.extend_from_slice(&(n.len() as u32).to_le_bytes());
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.extend_from_slice(n.as_bytes());
+            out.extend_from_slice(v.as_bytes());
+        }
+        Vars(Some(out.into()))
     }
 
     pub fn get(&self, name: &str) -> Option<&str> {
-        let i = self.find(name).ok()?;
-        self.0.as_deref().map(|e| e.value(&e.spans[i]))
+        self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
     }
 
     pub fn contains_key(&self, name: &str) -> bool {
@@ -124,7 +111,7 @@ impl Vars {
     }
 
     pub fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, |e| e.spans.len())
+        self.iter().count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -133,7 +120,7 @@ impl Vars {
 
     /// Names and values, by name.
     pub fn iter(&self) -> Iter<'_> {
-        Iter { entries: self.0.as_deref(), next: 0 }
+        Iter { rest: self.0.as_deref().unwrap_or_default() }
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &str> {

@@ -65,9 +65,9 @@ impl Mirrors {
             return;
         };
         let job = Job {
-            user: state.user.clone(),
+            user: state.user.to_string(),
             collation: state.collation,
-            schema: state.schema.clone(),
+            schema: state.schema.as_deref().map(String::from),
             cred: cred.clone(),
             sql: sql.to_vec(),
         };

@@ -44,7 +44,7 @@ pub const MAX_STATEMENTS: usize = 256;
 /// handed over to a new process).
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ConnState {
-    pub schema: Option<String>,
+    pub schema: Option<std::sync::Arc<str>>,
     /// Session variables changed since its login, as the backend reported them.
     pub variables: crate::vars::Vars,
     /// Statements prepared on it, by their text.

@@ -129,8 +129,8 @@ impl Session {
             s.prepared.iter().map(|(id, p)| (*id, p.sql.as_bytes().to_vec(), p.param_types.clone())).collect();
         prepared.sort_by_key(|p| p.0);
         let begin = Begin {
-            user: s.user.clone(),
-            schema: s.schema.clone(),
+            user: s.user.to_string(),
+            schema: s.schema.as_deref().map(String::from),
             client: self.handle.info.lock().client.clone(),
             collation: s.collation,
             capabilities: self.client_caps(),

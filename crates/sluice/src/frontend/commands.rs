@@ -269,8 +269,8 @@ impl Session {
         // A refusal reached the client; the session goes on as the previous user.
         let Outcome::Ok(ok) = bconn::exchange(&mut self.backend, None, &mut relay).await? else { return Ok(Flow::Continue) };
         self.state.reset();
-        self.state.user = String::from_utf8_lossy(&cu.user).into_owned();
-        self.state.schema = (!cu.database.is_empty()).then(|| String::from_utf8_lossy(&cu.database).into_owned());
+        self.state.user = String::from_utf8_lossy(&cu.user).into();
+        self.state.schema = (!cu.database.is_empty()).then(|| String::from_utf8_lossy(&cu.database).into());
         if let Ok(ok) = sluice_proto::basic::Ok::parse(&ok, self.backend_caps() & cap::SESSION_TRACK != 0) {
             self.state.status = ok.status;
         }
@@ -335,14 +335,14 @@ impl Session {
                 self.user_slot = Some(slot);
                 self.credential = Some(cred);
                 self.state.reset();
-                self.state.user = name;
-                self.state.schema = (!cu.database.is_empty()).then(|| String::from_utf8_lossy(&cu.database).into_owned());
+                self.state.user = name.into();
+                self.state.schema = (!cu.database.is_empty()).then(|| String::from_utf8_lossy(&cu.database).into());
                 // A later login on the session's behalf is as the new user.
                 if let Some(p) = self.profile.as_mut() {
                     p.set_user(&cu.user);
                 }
                 if let Some(k) = self.key.as_mut() {
-                    k.user = Arc::from(self.state.user.as_str());
+                    k.user = self.state.user.clone();
                 }
                 self.conn_was_reset();
                 self.track_variables().await;

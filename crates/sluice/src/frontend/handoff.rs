@@ -128,7 +128,8 @@ impl Session {
 
     fn parcel(&self) -> Parcel {
         let info = self.handle.info.lock();
-        let (client, listener, connected_at_unix, local) = (info.client.clone(), info.listener.clone(), info.connected_at_unix, info.local);
+        let (client, listener, connected_at_unix, local) =
+            (info.client.clone(), info.listener.to_string(), info.connected_at_unix, info.local);
         drop(info);
         let credential = self.credential.as_ref().map(|c| match c {
             Credential::Password(p) => Secret::Password(p.clone()),
@@ -198,7 +199,7 @@ fn unpack(ctx: &Arc<Ctx>, text: &[u8], fds: Vec<OwnedFd>) -> Result<(Box<Session
     };
     let list = ctx.backends.list();
     let b = list.iter().find(|b| b.name == p.backend).ok_or_else(|| format!("backend {} is not configured here", p.backend))?;
-    let handle = Arc::new(SessionHandle::new(p.id, p.client.clone(), p.listener.clone()));
+    let handle = Arc::new(SessionHandle::new(p.id, p.client.clone(), p.listener.as_str().into()));
     handle.queries.store(p.queries, Ordering::Relaxed);
     {
         let mut i = handle.info.lock();

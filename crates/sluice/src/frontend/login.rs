@@ -243,8 +243,8 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
     };
     let user = String::from_utf8_lossy(&hr.user).into_owned();
     let mut state = SessionState {
-        user: user.clone(),
-        schema: hr.database.as_ref().filter(|d| !d.is_empty()).map(|d| String::from_utf8_lossy(d).into_owned()),
+        user: user.as_str().into(),
+        schema: hr.database.as_ref().filter(|d| !d.is_empty()).map(|d| String::from_utf8_lossy(d).into()),
         collation: hr.collation,
         status: status::AUTOCOMMIT,
         multi_statements: client_caps & cap::MULTI_STATEMENTS != 0,
@@ -506,7 +506,7 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
     };
     let key = Key { user: std::sync::Arc::from(name.as_str()), fit: a.fit, collation: hr.collation };
     let want = SessionState {
-        schema: hr.database.as_ref().filter(|d| !d.is_empty()).map(|d| String::from_utf8_lossy(d).into_owned()),
+        schema: hr.database.as_ref().filter(|d| !d.is_empty()).map(|d| String::from_utf8_lossy(d).into()),
         multi_statements: client_caps & cap::MULTI_STATEMENTS != 0,
         ..Default::default()
     };

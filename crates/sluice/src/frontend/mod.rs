@@ -29,7 +29,8 @@ use crate::session::SessionHandle;
 /// What a session needs to know about the listener that accepted it.
 #[derive(Debug, Clone)]
 pub struct Listener {
-    pub name: String,
+    /// (Shared with each of its sessions' handles.)
+    pub name: std::sync::Arc<str>,
     pub auth: AuthMode,
     /// Users-mode sessions give their backend connection back at every safe point.
     pub multiplex: bool,

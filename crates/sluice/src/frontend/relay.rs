@@ -133,7 +133,7 @@ impl Session {
         let mut client = ClientConn::new(l.client, l.compression);
         client.write_timeout = config.proxy.client_write_timeout;
         let key = (l.credential.is_some() && l.profile.is_some())
-            .then(|| Box::new(Key { user: std::sync::Arc::from(l.state.user.as_str()), fit: l.fit, collation: l.state.collation }));
+            .then(|| Box::new(Key { user: l.state.user.clone(), fit: l.fit, collation: l.state.collation }));
         let split = config.routing.split && key.is_some();
         handle.split.store(split, Ordering::Relaxed);
         let multiplex = (multiplex || split) && key.is_some();
@@ -449,7 +449,7 @@ impl Session {
         let row_count = if self.state.reads_row_count { sluice_proto::sql::hazard::ROW_COUNT } else { 0 };
         self.state.pin_next = done.next_pins | warnings | row_count;
         if let (Some(db), None) = (done.init_db, error) {
-            self.state.schema = Some(db);
+            self.state.schema = Some(db.into());
         }
         if done.reported.variables && self.split {
             self.note_write();

@@ -100,8 +100,11 @@ impl Conn {
     /// Variables, user variables and SQL PREPAREs through sluice's own restore (as a moved
     /// session's), then the captured session's prepared statements.
     async fn restore(&mut self, begin: &Begin, timeout: Duration) -> Result<(), String> {
-        let mut want =
-            SessionState { schema: begin.schema.clone(), multi_statements: self.caps & cap::MULTI_STATEMENTS != 0, ..Default::default() };
+        let mut want = SessionState {
+            schema: begin.schema.as_deref().map(Into::into),
+            multi_statements: self.caps & cap::MULTI_STATEMENTS != 0,
+            ..Default::default()
+        };
         for (k, v) in &begin.variables {
             want.variables.insert(k.clone(), v.clone());
         }
@@ -111,7 +114,7 @@ impl Conn {
         for (k, v) in &begin.user_variables {
             want.user_variables.insert(k.clone(), v.clone());
         }
-        let mut have = ConnState { schema: begin.schema.clone(), multi_statements: want.multi_statements, ..Default::default() };
+        let mut have = ConnState { schema: want.schema.clone(), multi_statements: want.multi_statements, ..Default::default() };
         restore::bring(&mut self.conn, &mut have, &want, self.caps, timeout)
             .await
             .map_err(|e| format!("restoring the session: {}", e.message))?;

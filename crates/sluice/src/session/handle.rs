@@ -14,12 +14,30 @@ use sluice_proto::consts::status;
 use super::{Pin, SessionState};
 use crate::metrics::MoveReason;
 
-/// What the admin API shows of a session.
+/// What the admin API shows of a session: what it published ([`Published`]) and its counters.
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionInfo {
     pub id: u32,
+    #[serde(flatten)]
+    pub published: Published,
+    pub backend_thread_id: Option<u32>,
+    pub pins: Vec<Pin>,
+    pub safe_point: bool,
+    /// A move asked and not made yet, and why.
+    pub move_asked: Option<&'static str>,
+    pub queries: u64,
+    pub busy: bool,
+    /// Idle and parked: waiting for its client in the parking lot (`frontend/lot.rs`).
+    pub parked: bool,
+}
+
+/// What a session publishes of itself, kept in its handle (every idle session holds one: what
+/// the handle's atomics tell is not repeated here).
+#[derive(Debug, Clone, Serialize)]
+pub struct Published {
     pub client: String,
-    pub listener: String,
+    /// The listener's name (one string for all its sessions).
+    pub listener: Arc<str>,
     /// The address of sluice the client reached (TCP).
     pub local: Option<std::net::SocketAddr>,
     /// The client's connection to sluice is TLS.
@@ -29,16 +47,7 @@ pub struct SessionInfo {
     pub compressed: bool,
     pub connected_at_unix: u64,
     pub backend: Option<String>,
-    pub backend_thread_id: Option<u32>,
     pub state: SessionState,
-    pub pins: Vec<Pin>,
-    pub safe_point: bool,
-    /// A move asked and not made yet, and why.
-    pub move_asked: Option<&'static str>,
-    pub queries: u64,
-    pub busy: bool,
-    /// Idle and parked: waiting for its client in the parking lot (`frontend/lot.rs`).
-    pub parked: bool,
 }
 
 /// What [`SessionHandle::response_wait`] holds when the session is not waiting for a backend.
@@ -83,14 +92,14 @@ pub struct SessionHandle {
     pub moved_at_ms: AtomicU64,
     /// Whether it may park while idle, and was asked to.
     pub parking: crate::parking::Parking,
-    pub info: Mutex<SessionInfo>,
+    pub info: Mutex<Published>,
 }
 
 pub const NO_MOVE: u32 = 0;
 pub const MOVE_ANYWHERE: u32 = u32::MAX;
 
 impl SessionHandle {
-    pub fn new(id: u32, client: String, listener: String) -> SessionHandle {
+    pub fn new(id: u32, client: String, listener: Arc<str>) -> SessionHandle {
         let connected_at_unix = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         SessionHandle {
             id,
@@ -111,8 +120,7 @@ impl SessionHandle {
             split: AtomicBool::new(false),
             moved_at_ms: AtomicU64::new(0),
             parking: Default::default(),
-            info: Mutex::new(SessionInfo {
-                id,
+            info: Mutex::new(Published {
                 client,
                 listener,
                 local: None,
@@ -121,14 +129,7 @@ impl SessionHandle {
                 compressed: false,
                 connected_at_unix,
                 backend: None,
-                backend_thread_id: None,
                 state: SessionState::default(),
-                pins: Vec::new(),
-                safe_point: true,
-                move_asked: None,
-                queries: 0,
-                busy: false,
-                parked: false,
             }),
         }
     }
@@ -147,7 +148,6 @@ impl SessionHandle {
             }
             None => i.backend = Some(name.to_string()),
         }
-        i.backend_thread_id = Some(thread_id);
     }
 
     /// Publishes the session's state for the admin API (after changes other than status).
@@ -165,18 +165,22 @@ impl SessionHandle {
     }
 
     pub fn snapshot(&self) -> SessionInfo {
-        let mut i = self.info.lock().clone();
-        i.state.status = self.status.load(Ordering::Relaxed);
-        i.pins = i.state.pins();
-        i.safe_point = i.state.at_safe_point();
-        i.move_asked = self.move_reason().map(MoveReason::as_str);
+        let mut published = self.info.lock().clone();
+        published.state.status = self.status.load(Ordering::Relaxed);
+        let state = &published.state;
         // A multiplexed session between statements holds no connection.
         let tid = self.backend_thread_id.load(Ordering::Relaxed);
-        i.backend_thread_id = (tid != 0).then_some(tid);
-        i.queries = self.queries.load(Ordering::Relaxed);
-        i.busy = self.busy.load(Ordering::Relaxed);
-        i.parked = self.parking.parked.load(Ordering::Relaxed);
-        i
+        SessionInfo {
+            id: self.id,
+            pins: state.pins(),
+            safe_point: state.at_safe_point(),
+            move_asked: self.move_reason().map(MoveReason::as_str),
+            backend_thread_id: (tid != 0).then_some(tid),
+            queries: self.queries.load(Ordering::Relaxed),
+            busy: self.busy.load(Ordering::Relaxed),
+            parked: self.parking.parked.load(Ordering::Relaxed),
+            published,
+        }
     }
 
     /// Asks the session to move to backend `to` (any other one when None) at its next safe

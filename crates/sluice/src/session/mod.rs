@@ -17,7 +17,7 @@ use sluice_proto::response::Sink;
 
 mod handle;
 mod parcel;
-pub use handle::{EXPIRED, MOVE_ANYWHERE, NO_MOVE, NOT_WAITING, Registry, SessionHandle, SessionInfo, Wake};
+pub use handle::{EXPIRED, MOVE_ANYWHERE, NO_MOVE, NOT_WAITING, Published, Registry, SessionHandle, SessionInfo, Wake};
 pub use parcel::StateParcel;
 
 /// A prepared statement as the client knows it.
@@ -149,8 +149,9 @@ fn names_only<S: serde::Serializer>(m: &Vars, s: S) -> std::result::Result<S::Ok
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct SessionState {
-    pub user: String,
-    pub schema: Option<String>,
+    /// (Shared by the copy the session publishes and its multiplexing key.)
+    pub user: std::sync::Arc<str>,
+    pub schema: Option<std::sync::Arc<str>>,
     pub collation: u8,
     /// Server status flags from the last OK/EOF.
     pub status: u16,
@@ -276,7 +277,7 @@ impl SessionState {
                 StateChange::Schema(s) => {
                     r.variables = true;
                     // (No schema at all is reported as an empty one.)
-                    self.schema = (!s.is_empty()).then(|| String::from_utf8_lossy(s).into_owned());
+                    self.schema = (!s.is_empty()).then(|| String::from_utf8_lossy(s).into());
                 }
                 StateChange::SystemVariable { name, value } if name.eq_ignore_ascii_case(b"last_gtid") => {
                     r.variables = true;

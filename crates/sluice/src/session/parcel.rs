@@ -64,8 +64,8 @@ impl From<&SessionState> for StateParcel {
             })
             .collect();
         StateParcel {
-            user: s.user.clone(),
-            schema: s.schema.clone(),
+            user: s.user.to_string(),
+            schema: s.schema.as_deref().map(String::from),
             collation: s.collation,
             status: s.status,
             variables: s.variables.clone(),
@@ -110,8 +110,8 @@ impl From<StateParcel> for SessionState {
             })
             .collect();
         SessionState {
-            user: p.user,
-            schema: p.schema,
+            user: p.user.into(),
+            schema: p.schema.map(Into::into),
             collation: p.collation,
             status: p.status,
             variables: p.variables,
