@@ -400,6 +400,10 @@ def median_cells(results):
         med["rounds"] = len(cells)
         med["discarded"] = sum(len(c.get("discarded_steal_pct", [])) for c in cells)
         med["qps_rounds"] = [c.get("qps") for c in cells]
+        if all("qps_samples" in c for c in cells):
+            # Seconds under half the round's median second: the host's stalls (the capture
+            # suite's seconds show them with capture off as with it on).
+            med["stalled_seconds"] = sum(sum(q < statistics.median(c["qps_samples"]) / 2 for q in c["qps_samples"]) for c in cells)
         out[key] = med
     return out
 

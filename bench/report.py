@@ -445,8 +445,11 @@ def capture_why(med, off, on, args):
         return ""
     changes = ", ".join(f"{100 * (b / a - 1):+.1f}%".replace("-", "−") for a, b in pairs)
     cpu = ratio(get(med, on, "proxy_cpu_us_per_query"), get(med, off, "proxy_cpu_us_per_query"))
+    stalls = (get(med, off, "stalled_seconds"), get(med, on, "stalled_seconds"))
     return (f"QPS change per round {changes}" + ("" if cpu is None else f"; sluice's CPU per query {cpu:.2f}x with capture")
-            + ("; rounds that differ this much cannot resolve 1%" if args.capture_phase is None else ""))
+            + ("; rounds that differ this much cannot resolve 1%" if args.capture_phase is None else "")
+            + (f"; seconds under half their round's median QPS, off {stalls[0]:.0f}, on {stalls[1]:.0f}"
+               if any(stalls) else ""))
 
 
 def floor_why(med, cell):
