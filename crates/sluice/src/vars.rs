@@ -1,7 +1,7 @@
 //! A small map of names to values (session variables, user variables, statements prepared with
 //! SQL). Most sessions have none or a few entries, and an idle session's memory counts, so the
 //! entries are kept sorted by name in one allocation, each its name's length, its value's
-//! length (`u32`s, little-endian) and the two (a `BTreeMap` takes a node of about 500 bytes for
+//! length (LEB128 varints) and the two (a `BTreeMap` takes a node of about 500 bytes for
 //! its first), and copies share them until one changes (the session's state, the copy it
 //! publishes for the admin API and the state of the connection it last used are then one).
 
@@ -22,15 +22,35 @@ impl<'a> Iterator for Iter<'a> {
     type Item = (&'a str, &'a str);
 
     fn next(&mut self) -> Option<Self::Item> {
-        let (lens, rest) = self.rest.split_first_chunk::<8>()?;
-        let n = u32::from_le_bytes([lens[0], lens[1], lens[2], lens[3]]) as usize;
-        let v = u32::from_le_bytes([lens[4], lens[5], lens[6], lens[7]]) as usize;
-        let (name, rest) = rest.split_at(n);
-        let (value, rest) = rest.split_at(v);
+        let n = take_varint(&mut self.rest)?;
+        let v = take_varint(&mut self.rest)?;
+        let (name, rest) = self.rest.split_at_checked(n)?;
+        let (value, rest) = rest.split_at_checked(v)?;
         self.rest = rest;
         // (Written from `&str`s by `from_sorted`.)
         Some((std::str::from_utf8(name).unwrap_or_default(), std::str::from_utf8(value).unwrap_or_default()))
     }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: usize) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn take_varint(b: &mut &[u8]) -> Option<usize> {
+    let mut v = 0usize;
+    for shift in (0..usize::BITS).step_by(7) {
+        let (&x, rest) = b.split_first()?;
+        *b = rest;
+        v |= usize::from(x & 0x7f) << shift;
+        if x < 0x80 {
+            return Some(v);
+        }
+    }
+    None
 }
 
 impl<'a> IntoIterator for &'a Vars {
@@ -57,14 +77,15 @@ impl Vars {
 
     /// Made again from `pairs`, sorted by name (none: empty).
     fn from_sorted<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)> + Clone) -> Vars {
-        let len: usize = pairs.clone().map(|(n, v)| 8 + n.len() + v.len()).sum();
+        let varint = |n: usize| (usize::BITS - n.leading_zeros()).div_ceil(7).max(1) as usize;
+        let len: usize = pairs.clone().map(|(n, v)| varint(n.len()) + varint(v.len()) + n.len() + v.len()).sum();
         if len == 0 {
             return Vars(None);
         }
         let mut out = Vec::with_capacity(len);
         for (n, v) in pairs {
-            out.extend_from_slice(&(n.len() as u32).to_le_bytes());
-            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            put_varint(&mut out, n.len());
+            put_varint(&mut out, v.len());
             out.extend_from_slice(n.as_bytes());
             out.extend_from_slice(v.as_bytes());
         }
@@ -181,6 +202,13 @@ mod tests {
         assert_eq!(x.remove("b"), Some("two".into()));
         assert_eq!(x.remove("c"), Some("4".into()));
         assert!(x.is_empty() && x == Vars::default());
+        // Lengths past one varint byte.
+        let long = "x".repeat(300);
+        x.insert(long.clone(), long.repeat(1000));
+        x.insert("a".into(), String::new());
+        assert_eq!(x.get(&long).map(str::len), Some(300_000));
+        assert_eq!(x.iter().map(|(n, v)| (n.len(), v.len())).collect::<Vec<_>>(), [(1, 0), (300, 300_000)]);
+        assert_eq!(x.0.as_ref().unwrap().len(), 1 + 1 + 1 + 2 + 3 + 300 + 300_000);
         v.clear();
         assert!(v.is_empty());
         assert_eq!(v, Vars::default());

@@ -131,7 +131,7 @@ impl Session {
         let begin = Begin {
             user: s.user.to_string(),
             schema: s.schema.as_deref().map(String::from),
-            client: self.handle.info.lock().client.clone(),
+            client: self.handle.info.lock().client.to_string(),
             collation: s.collation,
             capabilities: self.client_caps(),
             in_transaction: s.in_transaction(),

@@ -137,7 +137,7 @@ impl Session {
         });
         Parcel {
             id: self.handle.id,
-            client,
+            client: client.to_string(),
             listener,
             connected_at_unix,
             local,

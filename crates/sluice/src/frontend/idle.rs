@@ -120,7 +120,7 @@ impl Session {
                     if self.may_move() && !killed && code != Some(code::CONNECTION_KILLED) {
                         tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, "backend connection lost while idle; the session moves at its next command");
                         self.backend.rbuf.clear();
-                        self.lost = Some(reason);
+                        self.lost = Some(reason.into());
                         continue;
                     }
                     // The client gets what the backend sent, as it would directly, and the
@@ -130,7 +130,7 @@ impl Session {
                     if !self.backend.rbuf.is_empty() {
                         let _ = Box::pin(self.client.write(&self.backend.rbuf)).await;
                     }
-                    self.lost = Some(reason);
+                    self.lost = Some(reason.into());
                     return Ok(Wait::End);
                 }
                 r = client_event(client, park) => match r {

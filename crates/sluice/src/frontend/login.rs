@@ -1,6 +1,8 @@
 //! The connection phase: sluice's greeting, the client's handshake response (with the switch to
 //! TLS), authentication in passthrough or users mode, and the backend connection it ends with.
 
+use std::sync::Arc;
+
 use sluice_proto::auth;
 use sluice_proto::consts::{cap, err as code, mariadb_cap, status};
 use sluice_proto::handshake::{Greeting, HandshakeResponse, is_ssl_request};
@@ -44,15 +46,43 @@ struct Backed {
 }
 
 /// What a new backend login on a session's behalf repeats (users mode): the client's handshake
-/// response without its auth response, kept encoded in one allocation (an idle session's
-/// memory counts) and decoded when such a login needs it.
-pub struct Profile(Box<[u8]>);
+/// response without its auth response, kept encoded (an idle session's memory counts) and
+/// decoded when such a login needs it. The sessions of one application log in alike (the same
+/// user, schema and connection attributes): they share one copy.
+pub struct Profile(Arc<[u8]>);
+
+thread_local! {
+    /// The profiles of this worker's sessions, each kept once.
+    static PROFILES: std::cell::RefCell<Profiles> = std::cell::RefCell::default();
+}
+
+#[derive(Default)]
+struct Profiles {
+    set: std::collections::HashSet<Arc<[u8]>>,
+    /// The size past which the profiles no session holds any more are let go.
+    purge_at: usize,
+}
+
+impl Profiles {
+    fn intern(&mut self, bytes: Vec<u8>) -> Arc<[u8]> {
+        if let Some(p) = self.set.get(bytes.as_slice()) {
+            return p.clone();
+        }
+        if self.set.len() >= self.purge_at {
+            self.set.retain(|p| Arc::strong_count(p) > 1);
+            self.purge_at = (2 * self.set.len()).max(64);
+        }
+        let p: Arc<[u8]> = bytes.into();
+        self.set.insert(p.clone());
+        p
+    }
+}
 
 impl Profile {
     pub fn new(hr: &HandshakeResponse) -> Profile {
         let mut out = Vec::new();
         HandshakeResponse { auth_response: Vec::new(), ..hr.clone() }.write(&mut out);
-        Profile(out.into_boxed_slice())
+        Profile(PROFILES.with(|p| p.borrow_mut().intern(out)))
     }
 
     /// The handshake response (written by `new`, so it parses).
@@ -67,7 +97,7 @@ impl Profile {
 
     /// From [`Profile::bytes`]; None when they do not parse.
     pub fn from_bytes(b: Vec<u8>) -> Option<Profile> {
-        HandshakeResponse::parse(&b).ok().map(|_| Profile(b.into_boxed_slice()))
+        HandshakeResponse::parse(&b).ok().map(|_| Profile(PROFILES.with(|p| p.borrow_mut().intern(b))))
     }
 
     /// A later login is as `user` (after COM_CHANGE_USER).
@@ -628,7 +658,25 @@ mod tests {
         let mut p = Profile::new(&hr);
         let back = p.get();
         assert_eq!(back, HandshakeResponse { auth_response: Vec::new(), ..hr.clone() });
+        // Sessions that log in alike share one copy; one that changed user has its own.
+        let q = Profile::new(&hr);
+        assert!(Arc::ptr_eq(&p.0, &q.0));
         p.set_user(b"other");
-        assert_eq!(p.get(), HandshakeResponse { auth_response: Vec::new(), user: b"other".to_vec(), ..hr });
+        assert_eq!(p.get(), HandshakeResponse { auth_response: Vec::new(), user: b"other".to_vec(), ..hr.clone() });
+        assert!(!Arc::ptr_eq(&p.0, &q.0));
+        assert_eq!(q.get().user, b"app");
+    }
+
+    #[test]
+    fn profiles_no_session_holds_are_let_go() {
+        let mut set = Profiles::default();
+        let kept = set.intern(b"kept".to_vec());
+        for i in 0..200u32 {
+            set.intern(i.to_le_bytes().to_vec());
+        }
+        // (Each purge keeps the held one and the few made since the last.)
+        assert!(set.set.len() < 100, "{}", set.set.len());
+        assert!(set.set.contains(&kept[..]));
+        assert!(Arc::ptr_eq(&set.intern(b"kept".to_vec()), &kept));
     }
 }

@@ -50,7 +50,7 @@ pub struct Session {
     pub(super) profile: Option<super::login::Profile>,
     /// Why the backend connection was lost while the session was idle; the session moves to a
     /// new one at its next command.
-    pub(super) lost: Option<String>,
+    pub(super) lost: Option<Box<str>>,
     /// Which clients may reuse the backend connection once this session ends.
     pub(super) fit: crate::backend::pool::Fit,
     /// The waker last stored in the handle's [`crate::session::Wake`].

@@ -35,7 +35,7 @@ pub struct SessionInfo {
 /// the handle's atomics tell is not repeated here).
 #[derive(Debug, Clone, Serialize)]
 pub struct Published {
-    pub client: String,
+    pub client: Box<str>,
     /// The listener's name (one string for all its sessions).
     pub listener: Arc<str>,
     /// The address of sluice the client reached (TCP).
@@ -121,7 +121,7 @@ impl SessionHandle {
             moved_at_ms: AtomicU64::new(0),
             parking: Default::default(),
             info: Mutex::new(Published {
-                client,
+                client: client.into(),
                 listener,
                 local: None,
                 tls: false,
