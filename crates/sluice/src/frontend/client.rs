@@ -30,7 +30,25 @@ pub struct ClientConn {
     pub write_timeout: std::time::Duration,
 }
 
+/// What a parked session keeps of its client connection: the lot holds the socket, and the
+/// read buffer is empty.
+pub struct ClientRest {
+    comp: Option<Box<Compression>>,
+    write_timeout: std::time::Duration,
+}
+
+impl ClientRest {
+    pub fn with_stream(self, stream: Stream) -> ClientConn {
+        ClientConn { stream, rbuf: BytesMut::new(), comp: self.comp, write_timeout: self.write_timeout }
+    }
+}
+
 impl ClientConn {
+    /// Its stream, and the rest (the read buffer, empty, goes).
+    pub fn into_rest(self) -> (Stream, ClientRest) {
+        (self.stream, ClientRest { comp: self.comp, write_timeout: self.write_timeout })
+    }
+
     pub fn new(conn: PacketConn, compression: Option<Algorithm>) -> ClientConn {
         ClientConn {
             stream: conn.stream,

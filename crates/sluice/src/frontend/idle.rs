@@ -236,14 +236,14 @@ pub(super) fn spawn(session: Box<Session>, admission: Admission) {
 /// The task of a parked session.
 pub(super) async fn parked(mut session: Box<Session>, admission: Admission) {
     session.wait_parked().await;
-    unparked(&session);
+    unparked(&session.handle, &session.ctx);
     resume(session, admission);
 }
 
 /// Counts a session out of the parked ones.
-pub(super) fn unparked(session: &Session) {
-    session.handle.parking.parked.store(false, Ordering::Relaxed);
-    session.ctx.metrics.parked_sessions.dec();
+pub(super) fn unparked(handle: &crate::session::SessionHandle, ctx: &crate::ctx::Ctx) {
+    handle.parking.parked.store(false, Ordering::Relaxed);
+    ctx.metrics.parked_sessions.dec();
 }
 
 /// Serves a session that was parked again, in a full task of its own.

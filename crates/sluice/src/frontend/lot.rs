@@ -20,6 +20,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::time::Instant;
 
 use super::Admission;
+use super::dormant::Dormant;
 use super::relay::Session;
 use crate::net::Stream;
 
@@ -42,7 +43,7 @@ impl Socket {
 const BATCH: usize = 64;
 
 struct Parked {
-    session: Box<Session>,
+    session: Box<Dormant>,
     admission: Admission,
     socket: Socket,
     deadline: Option<Instant>,
@@ -112,13 +113,18 @@ pub(super) fn park(mut session: Box<Session>, admission: Admission) -> Outcome {
     let Some(lot) = LOT.with(|l| l.borrow().clone()).or_else(Lot::start) else {
         return Outcome::Back(session, admission);
     };
-    let socket = match std::mem::replace(&mut session.client.stream, Stream::Detached) {
+    if !matches!(session.client.stream, Stream::Tcp(_) | Stream::Unix(_)) {
+        return Outcome::Back(session, admission);
+    }
+    let deadline = session.idle_deadline();
+    let (session, stream) = match session.into_dormant() {
+        Ok(s) => s,
+        Err(session) => return Outcome::Back(session, admission),
+    };
+    let socket = match stream {
         Stream::Tcp(s) => s.into_std().map(Socket::Tcp),
         Stream::Unix(s) => s.into_std().map(Socket::Unix),
-        other => {
-            session.client.stream = other;
-            return Outcome::Back(session, admission);
-        }
+        other => return Outcome::Back(session.wake(other), admission),
     };
     let socket = match socket {
         Ok(s) => s,
@@ -127,13 +133,11 @@ pub(super) fn park(mut session: Box<Session>, admission: Admission) -> Outcome {
             return Outcome::Gone;
         }
     };
-    let deadline = session.idle_deadline();
     // From here a wake-up of the handle (KILL, a move, the drain) reaches the lot, naming the
     // session; the full task that resumes it registers its own waker again. One that came just
     // before is seen by its flag, once the session is in the lot.
     let token = lot.next.fetch_add(1, Ordering::Relaxed);
     let handle = session.handle.clone();
-    session.waker = None;
     handle.wake.hand_to(Waker::from(Arc::new(Kick { lot: Arc::downgrade(&lot), token })));
     let mut i = lot.inner.lock();
     let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, u64: token };
@@ -162,18 +166,15 @@ pub(super) fn park(mut session: Box<Session>, admission: Admission) -> Outcome {
     Outcome::Parked
 }
 
-/// Puts the socket back into the session, registered with the reactor again (None: it could not
+/// Wakes the session with its socket, registered with the reactor again (None: it could not
 /// be, and the session ends).
-fn resume_socket(mut session: Box<Session>, socket: Socket) -> Option<Box<Session>> {
+fn resume_socket(session: Box<Dormant>, socket: Socket) -> Option<Box<Session>> {
     let stream = match socket {
         Socket::Tcp(s) => tokio::net::TcpStream::from_std(s).map(Stream::Tcp),
         Socket::Unix(s) => tokio::net::UnixStream::from_std(s).map(Stream::Unix),
     };
     match stream {
-        Ok(s) => {
-            session.client.stream = s;
-            Some(session)
-        }
+        Ok(s) => Some(session.wake(s)),
         Err(e) => {
             tracing::info!(session = session.handle.id, error = %e, "could not resume a parked session's socket");
             None
@@ -232,7 +233,7 @@ impl Lot {
             for p in out {
                 let _ = libc_del(&self.epoll, &p.socket);
                 let Parked { session, admission, socket, .. } = p;
-                super::idle::unparked(&session);
+                super::idle::unparked(&session.handle, &session.ctx);
                 if let Some(session) = resume_socket(session, socket) {
                     super::idle::resume(session, admission);
                 }

@@ -38,8 +38,8 @@ pub struct Session {
     pub(super) guard: BackendGuard,
     pub(super) tracker: ResponseTracker,
     pub(super) state: SessionState,
-    client_caps: u32,
-    backend_caps: u32,
+    pub(super) client_caps: u32,
+    pub(super) backend_caps: u32,
     pub(super) mariadb: bool,
     pub(super) credential: Option<Credential>,
     /// The scramble of sluice's greeting (COM_CHANGE_USER replies are computed over it).
