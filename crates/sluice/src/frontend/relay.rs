@@ -123,12 +123,18 @@ pub(crate) enum Flow {
     Close,
 }
 
+/// The tracker of a session's responses: what it follows depends on the capabilities the
+/// client and the backend agreed to, and whether the backend is MariaDB.
+pub(super) fn tracker(client_caps: u32, backend_caps: u32, mariadb: bool) -> ResponseTracker {
+    use sluice_proto::consts::cap;
+    let deprecate_eof = backend_caps & cap::DEPRECATE_EOF != 0;
+    let session_track = backend_caps & cap::SESSION_TRACK != 0;
+    let client_track = client_caps & cap::SESSION_TRACK != 0;
+    ResponseTracker::new(deprecate_eof, session_track).strip_session_track(!client_track, mariadb)
+}
+
 impl Session {
     pub fn new(ctx: Arc<Ctx>, handle: Arc<SessionHandle>, l: LoggedIn, multiplex: bool) -> Session {
-        use sluice_proto::consts::cap;
-        let deprecate_eof = l.backend_caps & cap::DEPRECATE_EOF != 0;
-        let session_track = l.backend_caps & cap::SESSION_TRACK != 0;
-        let client_track = l.client_caps & cap::SESSION_TRACK != 0;
         let config = ctx.config.get();
         let mut client = ClientConn::new(l.client, l.compression);
         client.write_timeout = config.proxy.client_write_timeout;
@@ -149,7 +155,7 @@ impl Session {
             client,
             backend: l.backend,
             guard: l.guard,
-            tracker: ResponseTracker::new(deprecate_eof, session_track).strip_session_track(!client_track, l.mariadb),
+            tracker: tracker(l.client_caps, l.backend_caps, l.mariadb),
             state,
             client_caps: l.client_caps,
             backend_caps: l.backend_caps,
