@@ -136,9 +136,11 @@ def multiplex(med, args, lines):
               f"MariaDB, through HAProxy (one backend connection per client) and through sluice in users mode with "
               f"`multiplex = true` and `max_backend_connections = {cap}`. Backend connections (MariaDB's "
               "Threads_connected, health checks included) and proxy memory per client are sampled halfway "
-              "through the run. Server µs/query is the MariaDB server's CPU per query (where it was measured).", "",
+              "through the run. CPU per query of each process on the machine: the proxy, the MariaDB server (where "
+              "it was measured) and sysbench (the client); all three share its cores, so the total sets the QPS.", "",
               "| workload | clients | target | QPS | vs direct | vs HAProxy | p95 ms | errors | backend connections "
-              "| proxy µs/query | server µs/query | proxy KB per client |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| proxy µs/query | server µs/query | client µs/query | total µs/query | proxy KB per client |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in args.workloads[:2]:
         for c in getattr(args, "mux_clients", []):
             base = f"multiplex/{w}/{c}"
@@ -151,8 +153,22 @@ def multiplex(med, args, lines):
                 lines.append(f"| {w} | {c} | {x} | {f(q)} | {f(ratio(q, direct), 2)} | {f(ratio(q, haproxy), 2)} "
                              f"| {f(get(med, k, 'p95_ms'), 2)} | {f(get(med, k, 'errors'))} | {f(get(med, k, 'backend_threads'))} "
                              f"| {f(get(med, k, 'proxy_cpu_us_per_query'), 1)} | {f(get(med, k, 'server_cpu_us_per_query'), 1)} "
-                             f"| {f(get(med, k, 'kb_per_client'), 2)} |")
+                             f"| {f(client_us(med, k), 1)} | {f(total_us(med, k), 1)} | {f(get(med, k, 'kb_per_client'), 2)} |")
     lines.append("")
+
+
+def client_us(med, k):
+    """sysbench's CPU per query (µs) in cell `k`."""
+    pct, qps = get(med, k, "client_cpu_pct"), get(med, k, "qps")
+    return None if pct is None or not qps else 1e4 * pct / qps
+
+
+def total_us(med, k):
+    """The CPU per query of the proxy, the server and the client together (None: one is unknown)."""
+    server, client = get(med, k, "server_cpu_us_per_query"), client_us(med, k)
+    if server is None or client is None:
+        return None
+    return server + client + (get(med, k, "proxy_cpu_us_per_query") or 0.0)
 
 
 def split(med, args, lines):
@@ -408,6 +424,10 @@ def mux_why(med, k):
     direct, through = get(med, f"{k}/direct", "server_cpu_us_per_query"), get(med, f"{k}/sluice-mux", "server_cpu_us_per_query")
     if direct is not None and through is not None:
         why += f"; the server {direct:.1f} µs per query direct, {through:.1f} through sluice"
+    direct, through = total_us(med, f"{k}/direct"), total_us(med, f"{k}/sluice-mux")
+    if direct is not None and through is not None:
+        why += (f"; proxy, server and client together {direct:.1f} µs per query direct, {through:.1f} through sluice "
+                f"(sysbench {client_us(med, f'{k}/direct'):.1f} and {client_us(med, f'{k}/sluice-mux'):.1f})")
     return why
 
 
