@@ -297,7 +297,7 @@ impl Session {
         done.init_db = (cmd == com::INIT_DB).then(|| String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into_owned());
         // COM_SET_OPTION: 0 turns multi-statements on, 1 off.
         done.multi_option = (cmd == com::SET_OPTION).then(|| self.client.rbuf.get(HEADER + 1) == Some(&0));
-        self.before_command(cmd, stmt_id);
+        done.changed = self.before_command(cmd, stmt_id);
         let started = mono_ns();
         // Causal reads: the wait for the session's last write goes first, in the same round trip.
         let causal = if self.causal_due() { Box::pin(self.send_causal_wait(HEADER + h.len)).await? } else { None };
@@ -327,7 +327,7 @@ impl Session {
         });
         let done = Done {
             error: sink.error,
-            changed: sink.changed,
+            changed: sink.changed || done.changed,
             prepared_id: sink.prepared_id,
             warnings: sink.warnings,
             reported: sink.reported,
@@ -453,7 +453,10 @@ impl Session {
         let mut later = Later { close: done.prepared_id.and_then(|id| self.prepared_here(id)), track: false };
         let warnings = if done.warnings > 0 { crate::session::WARNINGS } else { 0 };
         let row_count = if self.state.reads_row_count { sluice_proto::sql::hazard::ROW_COUNT } else { 0 };
-        self.state.pin_next = done.next_pins | warnings | row_count;
+        let pin_next = done.next_pins | warnings | row_count;
+        // (A pin for the next statement only, begun or ended, is shown too.)
+        let pins_changed = pin_next != self.state.pin_next;
+        self.state.pin_next = pin_next;
         if let (Some(db), None) = (done.init_db, error) {
             self.state.schema = Some(db.into());
         }
@@ -478,7 +481,7 @@ impl Session {
             // The reset also put the backend's variable tracking back to its default.
             later.track = true;
         }
-        if self.after_command(cmd, error.is_none()) || done.changed || sql_prepared {
+        if self.after_command(cmd, error.is_none()) || done.changed || sql_prepared || pins_changed {
             self.handle.publish(&self.state);
         } else {
             self.handle.publish_status(self.state.status);
@@ -506,18 +509,17 @@ impl Session {
         Ok(Flow::Continue)
     }
 
-    /// State changes known from the command itself.
-    fn before_command(&mut self, cmd: u8, stmt_id: Option<u32>) {
+    /// State changes known from the command itself; true when one ends a pin (an execute or
+    /// reset ends the statement's long data and cursor), which the session then publishes.
+    fn before_command(&mut self, cmd: u8, stmt_id: Option<u32>) -> bool {
         let prepared = stmt_id.and_then(|id| self.state.prepared.get_mut(&id));
         match (cmd, prepared) {
             (com::STMT_SEND_LONG_DATA, Some(p)) => p.long_data = true,
-            (com::STMT_EXECUTE, Some(p)) => {
+            (com::STMT_EXECUTE | com::STMT_RESET, Some(p)) => {
+                let pinned = p.long_data || p.cursor;
                 p.long_data = false;
                 p.cursor = false;
-            }
-            (com::STMT_RESET, Some(p)) => {
-                p.long_data = false;
-                p.cursor = false;
+                return pinned;
             }
             (com::STMT_CLOSE, Some(_)) => {
                 if let Some(id) = stmt_id {
@@ -526,6 +528,7 @@ impl Session {
             }
             _ => {}
         }
+        false
     }
 
     /// State changes that take effect when the command succeeded. Returns whether state changed.
