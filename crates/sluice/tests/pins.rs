@@ -57,10 +57,14 @@ async fn assert_held(s: &SluiceProc, pin: &str, other: &mut Conn) {
     assert!(!gets_through(other).await, "{pin} holds the one connection");
 }
 
-/// Asserts that no pin is left (once the session has published its state) and `other` gets
-/// through.
+/// Asserts that no pin is left and the connection was given back (once the session has
+/// passed its safe point), and that `other` gets through.
 async fn assert_released(s: &SluiceProc, other: &mut Conn) {
-    assert!(try_wait_for(|| pins(s).is_empty()), "no pin is left: {:?}", pins(s));
+    let free = || {
+        let all = json(&admin_get(s, "/sessions", None).1);
+        all.as_array().unwrap().iter().all(|x| x["pins"].as_array().unwrap().is_empty() && x["backend_thread_id"].is_null())
+    };
+    assert!(try_wait_for(free), "no pin is left: {:?}", pins(s));
     assert!(gets_through(other).await, "the connection is free again");
 }
 
