@@ -46,9 +46,20 @@ def log(msg):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n):
+    """n distinct free loopback ports: held open together while they are picked (two ports
+    picked one after the other may be the same one)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def wait_port(port, proc, timeout=60):
@@ -225,10 +236,9 @@ listen mysql
 
     def start_sluice_users(self, name, workers, root, proxy, backends):
         """sluice in users mode (user sbtest) with the given configuration pieces."""
-        port = free_port()
+        port, admin = free_ports(2)
         sock = WORK / f"{name}.sock"
         cfg = WORK / f"{name}.toml"
-        admin = free_port()
         cfg.write_text(root + f"""[[listeners]]
 address = "127.0.0.1:{port}"
 [[listeners]]

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.dont_write_bytecode = True  # no bench/__pycache__ from importing bench.py
 import report  # noqa: E402
-from bench import ROOT, free_port, prepare_tables, proc_rss_kb, sockets_by_port, wait_port  # noqa: E402
+from bench import ROOT, free_ports, prepare_tables, proc_rss_kb, sockets_by_port, wait_port  # noqa: E402
 
 WORK = ROOT / "bench" / "work" / "soak"
 INTERVAL_RE = re.compile(r"\[ (\d+)s \] thds: \d+ tps: ([\d.]+) qps: ([\d.]+).*err/s: ([\d.]+) reconn/s: ([\d.]+)")
@@ -131,7 +131,7 @@ class Soak:
             prepare_tables(SimpleNamespace(args=self.args), b.port, socks[b.port], log_as=b.name)
 
     def start_sluice(self):
-        self.port, self.admin_port = free_port(), free_port()
+        self.port, self.admin_port = free_ports(2)
         cfg = ['[proxy]\nbalance = "least-connections"\n',
                f'[[listeners]]\naddress = "127.0.0.1:{self.port}"\nauth = "{self.args.auth}"\n',
                *(f'[[backends]]\naddress = "127.0.0.1:{b.port}"\nname = "{b.name}"\n' for b in self.backends),
