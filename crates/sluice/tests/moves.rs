@@ -222,10 +222,7 @@ fn a_moved_statement_gets_the_parameter_types_the_client_sent_once() {
             break r;
         }
     };
-    let mut prep = vec![sluice_proto::consts::com::STMT_PREPARE];
-    prep.extend_from_slice(b"SELECT ? + 1");
-    let ok = r.command(&prep);
-    let id = ok[0][1..5].to_vec();
+    let id = r.prepare("SELECT ? + 1").0.to_le_bytes().to_vec();
     let last_i64 = |packets: &[Vec<u8>]| {
         let row = packets.iter().find(|p| p.len() == 10 && p[0] == 0).expect("binary row");
         i64::from_le_bytes(row[2..10].try_into().unwrap())

@@ -12,18 +12,6 @@ fn mux(db: &MariaDb, proxy: &str) -> SluiceProc {
     TestConfig::new().proxy(&format!("workers = 1\nmultiplex = true\n{proxy}")).dbs(&[db]).app_users().start()
 }
 
-/// Connections the server has from user `app` now.
-fn app_threads(db: &MariaDb) -> usize {
-    db.sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'app'")
-        .trim()
-        .lines()
-        .last()
-        .unwrap_or("0")
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_sessions_share_two_connections_and_keep_their_own_state() {
     let db = MariaDb::start();

@@ -68,17 +68,16 @@ async fn assert_released(s: &SluiceProc, other: &mut Conn) {
     assert!(gets_through(other).await, "the connection is free again");
 }
 
-/// Connections the server has from user `app` now.
-fn app_threads(db: &MariaDb) -> usize {
-    db.sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'app'").trim().lines().last().unwrap().trim().parse().unwrap()
-}
-
-fn prepare(r: &mut Raw, sql: &str) -> u32 {
-    let mut p = vec![com::STMT_PREPARE];
-    p.extend_from_slice(sql.as_bytes());
-    let ok = &r.command(&p)[0];
-    assert_eq!(ok[0], 0, "PREPARE_OK expected, got {}", String::from_utf8_lossy(ok));
-    u32::from_le_bytes([ok[1], ok[2], ok[3], ok[4]])
+/// A server set up with `sql`, a sluice with one backend connection in front of it, and two
+/// sessions: `a`, which pins, and `b`, which waits while it does.
+async fn two_sessions(sql: &str) -> (MariaDb, SluiceProc, Conn, Conn) {
+    let db = MariaDb::start();
+    if !sql.is_empty() {
+        db.sql(sql);
+    }
+    let s = one_connection(&db);
+    let (a, b) = (app(&s).await, app(&s).await);
+    (db, s, a, b)
 }
 
 fn with_id(command: u8, id: u32) -> Vec<u8> {
@@ -94,7 +93,7 @@ async fn a_cursor_pins_until_its_last_row_is_fetched() {
     let s = one_connection(&db);
     let mut a = Raw::login(&s.listen, "app", "apppw", Some("c"));
     let mut b = app(&s).await;
-    let id = prepare(&mut a, "SELECT id FROM t ORDER BY id");
+    let (id, _, _) = a.prepare("SELECT id FROM t ORDER BY id");
     let mut ex = with_id(com::STMT_EXECUTE, id);
     ex.push(1); // CURSOR_TYPE_READ_ONLY
     ex.extend_from_slice(&1u32.to_le_bytes());
@@ -131,7 +130,7 @@ async fn long_data_pins_until_its_statement_executes() {
     let s = one_connection(&db);
     let mut a = Raw::login(&s.listen, "app", "apppw", Some("l"));
     let mut b = app(&s).await;
-    let id = prepare(&mut a, "UPDATE t SET b = ? WHERE id = 1");
+    let (id, _, _) = a.prepare("UPDATE t SET b = ? WHERE id = 1");
     for chunk in [&b"sent "[..], b"in pieces"] {
         let mut ld = with_id(com::STMT_SEND_LONG_DATA, id);
         ld.extend_from_slice(&0u16.to_le_bytes());
@@ -154,11 +153,7 @@ async fn long_data_pins_until_its_statement_executes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_pin_until_the_session_is_reset() {
-    let db = MariaDb::start();
-    db.sql("CREATE DATABASE k; CREATE TABLE k.t (id INT)");
-    let s = one_connection(&db);
-    let mut a = app(&s).await;
-    let mut b = app(&s).await;
+    let (db, s, mut a, mut b) = two_sessions("CREATE DATABASE k; CREATE TABLE k.t (id INT)").await;
     // A named lock belongs to the connection that took it.
     let got: Option<i64> = a.query_first("SELECT GET_LOCK('pins', 10)").await.unwrap();
     assert_eq!(got, Some(1));
@@ -181,11 +176,8 @@ async fn locks_pin_until_the_session_is_reset() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_handler_pins_until_the_session_is_reset() {
-    let db = MariaDb::start();
-    db.sql("CREATE DATABASE h; CREATE TABLE h.t (id INT PRIMARY KEY); INSERT INTO h.t VALUES (1), (2), (3)");
-    let s = one_connection(&db);
-    let mut a = app(&s).await;
-    let mut b = app(&s).await;
+    let (_db, s, mut a, mut b) =
+        two_sessions("CREATE DATABASE h; CREATE TABLE h.t (id INT PRIMARY KEY); INSERT INTO h.t VALUES (1), (2), (3)").await;
     a.query_drop("USE h").await.unwrap();
     a.query_drop("HANDLER t OPEN").await.unwrap();
     let first: Option<i64> = a.query_first("HANDLER t READ `PRIMARY` FIRST").await.unwrap();
@@ -202,11 +194,7 @@ async fn an_open_handler_pins_until_the_session_is_reset() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xa_pins_until_the_session_is_reset() {
-    let db = MariaDb::start();
-    db.sql("CREATE DATABASE x; CREATE TABLE x.t (id INT)");
-    let s = one_connection(&db);
-    let mut a = app(&s).await;
-    let mut b = app(&s).await;
+    let (db, s, mut a, mut b) = two_sessions("CREATE DATABASE x; CREATE TABLE x.t (id INT)").await;
     a.query_drop("XA START 'pins'").await.unwrap();
     a.query_drop("INSERT INTO x.t VALUES (1)").await.unwrap();
     a.query_drop("XA END 'pins'").await.unwrap();
@@ -222,11 +210,8 @@ async fn xa_pins_until_the_session_is_reset() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_transaction_pins_until_the_next_statement() {
-    let db = MariaDb::start();
-    db.sql("CREATE DATABASE st; CREATE TABLE st.t (id INT) ENGINE = InnoDB; INSERT INTO st.t VALUES (1)");
-    let s = one_connection(&db);
-    let mut a = app(&s).await;
-    let mut b = app(&s).await;
+    let (db, s, mut a, mut b) =
+        two_sessions("CREATE DATABASE st; CREATE TABLE st.t (id INT) ENGINE = InnoDB; INSERT INTO st.t VALUES (1)").await;
     a.query_drop("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE").await.unwrap();
     assert_held(&s, "set_transaction", &mut b).await;
     // The next transaction runs on that connection, at the level set for it.
@@ -245,10 +230,7 @@ async fn set_transaction_pins_until_the_next_statement() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_user_variables_than_are_read_back_pin_until_the_session_is_reset() {
-    let db = MariaDb::start();
-    let s = one_connection(&db);
-    let mut a = app(&s).await;
-    let mut b = app(&s).await;
+    let (_db, s, mut a, mut b) = two_sessions("").await;
     // Up to 64 variables follow the session (`multiplex.rs`); one more and it stays put.
     let set = (1..=65).map(|i| format!("@v{i} = {i}")).collect::<Vec<_>>().join(", ");
     a.query_drop(format!("SET {set}")).await.unwrap();

@@ -153,12 +153,6 @@ async fn statistics_field_list_set_option_and_unknown_commands() {
     assert!(r.query("SELECT 1").iter().all(|p| err_code(p).is_none()));
 }
 
-/// COM_STMT_PREPARE's OK: (statement id, columns, params).
-fn prepare_ok(p: &[u8]) -> (u32, u16, u16) {
-    assert_eq!(p[0], 0, "PREPARE_OK expected, got {}", String::from_utf8_lossy(p));
-    (u32::from_le_bytes([p[1], p[2], p[3], p[4]]), u16::from_le_bytes([p[5], p[6]]), u16::from_le_bytes([p[7], p[8]]))
-}
-
 #[tokio::test]
 async fn cursors_fetch_and_long_data() {
     let s = shared_sluice();
@@ -169,9 +163,7 @@ async fn cursors_fetch_and_long_data() {
     r.query("INSERT INTO relay_cursor.t VALUES (1, NULL), (2, NULL), (3, NULL), (4, NULL), (5, NULL)");
 
     // Long data: the parameter is sent in pieces before the execute.
-    let mut p = vec![com::STMT_PREPARE];
-    p.extend_from_slice(b"UPDATE relay_cursor.t SET b = ? WHERE id = 1");
-    let (id, _, params) = prepare_ok(&r.command(&p)[0]);
+    let (id, _, params) = r.prepare("UPDATE relay_cursor.t SET b = ? WHERE id = 1");
     assert_eq!(params, 1);
     for chunk in [&b"hello "[..], b"long ", b"data"] {
         let mut ld = vec![com::STMT_SEND_LONG_DATA];
@@ -196,9 +188,7 @@ async fn cursors_fetch_and_long_data() {
     assert!(r.command(&close).is_empty());
 
     // A read-only cursor, fetched two rows at a time.
-    let mut p = vec![com::STMT_PREPARE];
-    p.extend_from_slice(b"SELECT id FROM relay_cursor.t ORDER BY id");
-    let (id, cols, _) = prepare_ok(&r.command(&p)[0]);
+    let (id, cols, _) = r.prepare("SELECT id FROM relay_cursor.t ORDER BY id");
     assert_eq!(cols, 1);
     let mut ex = vec![com::STMT_EXECUTE];
     ex.extend_from_slice(&id.to_le_bytes());

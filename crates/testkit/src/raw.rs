@@ -160,6 +160,15 @@ impl Raw {
         }
     }
 
+    /// COM_STMT_PREPARE of `sql`: (statement id, columns, params) from its PREPARE_OK.
+    pub fn prepare(&mut self, sql: &str) -> (u32, u16, u16) {
+        let mut p = vec![com::STMT_PREPARE];
+        p.extend_from_slice(sql.as_bytes());
+        let ok = &self.command(&p)[0];
+        assert_eq!(ok[0], 0, "PREPARE_OK expected, got {}", String::from_utf8_lossy(ok));
+        (u32::from_le_bytes([ok[1], ok[2], ok[3], ok[4]]), u16::from_le_bytes([ok[5], ok[6]]), u16::from_le_bytes([ok[7], ok[8]]))
+    }
+
     pub fn query(&mut self, sql: &str) -> Vec<Vec<u8>> {
         let mut p = vec![com::QUERY];
         p.extend_from_slice(sql.as_bytes());

@@ -190,6 +190,18 @@ pub async fn fresh_db(c: &mut Conn, name: &str) {
     c.query_drop(format!("USE {name}")).await.expect("use db");
 }
 
+/// Connections the server has from user `app` now.
+pub fn app_threads(db: &MariaDb) -> usize {
+    db.sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'app'")
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or("0")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 /// GET on the admin API; returns (status, body).
 pub fn admin_get(s: &SluiceProc, path: &str, token: Option<&str>) -> (u16, String) {
     admin_request(s, "GET", path, token)
