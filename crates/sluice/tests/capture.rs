@@ -98,6 +98,10 @@ async fn a_capture_records_sessions_commands_and_results_and_no_password() {
     during.query_drop("SELECT * FROM capture1.nope").await.expect_err("no such table");
     during.query_drop("CREATE USER IF NOT EXISTS capture_user IDENTIFIED BY 'sekrit-pw-123'").await.unwrap();
     during.query_drop("DROP USER capture_user").await.unwrap();
+    // A prepared statement that may carry a password: its executes are kept without parameters.
+    let hashed: Option<String> = during.exec_first("SELECT PASSWORD(?)", ("sekrit-pw-456",)).await.unwrap();
+    assert!(hashed.is_some());
+    during.query_drop("SELECT SLEEP(0.05)").await.unwrap();
     during.disconnect().await.unwrap();
     wait_for("the session ended", || json(&admin_get(&s, "/sessions", None).1).as_array().unwrap().len() == 2);
 
@@ -133,6 +137,20 @@ async fn a_capture_records_sessions_commands_and_results_and_no_password() {
     let create = cmds.iter().find(|c| c.1 & flag::REDACTED != 0).expect("the CREATE USER is redacted");
     assert_eq!(create.0, query("create user if not exists capture_user identified by ?"));
     assert_eq!(create.2.unwrap().error, 0);
+    let execute = cmds.iter().find(|c| c.0[0] == com::STMT_EXECUTE).expect("the execute");
+    assert_eq!((execute.0.len(), execute.1 & flag::REDACTED), (5, flag::REDACTED), "an execute of a statement that may carry a password");
+    assert_eq!(execute.2.unwrap().rows, 1);
+    // Latency: from the command's forwarding to the end of its response (the server slept 50 ms).
+    let sleep = cmds.iter().find(|c| c.0 == query("SELECT SLEEP(0.05)")).and_then(|c| c.2).unwrap();
+    assert!(sleep.latency_us >= 50_000, "{sleep:?}");
+    let times: Vec<u64> = all
+        .iter()
+        .filter_map(|r| match r {
+            Record::Command { session, at_us, .. } if *session == during_id => Some(*at_us),
+            _ => None,
+        })
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "a session's commands in the order of their times: {times:?}");
     for r in &all {
         assert!(!format!("{r:?}").contains("sekrit"), "a password reached the capture: {r:?}");
     }

@@ -6,7 +6,7 @@
 //! lock no other worker takes but the writer, now and then); a full buffer goes to the writer
 //! thread over a bounded queue, and when the queue is full its records are dropped and counted:
 //! the relay never waits for compression or the disk. The writer (`writer.rs`) compresses each
-//! buffer into a chunk of its worker's file, rotates files by size, and keeps `meta.json`.
+//! buffer into a chunk of its worker's file, rotates files by size, and writes `meta.json`.
 
 pub mod files;
 pub mod inspect;
@@ -115,11 +115,14 @@ pub struct Status {
     pub sluice_version: String,
 }
 
-/// What a record counts as.
+/// What [`Capture::append`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// A session's state when first seen.
     Begin,
+    /// A command and its result: two records.
     Command,
+    /// Any other record.
     Other,
 }
 
@@ -250,9 +253,9 @@ impl Capture {
         self.inner.open()
     }
 
-    /// Microseconds since the capture started.
-    pub fn at_us(&self) -> u64 {
-        crate::metrics::mono_ns().saturating_sub(self.inner.t0_ns.load(Ordering::Relaxed)) / 1000
+    /// Microseconds from the capture's start to `now_ns` (`metrics::mono_ns`).
+    pub fn at_us(&self, now_ns: u64) -> u64 {
+        now_ns.saturating_sub(self.inner.t0_ns.load(Ordering::Relaxed)) / 1000
     }
 
     /// Whether capture `generation` takes session `id` of `user`, in `schema` now: its filters
@@ -284,9 +287,10 @@ impl Capture {
         let before = shard.buf.len();
         write(&mut shard.buf);
         let written = (shard.buf.len() - before) as u64;
-        shard.records += 1;
+        let records = if kind == Kind::Command { 2 } else { 1 };
+        shard.records += records;
         let c = &mut shard.counts;
-        c.records += 1;
+        c.records += records;
         c.bytes_raw += written;
         match kind {
             Kind::Begin => c.sessions += 1,

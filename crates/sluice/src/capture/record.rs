@@ -10,7 +10,9 @@
 //!   before its first command, whether the session opened before the capture started or during it.
 //! - `Command`: a command as the client sent it (its payload: command byte and body), numbered
 //!   from 1 per session, so that a gap (a dropped chunk) is seen.
-//! - `Result`: the summary of its response, with the same number.
+//! - `Result`: the summary of its response, with the same number. A session writes a command
+//!   and its result together, once the response is through; the command's time is when it was
+//!   forwarded to the server.
 //! - `End`: the session ended.
 
 /// The first bytes of every capture file.
@@ -70,7 +72,8 @@ pub struct Summary {
     pub ordered: u64,
     /// A checksum of the rows in any order (for reads without ORDER BY).
     pub unordered: u64,
-    /// From the command's arrival to the end of its response.
+    /// From the command's forwarding to the server to the end of its response, as a replay
+    /// measures it (0 when sluice answered the command itself).
     pub latency_us: u64,
     /// The id a COM_STMT_PREPARE gave the client (0 for other commands).
     pub stmt_id: u32,

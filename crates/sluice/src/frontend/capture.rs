@@ -26,7 +26,16 @@ pub(super) struct Mark {
     number: u64,
     /// A command is recorded and its result is not yet.
     pending: bool,
+    /// The recorded command: its flags, its whole length and its payload as recorded. Its
+    /// record is written with its result's, once it is through (one lock of the worker's
+    /// buffer per command, and the relay's clock readings: none of its own).
+    flags: u8,
+    len: u64,
+    payload: Vec<u8>,
+    /// When the relay forwarded it and when its response ended (`mono_ns`); 0 when sluice
+    /// answered it itself.
     started_ns: u64,
+    ended_ns: u64,
     summary: Summary,
     /// The row sums, lent to each recorded command's response (one allocation per session).
     sums: Option<Box<RowSums>>,
@@ -76,41 +85,32 @@ impl Session {
         let Some(body) = self.client.rbuf.get(HEADER..HEADER + h.len.min(INSPECT_LIMIT)).filter(|b| !b.is_empty()) else {
             return false;
         };
-        let mut flags = if whole { 0 } else { flag::TRUNCATED };
-        let mut kept = Vec::new();
-        let payload: &[u8] = match cmd {
+        let secret_execute = matches!(cmd, com::STMT_EXECUTE | com::STMT_SEND_LONG_DATA) && self.executes_secret(body);
+        let mark = self.capture.as_mut().expect("checked above");
+        let out = &mut mark.payload;
+        out.clear();
+        mark.flags = if whole { 0 } else { flag::TRUNCATED };
+        match cmd {
             com::CHANGE_USER => {
-                flags |= flag::CHANGE_USER;
-                let user = body[1..].split(|&b| b == 0).next().unwrap_or_default();
-                kept.push(cmd);
-                kept.extend_from_slice(user);
-                &kept
+                mark.flags |= flag::CHANGE_USER;
+                out.push(cmd);
+                out.extend_from_slice(body[1..].split(|&b| b == 0).next().unwrap_or_default());
             }
             com::QUERY | com::STMT_PREPARE if sluice_proto::sql::carries_secret(&body[1..]) => {
-                flags |= flag::REDACTED;
-                kept.push(cmd);
-                sluice_proto::digest::normalize(&body[1..], &mut kept, usize::MAX);
-                &kept
+                mark.flags |= flag::REDACTED;
+                out.push(cmd);
+                sluice_proto::digest::normalize(&body[1..], out, usize::MAX);
             }
-            com::STMT_EXECUTE | com::STMT_SEND_LONG_DATA if self.executes_secret(body) => {
-                flags |= flag::REDACTED;
-                &body[..5]
+            _ if secret_execute => {
+                mark.flags |= flag::REDACTED;
+                out.extend_from_slice(&body[..5]);
             }
-            _ => body,
-        };
-        let (session, at_us) = (u64::from(self.handle.id), self.ctx.capture.at_us());
-        let len = h.len as u64;
-        if !self
-            .ctx
-            .capture
-            .append(worker(), generation, Kind::Command, |out| record::put_command(out, session, at_us, number, flags, len, payload))
-        {
-            return false;
+            _ => out.extend_from_slice(body),
         }
-        let mark = self.capture.as_mut().expect("checked above");
+        mark.len = h.len as u64;
         mark.number = number;
         mark.pending = true;
-        mark.started_ns = mono_ns();
+        (mark.started_ns, mark.ended_ns) = (0, 0);
         mark.summary = Summary::default();
         true
     }
@@ -118,7 +118,7 @@ impl Session {
     /// Whether the statement an execute (or its long data) names was recorded redacted.
     fn executes_secret(&self, body: &[u8]) -> bool {
         let Some(id) = body.get(1..5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])) else { return false };
-        self.state.prepared.get(&id).is_some_and(|p| sluice_proto::sql::carries_secret(p.sql.as_bytes()))
+        self.state.prepared.get(&id).is_some_and(|p| p.secret)
     }
 
     /// The session's state as the capture first sees it; false when the capture ended.
@@ -141,7 +141,7 @@ impl Session {
             user_variables: pairs(&s.user_variables),
             backend: self.guard.name.clone(),
         };
-        let (session, at_us) = (u64::from(self.handle.id), self.ctx.capture.at_us());
+        let (session, at_us) = (u64::from(self.handle.id), self.ctx.capture.at_us(mono_ns()));
         self.ctx.capture.append(worker(), generation, Kind::Begin, |out| record::put_begin(out, session, at_us, &begin))
     }
 
@@ -150,9 +150,11 @@ impl Session {
         self.capture.as_mut().and_then(|m| m.sums.take()).unwrap_or_default()
     }
 
-    /// Notes what the response to the recorded command was.
-    pub(super) fn capture_response(&mut self, r: Response) {
+    /// Notes what the response to the recorded command was: the relay forwarded the command
+    /// at `started_ns` and the response ended at `ended_ns` (`mono_ns`).
+    pub(super) fn capture_response(&mut self, r: Response, started_ns: u64, ended_ns: u64) {
         if let Some(m) = self.capture.as_mut().filter(|m| m.pending) {
+            (m.started_ns, m.ended_ns) = (started_ns, ended_ns);
             let (ordered, unordered) = match r.sums {
                 Some(mut s) => {
                     let sums = s.finish();
@@ -173,20 +175,28 @@ impl Session {
         }
     }
 
-    /// Writes the recorded command's result, once the command is through.
+    /// Writes the recorded command and its result, once the command is through.
     pub(super) fn capture_result(&mut self) {
         let Some(m) = self.capture.as_mut().filter(|m| m.pending) else { return };
         m.pending = false;
-        m.summary.latency_us = mono_ns().saturating_sub(m.started_ns) / 1000;
-        let (session, number, summary) = (u64::from(self.handle.id), m.number, m.summary);
-        self.ctx.capture.append(worker(), m.generation, Kind::Other, |out| record::put_result(out, session, number, &summary));
+        if m.started_ns == 0 {
+            // (Answered by sluice: no time at the server.)
+            (m.started_ns, m.ended_ns) = (mono_ns(), 0);
+        }
+        m.summary.latency_us = m.ended_ns.saturating_sub(m.started_ns) / 1000;
+        let (session, number, at_us) = (u64::from(self.handle.id), m.number, self.ctx.capture.at_us(m.started_ns));
+        let m = &**m;
+        self.ctx.capture.append(worker(), m.generation, Kind::Command, |out| {
+            record::put_command(out, session, at_us, number, m.flags, m.len, &m.payload);
+            record::put_result(out, session, number, &m.summary);
+        });
     }
 
     /// The session ends: recorded when the capture took it.
     pub(super) fn capture_end(&mut self) {
         self.capture_result();
         if let Some(m) = self.capture.as_ref().filter(|m| m.on) {
-            let (session, at_us) = (u64::from(self.handle.id), self.ctx.capture.at_us());
+            let (session, at_us) = (u64::from(self.handle.id), self.ctx.capture.at_us(mono_ns()));
             self.ctx.capture.append(worker(), m.generation, Kind::Other, |out| record::put_end(out, session, at_us));
         }
     }

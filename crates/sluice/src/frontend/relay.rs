@@ -333,10 +333,10 @@ impl Session {
             reported: sink.reported,
             ..done
         };
-        if let Some(r) = response {
-            self.capture_response(r);
-        }
         let now = mono_ns();
+        if let Some(r) = response {
+            self.capture_response(r, started, now);
+        }
         self.note_outcome(&seen, Outcome { at: now, nanos: now.saturating_sub(started), rows, error: done.error.is_some() });
         if let (Some(packets), None, false) = (captured, done.error, done.reported.state_changed) {
             self.keep_answer(&seen, packets, rows);

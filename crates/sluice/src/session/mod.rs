@@ -50,6 +50,10 @@ pub struct Prepared {
     /// Where the read/write split runs it (`sluice_proto::rw::classify` of its text, once).
     #[serde(skip)]
     pub class: sluice_proto::rw::Class,
+    /// Its text may carry a password (`sluice_proto::sql::carries_secret`, once): a capture
+    /// records its executes without their parameters.
+    #[serde(skip)]
+    pub secret: bool,
 }
 
 /// Why a session cannot leave its backend connection right now.
@@ -440,6 +444,7 @@ impl Sink for StateSink<'_> {
         // (Only a session that may change connections acts on them.)
         let hazards = if self.state.passthrough { 0 } else { sluice_proto::sql::hazards(sql.as_bytes()) };
         let class = sluice_proto::rw::classify(sql.as_bytes());
+        let secret = sluice_proto::sql::carries_secret(sql.as_bytes());
         let p = Prepared {
             backend_id: id,
             sql,
@@ -452,6 +457,7 @@ impl Sink for StateSink<'_> {
             conn_gen: self.conn_gen,
             hazards,
             class,
+            secret,
         };
         self.state.prepared.insert(client_id, p);
         self.prepared_id = Some(client_id);

@@ -93,6 +93,7 @@ impl From<StateParcel> for SessionState {
             .into_iter()
             .map(|(id, s)| {
                 let class = sluice_proto::rw::classify(s.sql.as_bytes());
+                let secret = sluice_proto::sql::carries_secret(s.sql.as_bytes());
                 let s = Prepared {
                     backend_id: s.backend_id,
                     sql: s.sql,
@@ -105,6 +106,7 @@ impl From<StateParcel> for SessionState {
                     conn_gen: s.conn_gen,
                     hazards: s.hazards,
                     class,
+                    secret,
                 };
                 (id, s)
             })
@@ -161,6 +163,7 @@ mod tests {
             conn_gen: 2,
             hazards: 1,
             class: sluice_proto::rw::classify(b"INSERT INTO t VALUES (?)"),
+            secret: false,
         };
         s.prepared.insert(11, p);
         let text = serde_json::to_vec(&StateParcel::from(&s)).unwrap();
