@@ -10,8 +10,9 @@ PNG charts to bench/results/<name>/. Every cell is the median of --rounds rounds
     python3 bench/bench.py --suites basic --threads 8,32 --duration 20 --rounds 3
 
 It provisions what it needs: apt packages (sysbench, haproxy, mariadb-server) through
-scripts/setup.sh, a local MariaDB through the sluice-mariadb helper, the sbtest tables, a
-release build of sluice, and matplotlib for the charts.
+scripts/setup.sh, a local MariaDB through the sluice-mariadb helper (with a buffer pool that
+holds the sbtest tables and a redo log that does not stall writes on checkpoints:
+--server-options), the sbtest tables, a release build of sluice, and matplotlib for the charts.
 """
 
 import argparse
@@ -149,7 +150,8 @@ class Env:
         return p
 
     def start_backend(self):
-        p = self.spawn([str(ROOT / "target/release/sluice-mariadb"), "--count", "1", "--dir", str(WORK / "mariadb")],
+        options = [a for o in self.args.server_options.split() for a in ("--server-option", o)]
+        p = self.spawn([str(ROOT / "target/release/sluice-mariadb"), "--count", "1", "--dir", str(WORK / "mariadb")] + options,
                        "mariadb.log", stdout=subprocess.PIPE)
         addr = p.stdout.readline().strip()
         if not addr:
@@ -440,6 +442,10 @@ def parse_args():
     p.add_argument("--split-threads", default="8,64,256", help="client threads of the split suite")
     p.add_argument("--capture-threads", default="20,50,100", help="client threads of the capture suite")
     p.add_argument("--capture-phase", type=int, default=5, help="seconds between switches of capture in its suite's runs")
+    p.add_argument("--server-options", default="--innodb-buffer-pool-size=1G --innodb-log-file-size=512M",
+                   help="options of the benchmarks' MariaDB server beyond the tests' (its data in memory, and a redo log "
+                        "that does not stall writes on checkpoints)")
+    p.add_argument("--capture-dir", default=None, help="where the capture suite's captures go (default: the work directory)")
     p.add_argument("--capture-phases", type=int, default=12, help="phases of each capture suite run (off and on in turn)")
     p.add_argument("--drain-sessions", default="16,1000", help="idle sessions moved by a drain in the drain suite")
     p.add_argument("--steal-limit", type=float, default=5.0,

@@ -12,6 +12,7 @@ phase starts while all sessions are open (each is recorded with its state first)
 rate and size are their sum; the last one is then replayed against the server."""
 
 import os
+from pathlib import Path
 import re
 import subprocess
 import threading
@@ -49,14 +50,15 @@ def measure(env, cell, target, args, admin, replay):
             captures.append(admin(t, "/capture/stop", {}))
         cap_dir = None
         if on:
-            cap_dir = last_dir = env.work / f"capture-{cell.threads}-{time.time_ns()}"
+            cap_dir = last_dir = Path(args.capture_dir or env.work) / f"capture-{cell.threads}-{time.time_ns()}"
             admin(t, "/capture/start", {"dir": str(cap_dir)})
         # The phase is measured from its second second to its end (sysbench's samples (i+1)*phase+2
         # to (i+2)*phase, after the warm-up), the proxy's CPU over the same span.
         sleep_until(t0 + i * phase + 1.0)
-        cpu0 = env.cpu_seconds(t.pid)
+        c0 = cpu_now(env, t.pid, p.pid)
         sleep_until(t0 + (i + 1) * phase)
-        windows.append((on, (i + 1) * phase + 2, (i + 2) * phase, env.cpu_seconds(t.pid) - cpu0))
+        used = [b - a for a, b in zip(c0, cpu_now(env, t.pid, p.pid))]
+        windows.append((on, (i + 1) * phase + 2, (i + 2) * phase, used))
     if cap_dir is not None:
         captures.append(admin(t, "/capture/stop", {}))
     reader.join()
@@ -86,23 +88,32 @@ def measure(env, cell, target, args, admin, replay):
             "machine_steal_pct": steal, "halves": halves}
 
 
+def cpu_now(env, proxy, sysbench):
+    """CPU seconds so far of the proxy, the server and sysbench; busy and all jiffies of the machine."""
+    busy, _, total = env.machine_cpu()
+    return env.cpu_seconds(proxy), env.server_cpu() or 0.0, env.cpu_seconds(sysbench), busy, total
+
+
 def half(windows, samples, on, errors):
     """The figures of the seconds of one kind (capture on, or off)."""
-    qps, p95, cpu, queries = [], [], 0.0, 0.0
+    qps, p95, queries = [], [], 0.0
+    cpu = [0.0] * 5
     for kind, first, last, used in windows:
         if kind != on:
             continue
         got = [samples[n] for n in range(first, last + 1) if n in samples]
         qps += [q for q, _ in got]
         p95 += [l for _, l in got]
-        cpu += used
+        cpu = [a + b for a, b in zip(cpu, used)]
         queries += sum(q for q, _ in got)
     if not qps:
         raise RuntimeError("sysbench reported no one-second samples")
     seconds = len(qps)
     p95.sort()
     return {"qps": sum(qps) / seconds, "min_qps": min(qps), "samples": seconds, "qps_samples": qps, "p95_ms": p95[len(p95) // 2],
-            "proxy_cpu_pct": 100.0 * cpu / seconds, "proxy_cpu_us_per_query": 1e6 * cpu / max(queries, 1), "errors": errors}
+            "proxy_cpu_pct": 100.0 * cpu[0] / seconds, "proxy_cpu_us_per_query": 1e6 * cpu[0] / max(queries, 1),
+            "server_cpu_us_per_query": 1e6 * cpu[1] / max(queries, 1), "sysbench_cpu_us_per_query": 1e6 * cpu[2] / max(queries, 1),
+            "machine_busy_pct": 100.0 * cpu[3] / max(cpu[4], 1), "errors": errors}
 
 
 def sleep_until(at):

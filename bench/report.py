@@ -465,8 +465,11 @@ def capture_why(med, off, on, args):
         return ""
     changes = ", ".join(f"{100 * (b / a - 1):+.1f}%".replace("-", "−") for a, b in pairs)
     cpu = ratio(get(med, on, "proxy_cpu_us_per_query"), get(med, off, "proxy_cpu_us_per_query"))
+    others = [(name, ratio(get(med, on, k), get(med, off, k)))
+              for name, k in (("MariaDB's", "server_cpu_us_per_query"), ("sysbench's", "sysbench_cpu_us_per_query"))]
+    others = "".join(f", {name} {r:.2f}x" for name, r in others if r is not None)
     stalls = (get(med, off, "stalled_seconds"), get(med, on, "stalled_seconds"))
-    return (f"QPS change per round {changes}" + ("" if cpu is None else f"; sluice's CPU per query {cpu:.2f}x with capture")
+    return (f"QPS change per round {changes}" + ("" if cpu is None else f"; sluice's CPU per query {cpu:.2f}x with capture{others}")
             + ("; rounds that differ this much cannot resolve 1%" if args.capture_phase is None else "")
             + (f"; seconds under half their round's median QPS, off {stalls[0]:.0f}, on {stalls[1]:.0f}"
                if any(stalls) else ""))
@@ -604,7 +607,9 @@ def write(med, args, out, command):
              f"Machine: {os.cpu_count()} cores. Proxies run {args.workers} worker thread(s) each; sysbench, MariaDB and "
              f"the proxy share the machine. Every cell is the median of {args.rounds} round(s) of {args.duration} s, "
              "targets interleaved within each round, their order rotating from round to round. "
-             "CPU is the proxy process's utime+stime over the run.", ""]
+             "CPU is the proxy process's utime+stime over the run."
+             + (f" The MariaDB server runs with `{args.server_options}` beyond the tests' options."
+                if getattr(args, "server_options", None) else ""), ""]
     lines += steal_warning(med, args)
     sections = [("basic", "Basic workloads", basic), ("ranges", "Result-set size", ranges),
                 ("latency", "Added latency", latency), ("long", "Long (idle) connections", long_conns),
