@@ -32,10 +32,8 @@ pub(super) struct Mark {
     flags: u8,
     len: u64,
     payload: Vec<u8>,
-    /// When the relay forwarded it and when its response ended (`mono_ns`); 0 when sluice
-    /// answered it itself.
+    /// When the relay forwarded it (`mono_ns`); 0 when sluice answered it itself.
     started_ns: u64,
-    ended_ns: u64,
     summary: Summary,
     /// The row sums, lent to each recorded command's response (one allocation per session).
     sums: Option<Box<RowSums>>,
@@ -110,7 +108,7 @@ impl Session {
         mark.len = h.len as u64;
         mark.number = number;
         mark.pending = true;
-        (mark.started_ns, mark.ended_ns) = (0, 0);
+        mark.started_ns = 0;
         mark.summary = Summary::default();
         true
     }
@@ -154,7 +152,7 @@ impl Session {
     /// at `started_ns` and the response ended at `ended_ns` (`mono_ns`).
     pub(super) fn capture_response(&mut self, r: Response, started_ns: u64, ended_ns: u64) {
         if let Some(m) = self.capture.as_mut().filter(|m| m.pending) {
-            (m.started_ns, m.ended_ns) = (started_ns, ended_ns);
+            m.started_ns = started_ns;
             let (ordered, unordered) = match r.sums {
                 Some(mut s) => {
                     let sums = s.finish();
@@ -164,7 +162,8 @@ impl Session {
                 None => (0, 0),
             };
             let (error, stmt_id) = (r.error.unwrap_or(0), r.stmt_id.unwrap_or(0));
-            m.summary = Summary { error, affected: r.affected, rows: r.rows, ordered, unordered, latency_us: 0, stmt_id };
+            let latency_us = ended_ns.saturating_sub(started_ns) / 1000;
+            m.summary = Summary { error, affected: r.affected, rows: r.rows, ordered, unordered, latency_us, stmt_id };
         }
     }
 
@@ -180,10 +179,9 @@ impl Session {
         let Some(m) = self.capture.as_mut().filter(|m| m.pending) else { return };
         m.pending = false;
         if m.started_ns == 0 {
-            // (Answered by sluice: no time at the server.)
-            (m.started_ns, m.ended_ns) = (mono_ns(), 0);
+            // (Answered by sluice: no time at the server, its latency stays 0.)
+            m.started_ns = mono_ns();
         }
-        m.summary.latency_us = m.ended_ns.saturating_sub(m.started_ns) / 1000;
         let (session, number, at_us) = (u64::from(self.handle.id), m.number, self.ctx.capture.at_us(m.started_ns));
         let m = &**m;
         self.ctx.capture.append(worker(), m.generation, Kind::Command, |out| {
