@@ -174,7 +174,7 @@ async fn a_writer_that_cannot_keep_up_loses_records_counted_and_clients_see_noth
     let db = shared_db();
     let s = start_sluice(&[db], &[]);
     let dir = capture_dir("slow");
-    start_capture(&s, serde_json::json!({ "dir": dir, "writer_delay": "300ms" }));
+    start_capture(&s, serde_json::json!({ "dir": dir, "writer_delay": "100ms" }));
     let mut c = app(&s).await;
     let big = format!("SELECT LENGTH('{}')", "x".repeat(64 << 10));
     for _ in 0..400 {
