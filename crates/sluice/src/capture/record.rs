@@ -13,6 +13,10 @@
 //! - `Result`: the summary of its response, with the same number. A session writes a command
 //!   and its result together, once the response is through; the command's time is when it was
 //!   forwarded to the server.
+//! - `Exchange`: a command and its result in one record, as a session writes them (shorter
+//!   than the two: one length, session and number; the row sums only when there are rows, and
+//!   for a single row only the ordered one, from which the other follows). It decodes as a
+//!   `Command` and a `Result`.
 //! - `End`: the session ended.
 
 /// The first bytes of every capture file.
@@ -22,6 +26,7 @@ const BEGIN: u8 = 1;
 const COMMAND: u8 = 2;
 const RESULT: u8 = 3;
 const END: u8 = 4;
+const EXCHANGE: u8 = 5;
 
 /// Command flags.
 pub mod flag {
@@ -179,6 +184,75 @@ pub fn put_result(out: &mut Vec<u8>, session: u64, number: u64, s: &Summary) {
     });
 }
 
+/// A command and its result (see [`put_command`], [`put_result`]), as one record.
+#[allow(clippy::too_many_arguments)] // a command's fields, then its result
+pub fn put_exchange(out: &mut Vec<u8>, session: u64, at_us: u64, number: u64, flags: u8, len: u64, payload: &[u8], s: &Summary) {
+    let mut head = Fields::default();
+    head.byte(EXCHANGE);
+    for v in [session, at_us, number] {
+        head.varint(v);
+    }
+    head.byte(flags);
+    head.varint(len);
+    head.varint(payload.len() as u64);
+    let mut tail = Fields::default();
+    for v in [s.error.into(), s.affected, s.rows, s.latency_us, s.stmt_id.into()] {
+        tail.varint(v);
+    }
+    if (s.ordered, s.unordered) == (0, 0) {
+        tail.byte(0);
+    } else if s.unordered == super::sums::unordered_of_one(s.ordered) {
+        tail.byte(1);
+        tail.u64_le(s.ordered);
+    } else {
+        tail.byte(2);
+        tail.u64_le(s.ordered);
+        tail.u64_le(s.unordered);
+    }
+    let body = head.n + payload.len() + tail.n;
+    out.reserve(4 + body);
+    out.extend_from_slice(&(body as u32).to_le_bytes());
+    out.extend_from_slice(head.bytes());
+    out.extend_from_slice(payload);
+    out.extend_from_slice(tail.bytes());
+}
+
+/// A record's fixed fields, gathered on the stack and copied at once.
+struct Fields {
+    b: [u8; 80],
+    n: usize,
+}
+
+impl Default for Fields {
+    fn default() -> Fields {
+        Fields { b: [0; 80], n: 0 }
+    }
+}
+
+impl Fields {
+    fn byte(&mut self, v: u8) {
+        self.b[self.n] = v;
+        self.n += 1;
+    }
+
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.byte(v as u8 | 0x80);
+            v >>= 7;
+        }
+        self.byte(v as u8);
+    }
+
+    fn u64_le(&mut self, v: u64) {
+        self.b[self.n..self.n + 8].copy_from_slice(&v.to_le_bytes());
+        self.n += 8;
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.b[..self.n]
+    }
+}
+
 pub fn put_end(out: &mut Vec<u8>, session: u64, at_us: u64) {
     framed(out, END, session, |out| put_varint(out, at_us));
 }
@@ -251,6 +325,13 @@ pub fn decode(mut b: &[u8]) -> Result<Vec<Record>, String> {
         }
         let (body, rest) = rest.split_at(len);
         b = rest;
+        if body.first() == Some(&EXCHANGE) {
+            let Some((command, result)) = decode_exchange(body) else {
+                return Err(format!("record {} does not decode", out.len()));
+            };
+            out.extend([command, result]);
+            continue;
+        }
         match decode_one(body) {
             Some(Some(r)) => out.push(r),
             Some(None) => {}
@@ -258,6 +339,27 @@ pub fn decode(mut b: &[u8]) -> Result<Vec<Record>, String> {
         }
     }
     Ok(out)
+}
+
+/// An `Exchange` record's body: its command and its result.
+fn decode_exchange(body: &[u8]) -> Option<(Record, Record)> {
+    let mut r = Reader { b: body.get(1..)? };
+    let (session, at_us, number, flags, len) = (r.varint()?, r.varint()?, r.varint()?, r.u8()?, r.varint()?);
+    let payload = r.bytes()?.to_vec();
+    let error = u16::try_from(r.varint()?).ok()?;
+    let (affected, rows, latency_us) = (r.varint()?, r.varint()?, r.varint()?);
+    let stmt_id = u32::try_from(r.varint()?).ok()?;
+    let (ordered, unordered) = match r.u8()? {
+        0 => (0, 0),
+        1 => {
+            let ordered = r.u64_le()?;
+            (ordered, super::sums::unordered_of_one(ordered))
+        }
+        2 => (r.u64_le()?, r.u64_le()?),
+        _ => return None,
+    };
+    let summary = Summary { error, affected, rows, ordered, unordered, latency_us, stmt_id };
+    Some((Record::Command { session, at_us, number, flags, len, payload }, Record::Result { session, number, summary }))
 }
 
 /// One record's body; Some(None) for a kind this version does not know.
@@ -350,6 +452,33 @@ mod tests {
                 Record::End { session: 9, at_us: u64::MAX },
             ]
         );
+    }
+
+    #[test]
+    fn an_exchange_comes_back_as_its_command_and_result_and_is_shorter() {
+        let one = crate::capture::sums::unordered_of_one(77);
+        let shapes = [(0, 0, 0), (1, 77, one), (2, 77, 78), (1, 77, 0), (u64::MAX, u64::MAX, 5)];
+        for (rows, ordered, unordered) in shapes {
+            let summary = Summary { error: 1064, affected: 2, rows, ordered, unordered, latency_us: u64::MAX, stmt_id: u32::MAX };
+            let mut b = Vec::new();
+            put_exchange(&mut b, 300, 1 << 33, 7, flag::REDACTED, 9, b"\x17\x01\x00\x00\x00", &summary);
+            let mut two = Vec::new();
+            put_command(&mut two, 300, 1 << 33, 7, flag::REDACTED, 9, b"\x17\x01\x00\x00\x00");
+            put_result(&mut two, 300, 7, &summary);
+            assert_eq!(decode(&b).unwrap(), decode(&two).unwrap(), "{rows} rows");
+            assert!(b.len() < two.len());
+        }
+        let mut b = Vec::new();
+        let summary = Summary { rows: 1, ordered: 77, unordered: one, ..Summary::default() };
+        put_exchange(&mut b, 1, 2, 3, 0, 6, b"\x03SELECT", &summary);
+        for cut in 1..b.len() {
+            assert!(decode(&b[..cut]).is_err(), "{cut}");
+        }
+        for i in 4..b.len() {
+            let mut c = b.clone();
+            c[i] ^= 0xff;
+            let _ = decode(&c);
+        }
     }
 
     #[test]

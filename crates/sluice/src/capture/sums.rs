@@ -7,6 +7,25 @@ use std::hash::Hasher;
 
 use twox_hash::XxHash3_64;
 
+const ORDERED: u64 = 0x9e37_79b9_7f4a_7c15;
+const UNORDERED: u64 = 0xff51_afd7_ed55_8ccd;
+/// ORDERED's inverse modulo 2^64 (Newton's iteration; each step doubles the bits that are right).
+const ORDERED_INVERSE: u64 = {
+    let mut x = ORDERED;
+    let mut i = 0;
+    while i < 6 {
+        x = x.wrapping_mul(2u64.wrapping_sub(ORDERED.wrapping_mul(x)));
+        i += 1;
+    }
+    x
+};
+
+/// The unordered sum of a single row, from its ordered sum (a capture stores only the
+/// latter for responses of one row).
+pub fn unordered_of_one(ordered: u64) -> u64 {
+    ordered.rotate_right(29).wrapping_mul(ORDERED_INVERSE).wrapping_mul(UNORDERED)
+}
+
 #[derive(Default)]
 pub struct RowSums {
     /// A row's payload comes in pieces: it is hashed here as they come (rare: a row longer
@@ -51,8 +70,8 @@ impl RowSums {
 
     #[inline]
     fn fold(&mut self, v: u64) {
-        self.ordered = (self.ordered ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
-        self.unordered = self.unordered.wrapping_add(v.wrapping_mul(0xff51_afd7_ed55_8ccd));
+        self.ordered = (self.ordered ^ v).wrapping_mul(ORDERED).rotate_left(29);
+        self.unordered = self.unordered.wrapping_add(v.wrapping_mul(UNORDERED));
     }
 
     /// The checksums of all rows: in order, and in any order; the sums start again from none.
@@ -69,6 +88,17 @@ impl RowSums {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_single_rows_unordered_sum_follows_from_its_ordered_one() {
+        assert_eq!(ORDERED.wrapping_mul(ORDERED_INVERSE), 1);
+        for row in [&b"1"[..], b"", b"\x00\x00\x05hello", &[7u8; 300]] {
+            let (ordered, unordered) = sums(&[row]);
+            assert_eq!(unordered_of_one(ordered), unordered, "{row:?}");
+        }
+        let (ordered, unordered) = sums(&[b"a", b"b"]);
+        assert_ne!(unordered_of_one(ordered), unordered);
+    }
 
     fn sums(rows: &[&[u8]]) -> (u64, u64) {
         let mut s = RowSums::default();

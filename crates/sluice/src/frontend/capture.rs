@@ -185,8 +185,7 @@ impl Session {
         let (session, number, at_us) = (u64::from(self.handle.id), m.number, self.ctx.capture.at_us(m.started_ns));
         let m = &**m;
         self.ctx.capture.append(worker(), m.generation, Kind::Command, |out| {
-            record::put_command(out, session, at_us, number, m.flags, m.len, &m.payload);
-            record::put_result(out, session, number, &m.summary);
+            record::put_exchange(out, session, at_us, number, m.flags, m.len, &m.payload, &m.summary);
         });
     }
 
