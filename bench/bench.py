@@ -412,6 +412,7 @@ def median_cells(results):
         med["rounds"] = len(cells)
         med["discarded"] = sum(len(c.get("discarded_steal_pct", [])) for c in cells)
         med["qps_rounds"] = [c.get("qps") for c in cells]
+        med["min_qps_rounds"] = [c.get("min_qps") for c in cells]
         if all("qps_samples" in c for c in cells):
             # Seconds under half the round's median second: the host's stalls (the capture
             # suite's seconds show them with capture off as with it on).

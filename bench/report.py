@@ -2,6 +2,7 @@
 the targets of the benchmark issue, and PNG charts."""
 
 import os
+import statistics
 import subprocess
 import sys
 
@@ -239,9 +240,7 @@ def capture(med, args, lines):
                 continue
             loss = min_loss = None
             if label == "on":
-                loss = ratio(get(med, off, "qps") - get(med, on, "qps"), get(med, off, "qps")) if k in med and off in med else None
-                min_loss = (ratio(get(med, off, "min_qps") - get(med, on, "min_qps"), get(med, off, "min_qps"))
-                            if get(med, off, "min_qps") is not None and get(med, on, "min_qps") is not None else None)
+                loss, min_loss = capture_loss(med, off, on, "qps", args), capture_loss(med, off, on, "min_qps", args)
             pct = lambda v: "" if v is None else f"{100 * v:.1f}%"
             lines.append(f"| {t} | {label} | {f(get(med, k, 'qps'))} | {f(get(med, k, 'min_qps'))} | {f(get(med, k, 'p95_ms'), 2)} "
                          f"| {f(get(med, k, 'proxy_cpu_pct'))} | {pct(loss)} | {pct(min_loss)} "
@@ -252,6 +251,20 @@ def capture(med, args, lines):
     lines.append("")
 
 
+def capture_loss(med, off, on, field, args):
+    """The share of `field` (qps or min_qps) lost with capture on. In a run that switched capture on
+    and off within each round, the median of the rounds' own losses: each round compares its own
+    seconds, and the rounds differ from each other by more than capture costs, so off's median and
+    on's median may come from different rounds. Else off's median against on's."""
+    if args.capture_phase is not None:
+        pairs = [(a, b) for a, b in zip(get(med, off, field + "_rounds") or [], get(med, on, field + "_rounds") or [])
+                 if a and b is not None]
+        if pairs:
+            return statistics.median(1 - b / a for a, b in pairs)
+    a, b = get(med, off, field), get(med, on, field)
+    return None if not a or b is None else 1 - b / a
+
+
 def capture_method(args):
     return ["Traffic capture's cost, as in the TiProxy seed's table: oltp_read_write through sluice (users mode, TLS "
             f"off). Off and on are not two runs: in one sysbench run of each round, capture is switched on and off "
@@ -259,7 +272,9 @@ def capture_method(args):
             "rounds), and "
             "each row is measured over its own seconds, the first second after each switch left out (the host drifts "
             "more from one run to the next than capture costs). QPS is the mean of the one-second samples, min QPS "
-            "the lowest, p95 the median of the seconds' p95, proxy CPU over the same seconds. Each capture starts "
+            "the lowest, p95 the median of the seconds' p95, proxy CPU over the same seconds; each column is the "
+            "median of the rounds, and the losses are the median of each round's own loss (its seconds on against "
+            "its seconds off). Each capture starts "
             "with every session open. The capture's rate is what it wrote (zstd) per second captured; replay plays "
             "the run's last capture back against the server, as fast as it goes in order (`--speed 1000`): its "
             "throughput. (It replays against the server as the run left it, so its results are not compared here; "
@@ -452,8 +467,8 @@ def capture_targets(med, args):
     for t in args.capture_threads:
         off, on = f"capture/oltp_read_write/{t}/capture-off", f"capture/oltp_read_write/{t}/capture-on"
         for field, label, goal in (("qps", "average", 1), ("min_qps", "minimum", 2)):
-            a, b = get(med, off, field), get(med, on, field)
-            loss = None if not a or b is None else 100 * (1 - b / a)
+            loss = capture_loss(med, off, on, field, args)
+            loss = None if loss is None else 100 * loss
             rows.append((f"{label} QPS loss with capture on, {t} threads (%)", loss, "<=", goal, capture_why(med, off, on, args)))
     return rows
 
@@ -464,12 +479,14 @@ def capture_why(med, off, on, args):
     if len(pairs) < 2:
         return ""
     changes = ", ".join(f"{100 * (b / a - 1):+.1f}%".replace("-", "−") for a, b in pairs)
+    mins = [(a, b) for a, b in zip(get(med, off, "min_qps_rounds") or [], get(med, on, "min_qps_rounds") or []) if a and b is not None]
+    min_changes = ", ".join(f"{100 * (b / a - 1):+.1f}%".replace("-", "−") for a, b in mins)
     cpu = ratio(get(med, on, "proxy_cpu_us_per_query"), get(med, off, "proxy_cpu_us_per_query"))
     others = [(name, ratio(get(med, on, k), get(med, off, k)))
               for name, k in (("MariaDB's", "server_cpu_us_per_query"), ("sysbench's", "sysbench_cpu_us_per_query"))]
     others = "".join(f", {name} {r:.2f}x" for name, r in others if r is not None)
     stalls = (get(med, off, "stalled_seconds"), get(med, on, "stalled_seconds"))
-    return (f"QPS change per round {changes}" + ("" if cpu is None else f"; sluice's CPU per query {cpu:.2f}x with capture{others}")
+    return (f"QPS change per round {changes}" + (f"; min QPS {min_changes}" if mins else "") + ("" if cpu is None else f"; sluice's CPU per query {cpu:.2f}x with capture{others}")
             + ("; rounds that differ this much cannot resolve 1%" if args.capture_phase is None else "")
             + (f"; seconds under half their round's median QPS, off {stalls[0]:.0f}, on {stalls[1]:.0f}"
                if any(stalls) else ""))
