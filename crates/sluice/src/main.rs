@@ -86,8 +86,16 @@ fn replay(r: &sluice::cli::ReplayArgs) -> i32 {
     match sluice::replay::run(&args) {
         Ok(rep) => {
             println!(
-                "replayed {} of {} commands ({} sessions) in {:.1} s: {} same, {} different, {} errors",
-                rep.replayed, rep.commands, rep.sessions, rep.replay_seconds, rep.same, rep.differing, rep.replay_errors
+                "replayed {} of {} commands ({} sessions) in {:.1} s: {} same, {} different, {} different where the order of \
+                 concurrent commands decides, {} errors",
+                rep.replayed,
+                rep.commands,
+                rep.sessions,
+                rep.replay_seconds,
+                rep.same,
+                rep.differing,
+                rep.order_dependent,
+                rep.replay_errors
             );
             for (why, n) in &rep.skipped {
                 println!("not replayed: {why}: {n}");

@@ -153,11 +153,13 @@ fn copy_database(from: &MariaDb, to: &MariaDb, name: &str) {
 
 /// sysbench oltp_read_write, 16 threads, through sluice; a capture started at a consistent
 /// point (sessions held at its gate while the data is copied), 30 seconds long, replayed against
-/// the copy. Every command is replayed, in every session. Reads that overlapped another
-/// session's writes in the capture may see them or not in the replay (the replay keeps the
-/// order of commands that did not overlap, not the server's order of those that did), so some
-/// reads differ; a replay that lost the data's state, a session's state or the order of
-/// commands would differ in most of them.
+/// the copy. Every command is replayed, in every session. Commands that overlapped another
+/// session's commit in the capture may see it or not in the replay (the replay keeps the order
+/// of commands that did not overlap, not the server's order of those that did): they are
+/// counted apart, and are few. Conflicting transactions that overlapped may also commit in
+/// another order than they did, and leave rows with other values for later reads: those
+/// differences cannot be told apart, and stay under 1%. A replay that lost the data's state, a
+/// session's state or the order of commands would differ in most of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_seconds_of_sysbench_captured_from_a_consistent_start_replay_whole_on_a_copy() {
     use sluice_testkit::sysbench;
@@ -182,10 +184,17 @@ async fn thirty_seconds_of_sysbench_captured_from_a_consistent_start_replay_whol
     assert!(status["sessions"].as_u64().unwrap() >= 16, "{status}");
 
     let r = replay(&dir, &copy, "sysbench");
-    let (same, differing) = (r["same"].as_u64().unwrap(), r["differing"].as_u64().unwrap());
-    assert!(same + differing > 10_000, "{} commands compared ({totals:?}): {r:#}", same + differing);
+    let (same, order_dependent) = (r["same"].as_u64().unwrap(), r["order_dependent"].as_u64().unwrap());
+    let compared = same + order_dependent + r["differing"].as_u64().unwrap();
+    assert!(compared > 10_000, "{compared} commands compared ({totals:?}): {r:#}");
     assert!(r["skipped"].as_object().unwrap().is_empty(), "{r:#}");
     assert_eq!(r["sessions"].as_u64(), status["sessions"].as_u64(), "{r:#}");
-    assert!(differing * 10 < same + differing, "{differing} of {} results differ: {:#}", same + differing, r["differences"]);
-    eprintln!("{differing} of {} results differ; {} order waits cut short", same + differing, r["order_waits_cut"]);
+    let differing = r["differing"].as_u64().unwrap();
+    assert!(differing * 100 < compared, "{differing} of {compared} results differ: {:#}", r["differences"]);
+    assert!(order_dependent * 10 < compared, "{order_dependent} of {compared} differ by order: {:#}", r["order_differences"]);
+    eprintln!(
+        "{differing} of {compared} results differ, and {order_dependent} where the order decides; {} order waits cut short, {} \
+         commands run again after a deadlock",
+        r["order_waits_cut"], r["retried"]
+    );
 }

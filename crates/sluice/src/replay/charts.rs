@@ -70,12 +70,13 @@ pub fn latency(r: &Report) -> Result<Vec<u8>, String> {
     c.png()
 }
 
-/// The commands: same result (green), different (red), not replayed (grey), on a log scale
+/// The commands: same result (green), different (red), different where the order of concurrent
+/// commands decides (orange), not replayed (grey), on a log scale
 /// (a few differences beside many thousands of equal results stay visible).
 pub fn totals(r: &Report) -> Result<Vec<u8>, String> {
     let skipped: usize = r.skipped.values().sum();
     let log = |n: usize| ((n + 1) as f64).log10();
-    let bars = [(log(r.same), GREEN), (log(r.differing), RED), (log(skipped), GREY)];
+    let bars = [(log(r.same), GREEN), (log(r.differing), RED), (log(r.order_dependent), ORANGE), (log(skipped), GREY)];
     let max = bars.iter().map(|b| b.0).fold(0.0, f64::max);
     let mut c = Canvas::new();
     let slot = (W - 40) / bars.len();

@@ -13,6 +13,7 @@
 
 mod charts;
 pub mod conn;
+mod overlap;
 pub mod report;
 
 use std::collections::BTreeMap;
@@ -80,6 +81,15 @@ pub struct Outcome {
     pub captured: Option<Summary>,
     /// The replay's summary, or why the command was not replayed.
     pub replayed: Result<Summary, String>,
+    /// Its result may differ by the order the server gave overlapping commands of other
+    /// sessions (`overlap.rs`), or the replay ran it before all that ended before it in the
+    /// capture had ended (a lock wait cut short).
+    pub order_dependent: bool,
+    /// When it ran in the replay: start and end, ns from the replay's start.
+    pub ran: Option<(u64, u64)>,
+    /// It ran again, with its transaction, after the server chose the transaction as a
+    /// deadlock's victim where the capture had no deadlock.
+    pub retried: bool,
 }
 
 /// The captured sessions of `dir`, by id.
@@ -120,7 +130,13 @@ pub fn run(args: &Args) -> Result<report::Report, String> {
     let b = Backend::from_config(0, &config.backends[0], metrics.backends[0].clone(), &config.proxy, 1)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("starting the replay runtime: {e}"))?;
     let started = Instant::now();
-    let (outcomes, cut) = rt.block_on(replay_all(Arc::new(b), sessions, args));
+    let plan = overlap::Plan::new(&sessions);
+    let (mut outcomes, cut) = rt.block_on(replay_all(Arc::new(b), sessions, args));
+    let ran = outcomes.iter().filter_map(|o| Some(((o.session, o.number), o.ran?))).collect();
+    let dependent = plan.dependent(&ran);
+    for o in &mut outcomes {
+        o.order_dependent |= dependent.contains(&(o.session, o.number));
+    }
     let mut report = report::build(&meta, args, &outcomes, started.elapsed());
     report.order_waits_cut = cut;
     if let Some(dir) = &args.report {
@@ -263,6 +279,9 @@ async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, 
         text: text_of(&c.payload, texts),
         captured: c.captured,
         replayed,
+        order_dependent: false,
+        ran: None,
+        retried: false,
     };
     // (Commands not replayed are done at once: the others do not wait for them.)
     let Some((begin_at, begin)) = &s.begin else {
@@ -282,7 +301,14 @@ async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, 
             return (out, 0);
         }
     };
-    for c in &s.commands {
+    // Where the open transaction began (its BEGIN), to run it again after a deadlock.
+    let mut transaction: Option<usize> = None;
+    for (i, c) in s.commands.iter().enumerate() {
+        transaction = match text_of(&c.payload, &texts).map(|t| overlap::effect(t.as_bytes())) {
+            Some(overlap::Effect::Begin) => Some(i),
+            Some(overlap::Effect::Commit | overlap::Effect::Rollback) => None,
+            _ => transaction,
+        };
         if let (Some(&com::STMT_PREPARE), Some(sum)) = (c.payload.first(), c.captured) {
             texts.insert(sum.stmt_id, String::from_utf8_lossy(&c.payload[1..]).into_owned());
         }
@@ -300,22 +326,79 @@ async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, 
             continue;
         };
         tokio::time::sleep_until(at(c.at_us)).await;
-        if !args.unordered && !order.before(c.at_us).await {
+        let cut = !args.unordered && !order.before(c.at_us).await;
+        if cut {
             order.cut.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let captured_stmt = c.captured.map_or(0, |s| s.stmt_id);
-        let r = open.run(&c.payload, captured_stmt).await;
+        let began = ns_since(t0);
+        let mut r = open.run(&c.payload, c.captured.map_or(0, |s| s.stmt_id)).await;
+        let retried = deadlocked(c, &r);
+        if retried {
+            let from = transaction.unwrap_or(i);
+            r = retry(open, &s.commands[from..=i], &mut out[from..], args.read_only).await;
+        }
+        let ran = Some((began, ns_since(t0)));
         order.done(c.end_us());
         if r.as_ref().is_err_and(|e| !e.starts_with("statement ")) {
             conn = None;
         }
-        out.push(outcome(c, &texts, r));
+        out.push(Outcome { order_dependent: cut || retried, ran, retried, ..outcome(c, &texts, r) });
     }
     if let Some(c) = conn {
         c.quit().await;
     }
     let marked = out.len();
     (out, marked)
+}
+
+/// Nanoseconds from `t0` to now (0 before it).
+fn ns_since(t0: tokio::time::Instant) -> u64 {
+    tokio::time::Instant::now().saturating_duration_since(t0).as_nanos() as u64
+}
+
+/// MariaDB's error for a deadlock's victim (its transaction is rolled back).
+const DEADLOCK: u16 = 1213;
+/// Times a transaction runs again after deadlocks the capture did not have.
+const RETRIES: usize = 3;
+
+/// The server chose this command's transaction as a deadlock's victim, and the capture had no
+/// deadlock there.
+fn deadlocked(c: &Command, r: &Result<Summary, String>) -> bool {
+    r.as_ref().is_ok_and(|s| s.error == DEADLOCK) && c.captured.is_some_and(|s| s.error != DEADLOCK)
+}
+
+/// Runs a transaction again, from its first command through the one that was a deadlock's
+/// victim (`commands`), as an application would: otherwise its changes would be missing from
+/// the rest of the replay, and every later read of its rows would differ from the capture. The
+/// outcomes of its earlier commands (`earlier`) take the new results; the last command's is
+/// returned. Commands run again are order-dependent: they ran later than in the capture.
+async fn retry(open: &mut conn::Conn, commands: &[Command], earlier: &mut [Outcome], read_only: bool) -> Result<Summary, String> {
+    let mut last = Ok(Summary { error: DEADLOCK, ..Summary::default() });
+    for _ in 0..RETRIES {
+        let mut results = Vec::with_capacity(commands.len());
+        for c in commands {
+            if skip_reason(c, read_only).is_some() {
+                results.push(None);
+                continue;
+            }
+            let r = open.run(&c.payload, c.captured.map_or(0, |s| s.stmt_id)).await;
+            let again = deadlocked(c, &r);
+            results.push(Some(r));
+            if again {
+                break;
+            }
+        }
+        last = results.pop().flatten().unwrap_or(last);
+        if results.len() + 1 == commands.len() && !last.as_ref().is_ok_and(|s| s.error == DEADLOCK) {
+            for (o, r) in earlier.iter_mut().zip(results) {
+                if let Some(r) = r {
+                    (o.replayed, o.order_dependent, o.retried) = (r, true, true);
+                }
+            }
+            return last;
+        }
+    }
+    last
 }
 
 /// The statement a command runs, as text.

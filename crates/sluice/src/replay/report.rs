@@ -5,7 +5,9 @@
 //! and `report.md`.
 //!
 //! Rows are compared by their checksum in order when the statement has ORDER BY, else in any
-//! order (a server may return unordered rows in another order).
+//! order (a server may return unordered rows in another order). Differences in commands whose
+//! result depends on how the server ordered overlapping commands of other sessions
+//! (`overlap.rs`) are counted and shown apart: a faithful copy gives none of the others.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -38,7 +40,11 @@ pub struct Report {
     /// Commands not replayed, by reason.
     pub skipped: BTreeMap<String, usize>,
     pub same: usize,
+    /// Results that differ, but not because of how concurrent commands were ordered.
     pub differing: usize,
+    /// Results that differ in commands whose result depends on the order the server gave
+    /// overlapping commands of other sessions (`order_differences`).
+    pub order_dependent: usize,
     /// Replayed, but with no captured result to compare with (in flight when the capture ended).
     pub not_compared: usize,
     /// Commands that stopped waiting for the commands that had ended before they began (a
@@ -46,7 +52,11 @@ pub struct Report {
     pub order_waits_cut: u64,
     /// Replayed commands answered with an error (whether the capture had it too or not).
     pub replay_errors: usize,
+    /// Commands run again with their transaction after the server chose it as a deadlock's
+    /// victim where the capture had no deadlock (as an application would).
+    pub retried: usize,
     pub differences: Vec<DiffGroup>,
+    pub order_differences: Vec<DiffGroup>,
     pub latency: Vec<LatencyRow>,
     pub errors: Vec<ErrorRow>,
 }
@@ -145,14 +155,18 @@ pub fn build(meta: &Status, args: &Args, outcomes: &[Outcome], took: Duration) -
         skipped: BTreeMap::new(),
         same: 0,
         differing: 0,
+        order_dependent: 0,
         not_compared: 0,
         order_waits_cut: 0,
         replay_errors: 0,
+        retried: 0,
         differences: Vec::new(),
+        order_differences: Vec::new(),
         latency: Vec::new(),
         errors: Vec::new(),
     };
-    let mut diffs: BTreeMap<String, DiffGroup> = BTreeMap::new();
+    // Differences, and those of order-dependent commands.
+    let mut diffs: [BTreeMap<String, DiffGroup>; 2] = Default::default();
     let mut lat: BTreeMap<String, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
     let mut errors: BTreeMap<(u16, u16, String), usize> = BTreeMap::new();
     for o in outcomes {
@@ -164,6 +178,7 @@ pub fn build(meta: &Status, args: &Args, outcomes: &[Outcome], took: Duration) -
             }
         };
         r.replayed += 1;
+        r.retried += usize::from(o.retried);
         let Some(captured) = o.captured else {
             r.not_compared += 1;
             continue;
@@ -179,8 +194,12 @@ pub fn build(meta: &Status, args: &Args, outcomes: &[Outcome], took: Duration) -
         match difference(&captured, replayed, has_order_by(o.text.as_deref())) {
             None => r.same += 1,
             Some(what) => {
-                r.differing += 1;
-                let g = diffs.entry(digest.clone()).or_insert_with(|| DiffGroup { digest, count: 0, samples: Vec::new() });
+                *(if o.order_dependent { &mut r.order_dependent } else { &mut r.differing }) += 1;
+                let g = diffs[usize::from(o.order_dependent)].entry(digest.clone()).or_insert_with(|| DiffGroup {
+                    digest,
+                    count: 0,
+                    samples: Vec::new(),
+                });
                 g.count += 1;
                 if g.samples.len() < SAMPLES {
                     let text = o.text.clone().unwrap_or_else(|| com::name(o.command).to_string());
@@ -189,8 +208,12 @@ pub fn build(meta: &Status, args: &Args, outcomes: &[Outcome], took: Duration) -
             }
         }
     }
-    r.differences = diffs.into_values().collect();
-    r.differences.sort_by(|a, b| b.count.cmp(&a.count).then(a.digest.cmp(&b.digest)));
+    let [differences, order_differences] = diffs.map(|d| {
+        let mut v: Vec<DiffGroup> = d.into_values().collect();
+        v.sort_by(|a, b| b.count.cmp(&a.count).then(a.digest.cmp(&b.digest)));
+        v
+    });
+    (r.differences, r.order_differences) = (differences, order_differences);
     r.latency = lat
         .into_iter()
         .map(|(digest, (mut c, mut p))| {
@@ -236,32 +259,9 @@ fn result(s: &Summary) -> String {
     format!("{} rows, {} affected, sum {:016x}/{:016x}", s.rows, s.affected, s.ordered, s.unordered)
 }
 
-pub fn markdown(r: &Report) -> String {
-    let mut m = String::new();
-    let _ = writeln!(m, "# Replay of {} against {}\n", r.input, r.target);
-    let mode = if r.read_only { ", read-only" } else { "" };
-    let _ = writeln!(m, "Speed {}x{mode}; replayed in {:.1} s.\n", r.speed, r.replay_seconds);
-    let _ = writeln!(m, "| | commands |\n|---|---|");
-    let _ = writeln!(m, "| captured | {} (in {} sessions) |", r.commands, r.sessions);
-    let _ = writeln!(m, "| replayed | {} |", r.replayed);
-    let _ = writeln!(m, "| same result | {} |", r.same);
-    let _ = writeln!(m, "| **different result** | **{}** |", r.differing);
-    if r.order_waits_cut > 0 {
-        let _ = writeln!(m, "| run without waiting for all that ended before them (a lock wait) | {} |", r.order_waits_cut);
-    }
-    if r.not_compared > 0 {
-        let _ = writeln!(m, "| no captured result to compare (in flight at the end) | {} |", r.not_compared);
-    }
-    let _ = writeln!(m, "| errors in the replay | {} |", r.replay_errors);
-    for (why, n) in &r.skipped {
-        let _ = writeln!(m, "| not replayed: {} | {n} |", cell(why));
-    }
-    let _ = writeln!(m, "\n![Same results (green), different (red), not replayed (grey); log scale](totals.png)");
-    let _ = writeln!(m, "\n## Statements whose results differ\n");
-    if r.differences.is_empty() {
-        let _ = writeln!(m, "None.");
-    }
-    for g in r.differences.iter().take(SHOWN) {
+/// The groups of differing results, with their samples.
+fn diff_groups(m: &mut String, groups: &[DiffGroup]) {
+    for g in groups.iter().take(SHOWN) {
         let _ = writeln!(m, "### `{}` ({} commands)\n", cell(&g.digest), g.count);
         let _ = writeln!(m, "| session #command | statement | difference | captured | replayed |\n|---|---|---|---|---|");
         for s in &g.samples {
@@ -277,6 +277,53 @@ pub fn markdown(r: &Report) -> String {
             );
         }
         m.push('\n');
+    }
+}
+
+pub fn markdown(r: &Report) -> String {
+    let mut m = String::new();
+    let _ = writeln!(m, "# Replay of {} against {}\n", r.input, r.target);
+    let mode = if r.read_only { ", read-only" } else { "" };
+    let _ = writeln!(m, "Speed {}x{mode}; replayed in {:.1} s.\n", r.speed, r.replay_seconds);
+    let _ = writeln!(m, "| | commands |\n|---|---|");
+    let _ = writeln!(m, "| captured | {} (in {} sessions) |", r.commands, r.sessions);
+    let _ = writeln!(m, "| replayed | {} |", r.replayed);
+    let _ = writeln!(m, "| same result | {} |", r.same);
+    let _ = writeln!(m, "| **different result** | **{}** |", r.differing);
+    if r.order_dependent > 0 {
+        let _ = writeln!(m, "| different result, where the order of concurrent commands decides (see below) | {} |", r.order_dependent);
+    }
+    if r.order_waits_cut > 0 {
+        let _ = writeln!(m, "| run without waiting for all that ended before them (a lock wait) | {} |", r.order_waits_cut);
+    }
+    if r.retried > 0 {
+        let _ = writeln!(m, "| run again with their transaction, after a deadlock the capture did not have | {} |", r.retried);
+    }
+    if r.not_compared > 0 {
+        let _ = writeln!(m, "| no captured result to compare (in flight at the end) | {} |", r.not_compared);
+    }
+    let _ = writeln!(m, "| errors in the replay | {} |", r.replay_errors);
+    for (why, n) in &r.skipped {
+        let _ = writeln!(m, "| not replayed: {} | {n} |", cell(why));
+    }
+    let _ = writeln!(
+        m,
+        "\n![Same results (green), different (red), different where the order of concurrent commands decides (orange), not replayed (grey); log scale](totals.png)"
+    );
+    let _ = writeln!(m, "\n## Statements whose results differ\n");
+    if r.differences.is_empty() {
+        let _ = writeln!(m, "None.\n");
+    }
+    diff_groups(&mut m, &r.differences);
+    if !r.order_differences.is_empty() {
+        let _ = writeln!(m, "## Results that depend on the order of concurrent commands\n");
+        let _ = writeln!(
+            m,
+            "These commands, or the first read of their transaction, overlapped in the capture a commit (or a write \
+             outside a transaction) of another session: the server ordered the two, and the capture cannot say how. \
+             The replay may order them otherwise, so their results may differ on a faithful copy too.\n"
+        );
+        diff_groups(&mut m, &r.order_differences);
     }
     let _ = writeln!(m, "## Latency by digest (regressions first)\n");
     let n = r.latency.len().min(super::charts::LATENCY_BARS);
