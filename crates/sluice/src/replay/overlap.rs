@@ -152,27 +152,37 @@ impl Plan {
     }
 }
 
-/// The visible changes, searchable by their captured spans.
+/// The visible changes, searchable by their captured spans: each question in O(log n).
 struct Index {
-    /// By captured start: (captured start, captured end, session).
-    by_start: Vec<(u64, u64, u64)>,
-    longest: u64,
-    /// By captured start, and the least replay start from each on.
+    /// Captured starts, ascending.
     starts: Vec<u64>,
+    /// Over the changes up to each (by captured start): the latest captured end, its session,
+    /// and the latest end of any other session's.
+    latest_end: Vec<(u64, u64, Option<u64>)>,
+    /// Over the changes from each on (by captured start): the least replay start.
     least_rep_start: Vec<u64>,
-    /// By captured end, and the greatest replay end up to each.
+    /// Captured ends, ascending, and over the changes up to each the greatest replay end.
     ends: Vec<u64>,
     most_rep_end: Vec<u64>,
 }
 
 impl Index {
     fn new(changes: &[(u64, Both)]) -> Index {
-        let mut by_start: Vec<(u64, u64, u64)> = changes.iter().map(|(s, b)| (b.cap.0, b.cap.1, *s)).collect();
+        let mut by_start: Vec<(u64, u64, u64, u64)> = changes.iter().map(|(s, b)| (b.cap.0, b.cap.1, *s, b.rep.0)).collect();
         by_start.sort_unstable();
-        let longest = by_start.iter().map(|v| v.1.saturating_sub(v.0)).max().unwrap_or(0);
-        let mut a: Vec<(u64, u64)> = changes.iter().map(|(_, b)| (b.cap.0, b.rep.0)).collect();
-        a.sort_unstable();
-        let mut least_rep_start: Vec<u64> = a.iter().map(|x| x.1).collect();
+        let mut latest_end = Vec::with_capacity(by_start.len());
+        let mut acc: Option<(u64, u64, Option<u64>)> = None;
+        for &(_, end, session, _) in &by_start {
+            acc = Some(match acc {
+                None => (end, session, None),
+                Some((e, s, other)) if s == session => (e.max(end), s, other),
+                // (The latest end so far is of another session than this one's.)
+                Some((e, _, _)) if end > e => (end, session, Some(e)),
+                Some((e, s, other)) => (e, s, Some(other.map_or(end, |o| o.max(end)))),
+            });
+            latest_end.push(acc.expect("set above"));
+        }
+        let mut least_rep_start: Vec<u64> = by_start.iter().map(|x| x.3).collect();
         for i in (0..least_rep_start.len().saturating_sub(1)).rev() {
             least_rep_start[i] = least_rep_start[i].min(least_rep_start[i + 1]);
         }
@@ -183,9 +193,8 @@ impl Index {
             most_rep_end[i] = most_rep_end[i].max(most_rep_end[i - 1]);
         }
         Index {
-            by_start,
-            longest,
-            starts: a.into_iter().map(|x| x.0).collect(),
+            starts: by_start.iter().map(|x| x.0).collect(),
+            latest_end,
             least_rep_start,
             ends: z.into_iter().map(|x| x.0).collect(),
             most_rep_end,
@@ -198,19 +207,11 @@ impl Index {
         self.overlapped(b.cap.0, b.cap.1, session) || self.reordered(b)
     }
 
+    /// A change of another session began by `end` and ended at `start` or later.
     fn overlapped(&self, start: u64, end: u64, session: u64) -> bool {
-        let mut i = self.by_start.partition_point(|v| v.0 <= end);
-        while i > 0 {
-            i -= 1;
-            let (s, e, of) = self.by_start[i];
-            if s.saturating_add(self.longest) < start {
-                return false;
-            }
-            if of != session && e >= start {
-                return true;
-            }
-        }
-        false
+        let n = self.starts.partition_point(|&s| s <= end);
+        let Some(&(latest, of, other)) = n.checked_sub(1).and_then(|i| self.latest_end.get(i)) else { return false };
+        if of != session { latest >= start } else { other.is_some_and(|o| o >= start) }
     }
 
     /// A change that began after `b` ended in the capture began before it ended in the replay,
@@ -298,5 +299,16 @@ mod tests {
         // The select ran early, before the delete had ended.
         replayed.insert((1, 1), (105_000, 108_000));
         assert_eq!(plan.dependent(&replayed), [(1, 1)].into_iter().collect());
+    }
+
+    #[test]
+    fn a_long_change_counts_for_the_other_sessions_only() {
+        let both = |cap: (u64, u64)| Both { cap, rep: (cap.0 * 1000, cap.1 * 1000) };
+        let index = Index::new(&[(1, both((0, 1000))), (2, both((10, 20))), (3, both((30, 40)))]);
+        assert!(!index.overlapped(500, 600, 1), "its own long change, and others' ended before");
+        assert!(index.overlapped(500, 600, 2));
+        assert!(index.overlapped(15, 16, 1));
+        assert!(index.overlapped(35, 50, 1));
+        assert!(!index.overlapped(1001, 2000, 2));
     }
 }
