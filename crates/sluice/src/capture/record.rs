@@ -160,7 +160,9 @@ pub fn put_begin(out: &mut Vec<u8>, session: u64, at_us: u64, b: &Begin) {
     });
 }
 
-/// A command: `payload` as recorded (see [`flag`]), `len` the command's whole length.
+/// A command: `payload` as recorded (see [`flag`]), `len` the command's whole length. (Sessions
+/// write [`put_exchange`]; `Command` and `Result` records stay readable, from older captures.)
+#[cfg(test)]
 pub fn put_command(out: &mut Vec<u8>, session: u64, at_us: u64, number: u64, flags: u8, len: u64, payload: &[u8]) {
     framed(out, COMMAND, session, |out| {
         put_varint(out, at_us);
@@ -171,6 +173,7 @@ pub fn put_command(out: &mut Vec<u8>, session: u64, at_us: u64, number: u64, fla
     });
 }
 
+#[cfg(test)]
 pub fn put_result(out: &mut Vec<u8>, session: u64, number: u64, s: &Summary) {
     framed(out, RESULT, session, |out| {
         put_varint(out, number);
@@ -184,7 +187,7 @@ pub fn put_result(out: &mut Vec<u8>, session: u64, number: u64, s: &Summary) {
     });
 }
 
-/// A command and its result (see [`put_command`], [`put_result`]), as one record.
+/// A command and its result, as one record (see `Exchange` above).
 #[allow(clippy::too_many_arguments)] // a command's fields, then its result
 pub fn put_exchange(out: &mut Vec<u8>, session: u64, at_us: u64, number: u64, flags: u8, len: u64, payload: &[u8], s: &Summary) {
     let mut head = Fields::default();

@@ -304,7 +304,7 @@ async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, 
     // Where the open transaction began (its BEGIN), to run it again after a deadlock.
     let mut transaction: Option<usize> = None;
     for (i, c) in s.commands.iter().enumerate() {
-        transaction = match text_of(&c.payload, &texts).map(|t| overlap::effect(t.as_bytes())) {
+        transaction = match statement_run(&c.payload, |id| texts.get(&id).map(|t| t.as_bytes())).map(overlap::effect) {
             Some(overlap::Effect::Begin) => Some(i),
             Some(overlap::Effect::Commit | overlap::Effect::Rollback) => None,
             _ => transaction,
@@ -401,14 +401,21 @@ async fn retry(open: &mut conn::Conn, commands: &[Command], earlier: &mut [Outco
     last
 }
 
-/// The statement a command runs, as text.
-fn text_of(payload: &[u8], texts: &BTreeMap<u32, String>) -> Option<String> {
+/// The statement a command runs: a query's text, or an execute's prepared statement's
+/// (`prepared` finds it by id); None for other commands (a prepare runs nothing yet).
+fn statement_run<'a>(payload: &'a [u8], prepared: impl Fn(u32) -> Option<&'a [u8]>) -> Option<&'a [u8]> {
     match *payload.first()? {
-        com::QUERY | com::STMT_PREPARE => Some(String::from_utf8_lossy(&payload[1..]).into_owned()),
-        com::STMT_EXECUTE => {
-            let id = u32::from_le_bytes(payload.get(1..5)?.try_into().ok()?);
-            texts.get(&id).cloned()
-        }
+        com::QUERY => Some(&payload[1..]),
+        com::STMT_EXECUTE => prepared(u32::from_le_bytes(payload.get(1..5)?.try_into().ok()?)),
         _ => None,
     }
+}
+
+/// The statement a command runs, or prepares, as text.
+fn text_of(payload: &[u8], texts: &BTreeMap<u32, String>) -> Option<String> {
+    let sql = match *payload.first()? {
+        com::STMT_PREPARE => &payload[1..],
+        _ => statement_run(payload, |id| texts.get(&id).map(|t| t.as_bytes()))?,
+    };
+    Some(String::from_utf8_lossy(sql).into_owned())
 }

@@ -88,19 +88,10 @@ impl Plan {
             let (mut first, mut read) = (None, None);
             for c in &s.commands {
                 let (start, end) = (c.at_us, c.end_us());
-                let body = c.payload.get(1..).unwrap_or_default();
-                let sql = match c.payload.first().copied() {
-                    Some(com::QUERY) => Some(body),
-                    Some(com::STMT_PREPARE) => {
-                        if let Some(sum) = c.captured {
-                            texts.insert(sum.stmt_id, body);
-                        }
-                        None
-                    }
-                    Some(com::STMT_EXECUTE) => body.get(..4).and_then(|id| texts.get(&u32::from_le_bytes(id.try_into().ok()?)).copied()),
-                    _ => None,
-                };
-                let e = sql.map_or(Effect::Other, effect);
+                if let (Some(&com::STMT_PREPARE), Some(sum)) = (c.payload.first(), c.captured) {
+                    texts.insert(sum.stmt_id, &c.payload[1..]);
+                }
+                let e = super::statement_run(&c.payload, |id| texts.get(&id).copied()).map_or(Effect::Other, effect);
                 let snapshot = first.map(|f| (f, read.unwrap_or(c.number)));
                 let mut visible = false;
                 match e {
