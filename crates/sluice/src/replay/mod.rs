@@ -3,16 +3,16 @@
 //!
 //! Each captured session runs on a connection of its own, as the replay user, started at its
 //! captured time (scaled by `--speed`) and brought to its captured state; its commands follow in
-//! order, each at its captured time unless the one before ran late, and never before every
-//! command that had ended when it began in the capture has ended in the replay ([`Order`]: what
-//! one session saw another do, it sees again; only commands that overlapped may run in
-//! another order than they did). Commands that cannot be
-//! replayed faithfully are skipped and counted by reason: redacted (may carry a password),
+//! order, each at its captured time unless the one before ran late, and never before the
+//! commands of other sessions the capture says came first ([`Order`], `order.rs`: what one
+//! session saw another do, it sees again, and conflicting locks are taken in the capture's
+//! order). Commands that cannot be replayed faithfully are skipped and counted by reason: redacted (may carry a password),
 //! truncated (over 1 MiB), COM_CHANGE_USER, and with `--read-only` anything that may write.
 //! The comparison and the report are in `report.rs`.
 
 mod charts;
 pub mod conn;
+mod order;
 mod overlap;
 pub mod report;
 
@@ -27,6 +27,7 @@ use sluice_proto::rw::{Class, classify};
 use crate::backend::Backend;
 use crate::capture::files;
 use crate::capture::record::{Begin, Record, Summary, flag};
+use order::Order;
 
 /// What `sluice replay` is asked to do.
 #[derive(Debug, Clone)]
@@ -83,12 +84,14 @@ pub struct Outcome {
     pub replayed: Result<Summary, String>,
     /// Its result may differ by the order the server gave overlapping commands of other
     /// sessions (`overlap.rs`), or the replay ran it before all that ended before it in the
-    /// capture had ended (a lock wait cut short).
+    /// capture had ended (a wait cut short), or its transaction was rolled back as in the
+    /// capture where the replay's server did not choose it as a deadlock's victim.
     pub order_dependent: bool,
     /// When it ran in the replay: start and end, ns from the replay's start.
     pub ran: Option<(u64, u64)>,
-    /// It ran again, with its transaction, after the server chose the transaction as a
-    /// deadlock's victim where the capture had no deadlock.
+    /// It ran again, with its transaction: after the server chose the transaction as a
+    /// deadlock's victim where the capture had no deadlock, or after the transaction gave up
+    /// its locks for a command of another session that had to run first.
     pub retried: bool,
 }
 
@@ -145,66 +148,13 @@ pub fn run(args: &Args) -> Result<report::Report, String> {
     Ok(report)
 }
 
-/// The order of commands across sessions: a command waits until every command that had ended
-/// when it began (in the capture) has ended in the replay. Commands are ranked by their
-/// captured end; `prefix` counts the ranks done from the first on.
-pub struct Order {
-    /// Captured ends, ascending.
-    ends: Vec<u64>,
-    done: parking_lot::Mutex<(Vec<bool>, usize)>,
-    prefix: tokio::sync::watch::Sender<usize>,
-    /// Waits cut short by [`ORDER_WAIT`].
-    pub cut: std::sync::atomic::AtomicU64,
-}
+/// The longest a command waits for the order ([`Order`]) before it runs anyway.
+const ORDER_WAIT: Duration = Duration::from_secs(1);
 
-impl Order {
-    fn new(sessions: &BTreeMap<u64, Captured>) -> Order {
-        let mut ends: Vec<u64> = sessions.values().flat_map(|s| s.commands.iter().map(Command::end_us)).collect();
-        ends.sort_unstable();
-        let n = ends.len();
-        Order {
-            ends,
-            done: parking_lot::Mutex::new((vec![false; n], 0)),
-            prefix: tokio::sync::watch::Sender::new(0),
-            cut: Default::default(),
-        }
-    }
-
-    /// Waits until every command that ended before `start_us` is done, or [`ORDER_WAIT`]
-    /// passed; false when it gave up. (Commands that overlapped in the capture may take locks in
-    /// another order in the replay: a command may wait for a lock held by a transaction whose
-    /// next command waits here for it. The bound breaks such a cycle.)
-    async fn before(&self, start_us: u64) -> bool {
-        let need = self.ends.partition_point(|&e| e < start_us);
-        let mut rx = self.prefix.subscribe();
-        tokio::time::timeout(ORDER_WAIT, rx.wait_for(|&p| p >= need)).await.is_ok()
-    }
-
-    /// A command that ended at `end_us` (captured) is done (replayed, skipped or failed).
-    fn done(&self, end_us: u64) {
-        let mut g = self.done.lock();
-        let (done, prefix) = &mut *g;
-        // The first rank of this end not taken yet (equal ends are interchangeable).
-        let mut at = self.ends.partition_point(|&e| e < end_us);
-        while at < done.len() && done[at] {
-            at += 1;
-        }
-        if at < done.len() {
-            done[at] = true;
-        }
-        let before = *prefix;
-        while *prefix < done.len() && done[*prefix] {
-            *prefix += 1;
-        }
-        if *prefix != before {
-            self.prefix.send_replace(*prefix);
-        }
-    }
-}
-
-/// The longest a command waits for the commands that ended before it began (see
-/// [`Order::before`]).
-const ORDER_WAIT: Duration = Duration::from_millis(20);
+/// The longest it waits while its transaction holds locks: a command waited for may be
+/// waiting for one of them (a lock the capture did not have), and the transaction gives them
+/// up (see [`run_in_order`]).
+const HOLDING_WAIT: Duration = Duration::from_millis(20);
 
 /// Sessions log in this long (of replay time) before their first command is due.
 const LEAD: Duration = Duration::from_secs(1);
@@ -212,17 +162,18 @@ const LEAD: Duration = Duration::from_secs(1);
 /// The outcomes, and how many order waits were cut short.
 async fn replay_all(b: Arc<Backend>, sessions: BTreeMap<u64, Captured>, args: &Args) -> (Vec<Outcome>, u64) {
     let t0 = tokio::time::Instant::now() + LEAD;
-    let order = Arc::new(Order::new(&sessions));
+    let roles: BTreeMap<u64, Vec<overlap::Role>> = sessions.values().map(|s| (s.id, overlap::roles(s))).collect();
+    let order = Arc::new(Order::new(&sessions, &roles));
     let tasks: Vec<_> = sessions
         .into_values()
         .map(|s| {
-            let (b, args, order) = (b.clone(), args.clone(), order.clone());
+            let (b, args, order, roles) = (b.clone(), args.clone(), order.clone(), roles[&s.id].clone());
             tokio::spawn(async move {
-                let ends: Vec<u64> = s.commands.iter().map(Command::end_us).collect();
-                let (out, marked) = replay_session(b, s, t0, &args, &order).await;
+                let spans: Vec<(u64, u64)> = s.commands.iter().map(|c| (c.at_us, c.end_us())).collect();
+                let (out, marked) = replay_session(b, s, t0, &args, Ordered { order: &order, roles: &roles }).await;
                 // Every command of the session is done, whatever became of it.
-                for e in &ends[marked..] {
-                    order.done(*e);
+                for (span, role) in spans.iter().zip(&roles).skip(marked) {
+                    order.done(*span, *role);
                 }
                 out
             })
@@ -234,7 +185,7 @@ async fn replay_all(b: Arc<Backend>, sessions: BTreeMap<u64, Captured>, args: &A
             out.extend(v);
         }
     }
-    (out, order.cut.load(std::sync::atomic::Ordering::Relaxed))
+    (out, order.cut())
 }
 
 /// Why a command is not replayed, if it is not.
@@ -266,9 +217,24 @@ fn reads_only(cmd: u8, body: &[u8]) -> bool {
     }
 }
 
+/// The order a session's commands keep with the others', and their roles in it.
+#[derive(Clone, Copy)]
+struct Ordered<'a> {
+    order: &'a Order,
+    roles: &'a [overlap::Role],
+}
+
+/// A session's open transaction: where it began (its BEGIN), to run it again; and how many
+/// times it rolled back to give up its locks.
+#[derive(Default)]
+struct Transaction {
+    from: Option<usize>,
+    released: usize,
+}
+
 /// The outcomes of a session's commands, and how many of them (from the first) it marked done
-/// in `order`.
-async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, args: &Args, order: &Order) -> (Vec<Outcome>, usize) {
+/// in the order.
+async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, args: &Args, ord: Ordered<'_>) -> (Vec<Outcome>, usize) {
     let at = |us: u64| t0 + Duration::from_secs_f64(us as f64 / 1e6 / args.speed);
     let mut texts: BTreeMap<u32, String> = BTreeMap::new();
     let mut out = Vec::new();
@@ -301,54 +267,100 @@ async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, 
             return (out, 0);
         }
     };
-    // Where the open transaction began (its BEGIN), to run it again after a deadlock.
-    let mut transaction: Option<usize> = None;
+    let mut transaction = Transaction::default();
+    // (A COMMIT ends its transaction once it ran: until then, it holds the locks.)
+    let mut ended = false;
     for (i, c) in s.commands.iter().enumerate() {
-        transaction = match statement_run(&c.payload, |id| texts.get(&id).map(|t| t.as_bytes())).map(overlap::effect) {
-            Some(overlap::Effect::Begin) => Some(i),
-            Some(overlap::Effect::Commit | overlap::Effect::Rollback) => None,
-            _ => transaction,
-        };
+        if std::mem::take(&mut ended) {
+            transaction.from = None;
+        }
+        match statement_run(&c.payload, |id| texts.get(&id).map(|t| t.as_bytes())).map(overlap::effect) {
+            Some(overlap::Effect::Begin) => transaction = Transaction { from: Some(i), released: 0 },
+            Some(overlap::Effect::Commit | overlap::Effect::Rollback) => ended = true,
+            _ => {}
+        }
         if let (Some(&com::STMT_PREPARE), Some(sum)) = (c.payload.first(), c.captured) {
             texts.insert(sum.stmt_id, String::from_utf8_lossy(&c.payload[1..]).into_owned());
         }
         if c.payload.first() == Some(&com::QUIT) {
             break;
         }
-        if let Some(why) = skip_reason(c, args.read_only) {
-            out.push(outcome(c, &texts, Err(why.into())));
-            order.done(c.end_us());
-            continue;
-        }
-        let Some(open) = conn.as_mut() else {
-            out.push(outcome(c, &texts, Err("the connection was lost".into())));
-            order.done(c.end_us());
+        let not_run = skip_reason(c, args.read_only).map(String::from).or_else(|| conn.is_none().then(|| "the connection was lost".into()));
+        let (Some(open), None) = (conn.as_mut(), &not_run) else {
+            out.push(outcome(c, &texts, Err(not_run.unwrap_or_default())));
+            ord.order.done((c.at_us, c.end_us()), ord.roles[i]);
             continue;
         };
         tokio::time::sleep_until(at(c.at_us)).await;
-        let cut = !args.unordered && !order.before(c.at_us).await;
-        if cut {
-            order.cut.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        let began = ns_since(t0);
-        let mut r = open.run(&c.payload, c.captured.map_or(0, |s| s.stmt_id)).await;
-        let retried = deadlocked(c, &r);
-        if retried {
-            let from = transaction.unwrap_or(i);
-            r = retry(open, &s.commands[from..=i], &mut out[from..], args.read_only).await;
-        }
-        let ran = Some((began, ns_since(t0)));
-        order.done(c.end_us());
+        let (r, ran, out_of_order, retried) = run_in_order(open, &s.commands, i, &mut transaction, &mut out, args, ord, t0).await;
+        ord.order.done((c.at_us, c.end_us()), ord.roles[i]);
         if r.as_ref().is_err_and(|e| !e.starts_with("statement ")) {
             conn = None;
         }
-        out.push(Outcome { order_dependent: cut || retried, ran, retried, ..outcome(c, &texts, r) });
+        out.push(Outcome { order_dependent: out_of_order || retried, ran: Some(ran), retried, ..outcome(c, &texts, r) });
     }
     if let Some(c) = conn {
         c.quit().await;
     }
     let marked = out.len();
     (out, marked)
+}
+
+/// Runs command `i` of a session once the order lets it ([`Order`]).
+/// - When its transaction holds locks and the wait takes over [`HOLDING_WAIT`], a command
+///   waited for may be waiting for one of them: the transaction rolls back, and once the order
+///   lets it, runs again from its BEGIN.
+/// - After a deadlock the capture did not have, the transaction runs again too.
+/// - Where the capture had a deadlock here and the replay has none, the transaction is rolled
+///   back as the capture's server did.
+///
+/// Its result, when it ran (ns from `t0`), whether it ran out of the capture's order, and
+/// whether it ran again with its transaction.
+#[allow(clippy::too_many_arguments)]
+async fn run_in_order(
+    open: &mut conn::Conn,
+    commands: &[Command],
+    i: usize,
+    transaction: &mut Transaction,
+    out: &mut [Outcome],
+    args: &Args,
+    ord: Ordered<'_>,
+    t0: tokio::time::Instant,
+) -> (Result<Summary, String>, (u64, u64), bool, bool) {
+    let c = &commands[i];
+    let role = ord.roles[i];
+    let holding = transaction.from.filter(|&f| ord.roles[f..i].iter().any(|r| r.takes) && transaction.released < RETRIES);
+    let mut cut = !args.unordered && !ord.order.before(c, role, if holding.is_some() { HOLDING_WAIT } else { ORDER_WAIT }).await;
+    let mut rerun = None;
+    if let Some(from) = holding.filter(|_| cut) {
+        transaction.released += 1;
+        if open.run(ROLLBACK, 0).await.is_ok_and(|s| s.error == 0) {
+            cut = !ord.order.before(c, role, ORDER_WAIT).await;
+            rerun = Some(from);
+        }
+    }
+    if cut {
+        ord.order.count_cut();
+    }
+    let began = ns_since(t0);
+    let mut r = match rerun {
+        Some(from) => retry(open, (&commands[from..=i], &ord.roles[from..=i]), &mut out[from..], args, ord.order).await,
+        None => open.run(&c.payload, c.captured.map_or(0, |s| s.stmt_id)).await,
+    };
+    // (Otherwise the transaction would stay open, and the session's next BEGIN would commit
+    // changes the capture's server had rolled back.)
+    let mut out_of_order = cut;
+    if c.captured.is_some_and(|s| s.error == DEADLOCK) && r.as_ref().is_ok_and(|s| s.error != DEADLOCK) {
+        let _ = open.run(ROLLBACK, 0).await;
+        out_of_order = true;
+    }
+    let mut retried = rerun.is_some();
+    if deadlocked(c, &r) {
+        retried = true;
+        let from = transaction.from.unwrap_or(i);
+        r = retry(open, (&commands[from..=i], &ord.roles[from..=i]), &mut out[from..], args, ord.order).await;
+    }
+    (r, (began, ns_since(t0)), out_of_order, retried)
 }
 
 /// Nanoseconds from `t0` to now (0 before it).
@@ -358,6 +370,8 @@ fn ns_since(t0: tokio::time::Instant) -> u64 {
 
 /// MariaDB's error for a deadlock's victim (its transaction is rolled back).
 const DEADLOCK: u16 = 1213;
+/// A COM_QUERY that rolls the open transaction back.
+const ROLLBACK: &[u8] = b"\x03ROLLBACK";
 /// Times a transaction runs again after deadlocks the capture did not have.
 const RETRIES: usize = 3;
 
@@ -371,16 +385,27 @@ fn deadlocked(c: &Command, r: &Result<Summary, String>) -> bool {
 /// victim (`commands`), as an application would: otherwise its changes would be missing from
 /// the rest of the replay, and every later read of its rows would differ from the capture. The
 /// outcomes of its earlier commands (`earlier`) take the new results; the last command's is
-/// returned. Commands run again are order-dependent: they ran later than in the capture.
-async fn retry(open: &mut conn::Conn, commands: &[Command], earlier: &mut [Outcome], read_only: bool) -> Result<Summary, String> {
+/// returned. Commands run again are order-dependent: they ran later than in the capture. Each
+/// still waits for the order (`roles`: theirs in it).
+async fn retry(
+    open: &mut conn::Conn,
+    (commands, roles): (&[Command], &[overlap::Role]),
+    earlier: &mut [Outcome],
+    args: &Args,
+    order: &Order,
+) -> Result<Summary, String> {
     let mut last = Ok(Summary { error: DEADLOCK, ..Summary::default() });
     for _ in 0..RETRIES {
-        let mut results = Vec::with_capacity(commands.len());
-        for c in commands {
-            if skip_reason(c, read_only).is_some() {
+        let (mut results, mut holding) = (Vec::with_capacity(commands.len()), false);
+        for (c, &role) in commands.iter().zip(roles) {
+            if skip_reason(c, args.read_only).is_some() {
                 results.push(None);
                 continue;
             }
+            if !args.unordered && !order.before(c, role, if holding { HOLDING_WAIT } else { ORDER_WAIT }).await {
+                order.count_cut();
+            }
+            holding |= role.takes;
             let r = open.run(&c.payload, c.captured.map_or(0, |s| s.stmt_id)).await;
             let again = deadlocked(c, &r);
             results.push(Some(r));

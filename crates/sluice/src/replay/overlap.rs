@@ -50,6 +50,61 @@ pub(super) fn effect(sql: &[u8]) -> Effect {
     }
 }
 
+impl Effect {
+    /// A statement that may take locks other sessions wait for: one that is not a plain read,
+    /// a BEGIN or the end of a transaction.
+    fn locks(self) -> bool {
+        !matches!(self, Effect::Read | Effect::Begin | Effect::Commit | Effect::Rollback)
+    }
+}
+
+/// What a command does to the order a replay keeps ([`super::order::Order`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Role {
+    /// It may take locks: it waits for every release that ended before it did.
+    pub takes: bool,
+    /// It releases locks, or makes changes visible (ends a transaction, or writes outside one):
+    /// it waits for every read that began before it did.
+    pub releases: bool,
+    /// A plain read.
+    pub reads: bool,
+}
+
+/// Each command's role.
+pub(super) fn roles(s: &Captured) -> Vec<Role> {
+    let mut in_transaction = s.begin.as_ref().is_some_and(|(_, b)| b.in_transaction);
+    let mut out = Vec::with_capacity(s.commands.len());
+    for e in effects(s) {
+        let takes = e.is_some_and(Effect::locks);
+        let releases = match e {
+            Some(Effect::Begin) => std::mem::replace(&mut in_transaction, true),
+            Some(Effect::Commit | Effect::Rollback) => {
+                in_transaction = false;
+                true
+            }
+            _ => takes && !in_transaction,
+        };
+        out.push(Role { takes, releases, reads: e == Some(Effect::Read) });
+    }
+    out
+}
+
+/// What each command of a session runs (None for a command that runs no statement).
+pub(super) fn effects(s: &Captured) -> Vec<Option<Effect>> {
+    let mut texts: HashMap<u32, &[u8]> = HashMap::new();
+    if let Some((_, b)) = &s.begin {
+        texts.extend(b.prepared.iter().map(|(id, sql, _)| (*id, &sql[..])));
+    }
+    let mut out = Vec::with_capacity(s.commands.len());
+    for c in &s.commands {
+        if let (Some(&com::STMT_PREPARE), Some(sum)) = (c.payload.first(), c.captured) {
+            texts.insert(sum.stmt_id, &c.payload[1..]);
+        }
+        out.push(super::statement_run(&c.payload, |id| texts.get(&id).copied()).map(effect));
+    }
+    out
+}
+
 /// A command's captured span, and the command that fixed its transaction's snapshot.
 struct Span {
     session: u64,
@@ -79,19 +134,12 @@ impl Plan {
     pub fn new(sessions: &BTreeMap<u64, Captured>) -> Plan {
         let mut spans = Vec::new();
         for s in sessions.values() {
-            let mut texts: HashMap<u32, &[u8]> = HashMap::new();
-            if let Some((_, b)) = &s.begin {
-                texts.extend(b.prepared.iter().map(|(id, sql, _)| (*id, &sql[..])));
-            }
             let mut in_transaction = s.begin.as_ref().is_some_and(|(_, b)| b.in_transaction);
             // The open transaction's first statement began here; its first read was this one.
             let (mut first, mut read) = (None, None);
-            for c in &s.commands {
+            for (c, e) in s.commands.iter().zip(effects(s)) {
                 let (start, end) = (c.at_us, c.end_us());
-                if let (Some(&com::STMT_PREPARE), Some(sum)) = (c.payload.first(), c.captured) {
-                    texts.insert(sum.stmt_id, &c.payload[1..]);
-                }
-                let e = super::statement_run(&c.payload, |id| texts.get(&id).copied()).map_or(Effect::Other, effect);
+                let e = e.unwrap_or(Effect::Other);
                 let snapshot = first.map(|f| (f, read.unwrap_or(c.number)));
                 let mut visible = false;
                 match e {

@@ -297,7 +297,11 @@ pub fn markdown(r: &Report) -> String {
         let _ = writeln!(m, "| run without waiting for all that ended before them (a lock wait) | {} |", r.order_waits_cut);
     }
     if r.retried > 0 {
-        let _ = writeln!(m, "| run again with their transaction, after a deadlock the capture did not have | {} |", r.retried);
+        let _ = writeln!(
+            m,
+            "| run again with their transaction (after a deadlock the capture did not have, or to give up locks another session's command waited for) | {} |",
+            r.retried
+        );
     }
     if r.not_compared > 0 {
         let _ = writeln!(m, "| no captured result to compare (in flight at the end) | {} |", r.not_compared);
