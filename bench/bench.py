@@ -456,6 +456,9 @@ def parse_args():
     p.add_argument("--report-only", action="store_true",
                    help="write report.md and the charts again from bench/results/<name>/raw.json, measuring nothing")
     p.add_argument("--smoke", action="store_true", help="every suite at minimal size, to check the harness")
+    p.add_argument("--merge", action="store_true",
+                   help="measure only --suites, and put their cells in the existing bench/results/<name> in place of "
+                        "those its run measured (the report says which suites were measured again, how and when)")
     a = p.parse_args()
     if a.smoke:
         a.duration, a.rounds, a.threads, a.table_size, a.tables = 2, 1, "4", 1000, 1
@@ -525,6 +528,25 @@ def rewrite_report(cli):
     log(f"report: {out / 'report.md'}")
 
 
+def merged(out, new):
+    """The results in `out` with the cells of `new`'s suites replaced by `new`'s (same rounds and
+    duration), and a note of when and how those suites were measured again."""
+    raw = json.loads((out / "raw.json").read_text())
+    old_args, args = raw["args"], new["args"]
+    if (old_args["rounds"], old_args["duration"]) != (args["rounds"], args["duration"]):
+        raise SystemExit(f"--merge: {out} has {old_args['rounds']} rounds of {old_args['duration']} s; measure the same")
+    suites = args["suites"]
+    prefixes = tuple(f"{s}/" for s in suites)
+    rounds = {k: v for k, v in raw["rounds"].items() if not k.startswith(prefixes)}
+    rounds.update(new["rounds"])
+    # The suites' own options are the new run's.
+    own = {k: v for k, v in args.items() if k.split("_")[0] in suites}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    again = old_args.get("remeasured", []) + [{"suites": suites, "command": new["command"], "commit": commit,
+                                               "date": time.strftime("%Y-%m-%d")}]
+    return {**raw, "args": {**old_args, **own, "remeasured": again}, "rounds": rounds}
+
+
 def main():
     args = parse_args()
     if args.report_only:
@@ -585,12 +607,16 @@ def main():
                     # (A measurement of two targets in one run gives each its figures.)
                     for name, fig in figures.pop("halves", {target: figures}).items():
                         results.setdefault(cell.key(name), []).append(fig)
-        med = median_cells(results)
         out = ROOT / "bench" / "results" / args.name
         out.mkdir(parents=True, exist_ok=True)
         command = " ".join(sys.argv)
-        (out / "raw.json").write_text(json.dumps({"args": vars(args), "command": command, "rounds": results, "median": med}, indent=1))
-        report.write(med, args, out, command)
+        raw = {"args": vars(args), "command": command, "rounds": results}
+        if args.merge:
+            raw = merged(out, raw)
+            args = argparse.Namespace(**raw["args"])
+        med = raw["median"] = median_cells(raw["rounds"])
+        (out / "raw.json").write_text(json.dumps(raw, indent=1))
+        report.write(med, args, out, raw["command"])
         log(f"report: {out / 'report.md'}")
         missing = [k for c in plan for k in c.result_keys() if k not in med]
         # Every planned cell must have produced numbers (a cell, not a threshold, passes).

@@ -627,6 +627,9 @@ def write(med, args, out, command):
              "CPU is the proxy process's utime+stime over the run."
              + (f" The MariaDB server runs with `{args.server_options}` beyond the tests' options."
                 if getattr(args, "server_options", None) else ""), ""]
+    for again in getattr(args, "remeasured", None) or []:
+        lines += [f"Measured again: the {', '.join(again['suites'])} suite(s), at commit {again['commit']} on {again['date']}, "
+                  f"with `{again['command']}`; their cells replace this run's.", ""]
     lines += steal_warning(med, args)
     sections = [("basic", "Basic workloads", basic), ("ranges", "Result-set size", ranges),
                 ("latency", "Added latency", latency), ("long", "Long (idle) connections", long_conns),
