@@ -6,9 +6,9 @@
 //! order, each at its captured time unless the one before ran late, and never before the
 //! commands of other sessions the capture says came first ([`Order`], `order.rs`: what one
 //! session saw another do, it sees again, and conflicting locks are taken in the capture's
-//! order). Commands that cannot be replayed faithfully are skipped and counted by reason: redacted (may carry a password),
-//! truncated (over 1 MiB), COM_CHANGE_USER, and with `--read-only` anything that may write.
-//! The comparison and the report are in `report.rs`.
+//! order). Commands that cannot be replayed faithfully are skipped and counted by reason:
+//! redacted (may carry a password), truncated (over 1 MiB), COM_CHANGE_USER, and with
+//! `--read-only` anything that may write. The comparison and the report are in `report.rs`.
 
 mod charts;
 pub mod conn;
@@ -329,7 +329,9 @@ async fn run_in_order(
 ) -> (Result<Summary, String>, (u64, u64), bool, bool) {
     let c = &commands[i];
     let role = ord.roles[i];
-    let holding = transaction.from.filter(|&f| ord.roles[f..i].iter().any(|r| r.takes) && transaction.released < RETRIES);
+    // (Commands skipped took no locks.)
+    let took = |f: usize| out[f..i].iter().zip(&ord.roles[f..i]).any(|(o, r)| r.takes && o.replayed.is_ok());
+    let holding = transaction.from.filter(|&f| transaction.released < RETRIES && took(f));
     let mut cut = !args.unordered && !ord.order.before(c, role, if holding.is_some() { HOLDING_WAIT } else { ORDER_WAIT }).await;
     let mut rerun = None;
     if let Some(from) = holding.filter(|_| cut) {
