@@ -10,7 +10,9 @@
 //!   commit their changes in another order, which leaves rows with other values for every
 //!   later read.)
 //! - A release waits for every read that began before it did to end: those reads began
-//!   before the change was made visible, and did not see it.
+//!   before the change was made visible, and did not see it. A read waits for every release
+//!   that began before it did: the server makes a commit visible early in the commit (before
+//!   it flushes the log), so a read that began during one most likely saw it.
 //!
 //! A wait is for commands that ended, or began, earlier, and a session's commands follow one
 //! another, so the waits form no cycle with each other. With the server's locks they can,
@@ -30,6 +32,8 @@ pub struct Order {
     releases: Ranks,
     /// Reads, by their captured starts.
     reads: Ranks,
+    /// Releases, by their captured starts.
+    release_starts: Ranks,
     /// Waits cut short.
     cut: AtomicU64,
 }
@@ -80,19 +84,26 @@ impl Ranks {
 impl Order {
     /// `roles`: by session, each command's role (`overlap::roles`).
     pub fn new(sessions: &BTreeMap<u64, Captured>, roles: &BTreeMap<u64, Vec<Role>>) -> Order {
-        let (mut all, mut releases, mut reads) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut all, mut releases, mut reads, mut release_starts) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for s in sessions.values() {
             for (c, role) in s.commands.iter().zip(&roles[&s.id]) {
                 all.push(c.end_us());
                 if role.releases {
                     releases.push(c.end_us());
+                    release_starts.push(c.at_us);
                 }
                 if role.reads {
                     reads.push(c.at_us);
                 }
             }
         }
-        Order { all: Ranks::new(all), releases: Ranks::new(releases), reads: Ranks::new(reads), cut: AtomicU64::new(0) }
+        Order {
+            all: Ranks::new(all),
+            releases: Ranks::new(releases),
+            reads: Ranks::new(reads),
+            release_starts: Ranks::new(release_starts),
+            cut: AtomicU64::new(0),
+        }
     }
 
     /// Waits until the order lets `c` run, or `wait` passed; false when it gave up.
@@ -105,6 +116,9 @@ impl Order {
             if role.releases {
                 self.reads.before(c.at_us).await;
             }
+            if role.reads {
+                self.release_starts.before(c.at_us).await;
+            }
         };
         tokio::time::timeout(wait, all).await.is_ok()
     }
@@ -115,6 +129,7 @@ impl Order {
         self.all.done(end_us);
         if role.releases {
             self.releases.done(end_us);
+            self.release_starts.done(at_us);
         }
         if role.reads {
             self.reads.done(at_us);
@@ -182,9 +197,19 @@ mod tests {
         let (commit, write) = (cmd(9, 0, 100), cmd(1, 50, 200));
         let o = order(&[(&commit, COMMIT), (&write, WRITE)]);
         assert!(!may_run(&o, &write, WRITE).await);
-        assert!(may_run(&o, &write, READ).await, "a read takes no lock, and waits for nothing here");
+        assert!(may_run(&o, &write, Role::default()).await, "a command that takes no lock and reads nothing waits for nothing here");
         o.done((commit.at_us, commit.end_us()), COMMIT);
         assert!(may_run(&o, &write, WRITE).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_that_began_during_a_commit_waits_for_it() {
+        let (commit, read) = (cmd(9, 0, 300), cmd(1, 100, 50));
+        let o = order(&[(&commit, COMMIT), (&read, READ)]);
+        assert!(may_run(&o, &commit, COMMIT).await, "the read began after it");
+        assert!(!may_run(&o, &read, READ).await);
+        o.done((commit.at_us, commit.end_us()), COMMIT);
+        assert!(may_run(&o, &read, READ).await);
     }
 
     #[tokio::test(start_paused = true)]
