@@ -75,6 +75,89 @@ pub fn strip_session_track(payload: &[u8], lenenc_info: bool) -> Option<Vec<u8>>
     (plain != payload).then_some(plain)
 }
 
+/// What a client's own session reports of its state changes: its `session_track_*` settings,
+/// where sluice's backend connection tracks more (every variable, and state changes) for its own
+/// needs. Only system variables and the state-change entry are filtered: the schema and
+/// transaction entries follow settings sluice leaves as the client set them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tracked {
+    /// `session_track_system_variables` as the server shows it: names separated by commas, or `*`.
+    pub variables: Box<[u8]>,
+    /// `session_track_state_change`.
+    pub state_change: bool,
+}
+
+impl Default for Tracked {
+    /// MariaDB's defaults.
+    fn default() -> Tracked {
+        Tracked {
+            variables: b"autocommit,character_set_client,character_set_connection,character_set_results,time_zone"[..].into(),
+            state_change: false,
+        }
+    }
+}
+
+impl Tracked {
+    /// Whether the client's session would report `change`.
+    pub fn wants(&self, change: &StateChange<'_>) -> bool {
+        match change {
+            StateChange::SystemVariable { name, .. } => {
+                &*self.variables == b"*" || self.variables.split(|&c| c == b',').any(|n| n.trim_ascii().eq_ignore_ascii_case(name))
+            }
+            StateChange::StateChanged => self.state_change,
+            _ => true,
+        }
+    }
+
+    /// Whether an OK's state block holds an entry the client's session would not report.
+    pub fn filters(&self, ok: &Ok<'_>) -> bool {
+        ok.status & crate::consts::status::SESSION_STATE_CHANGED != 0 && entries(ok.session_state).any(|(_, c)| !self.wants(&c))
+    }
+}
+
+/// Each entry of a session-state-change block, as its bytes and parsed.
+fn entries(block: &[u8]) -> impl Iterator<Item = (&[u8], StateChange<'_>)> {
+    let mut rest = block;
+    std::iter::from_fn(move || {
+        let change = state_changes(rest).next()?;
+        let mut r = Reader::new(rest);
+        r.u8("kind").ok()?;
+        r.lenenc_bytes("data").ok()?;
+        let (raw, after) = rest.split_at(rest.len() - r.remaining());
+        rest = after;
+        Some((raw, change))
+    })
+}
+
+/// Rewrites an OK payload (with CLIENT_SESSION_TRACK) to hold only the state changes `t`
+/// wants; without any left, the session-state-changed flag is cleared and the block left out,
+/// as the client's own session would send it. None when nothing changes.
+pub fn filter_session_track(payload: &[u8], t: &Tracked) -> Option<Vec<u8>> {
+    let ok = Ok::parse(payload, true).ok()?;
+    if !t.filters(&ok) {
+        return None;
+    }
+    let mut block = Vec::with_capacity(ok.session_state.len());
+    for (raw, change) in entries(ok.session_state) {
+        if t.wants(&change) {
+            block.extend_from_slice(raw);
+        }
+    }
+    let mut out = Vec::with_capacity(payload.len());
+    let mut status = ok.status;
+    if block.is_empty() {
+        status &= !crate::consts::status::SESSION_STATE_CHANGED;
+    }
+    ok_payload(&mut out, payload[0], ok.affected_rows, ok.last_insert_id, status, ok.warnings);
+    if !block.is_empty() || !ok.info.is_empty() {
+        crate::packet::put_lenenc_bytes(&mut out, ok.info);
+    }
+    if !block.is_empty() {
+        crate::packet::put_lenenc_bytes(&mut out, &block);
+    }
+    Some(out)
+}
+
 /// Reads only the status flags of an OK or EOF payload; cheap, for the hot path.
 /// A 0xfe packet is an OK-shaped terminator when DEPRECATE_EOF was negotiated, else a classic EOF.
 pub fn terminator_status(payload: &[u8], deprecate_eof: bool) -> Option<u16> {
@@ -235,6 +318,58 @@ mod tests {
         let mut bare = Vec::new();
         ok_payload(&mut bare, 0, 0, 0, status::AUTOCOMMIT, 0);
         assert_eq!(strip_session_track(&bare, false), None);
+    }
+
+    #[test]
+    fn only_what_the_client_tracks_is_left() {
+        let entry = |kind: u8, data: &[u8]| {
+            let mut e = vec![kind];
+            crate::packet::put_lenenc_bytes(&mut e, data);
+            e
+        };
+        let var = |name: &[u8], value: &[u8]| {
+            let mut v = Vec::new();
+            crate::packet::put_lenenc_bytes(&mut v, name);
+            crate::packet::put_lenenc_bytes(&mut v, value);
+            entry(0, &v)
+        };
+        let ok_with = |block: &[u8]| {
+            let mut p = Vec::new();
+            ok_payload(&mut p, 0, 1, 0, status::SESSION_STATE_CHANGED | status::AUTOCOMMIT | status::MORE_RESULTS_EXISTS, 0);
+            crate::packet::put_lenenc_bytes(&mut p, b"");
+            crate::packet::put_lenenc_bytes(&mut p, block);
+            p
+        };
+        let t = Tracked::default();
+        // A user variable set: the state changed, which the client does not track.
+        let p = ok_with(&entry(2, b"1"));
+        let out = filter_session_track(&p, &t).unwrap();
+        let ok = Ok::parse(&out, true).unwrap();
+        assert_eq!((ok.status, ok.session_state), (status::AUTOCOMMIT | status::MORE_RESULTS_EXISTS, &b""[..]));
+        assert_eq!(out.len(), basic_len(&ok), "no info and no block: {out:?}");
+        // A time zone and the GTID of a write: only the time zone stays.
+        let mut block = var(b"last_gtid", b"0-1-5");
+        block.extend(var(b"TIME_ZONE", b"+01:00"));
+        block.extend(entry(2, b"1"));
+        let out = filter_session_track(&ok_with(&block), &t).unwrap();
+        let ok = Ok::parse(&out, true).unwrap();
+        assert_ne!(ok.status & status::SESSION_STATE_CHANGED, 0);
+        let changes: Vec<_> = state_changes(ok.session_state).collect();
+        assert_eq!(changes, vec![StateChange::SystemVariable { name: b"TIME_ZONE", value: b"+01:00" }]);
+        // What the client tracks itself passes as it is.
+        let all = Tracked { variables: b"*"[..].into(), state_change: true };
+        assert_eq!(filter_session_track(&ok_with(&block), &all), None);
+        let mut schema = entry(1, b"\x02db");
+        schema.extend(var(b"autocommit", b"OFF"));
+        assert_eq!(filter_session_track(&ok_with(&schema), &t), None);
+        let some = Tracked { variables: b"sql_mode, last_gtid"[..].into(), state_change: false };
+        let out = filter_session_track(&ok_with(&block), &some).unwrap();
+        let changes: Vec<_> = state_changes(Ok::parse(&out, true).unwrap().session_state).collect();
+        assert_eq!(changes, vec![StateChange::SystemVariable { name: b"last_gtid", value: b"0-1-5" }]);
+    }
+
+    fn basic_len(ok: &Ok<'_>) -> usize {
+        ok_fixed_len(ok)
     }
 
     #[test]

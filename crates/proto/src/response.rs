@@ -147,6 +147,9 @@ pub struct ResponseTracker {
     strip_session_track: bool,
     /// The server writes OK info length-encoded even without SESSION_TRACK (MariaDB).
     lenenc_info: bool,
+    /// The client has CLIENT_SESSION_TRACK and tracks less than the server reports: OKs with
+    /// state changes it would not see are reported as [`State::Rewrite`].
+    filter: Option<Box<basic::Tracked>>,
     rewrite: bool,
     /// Payload bytes of the current packet still to pass without looking.
     skip: usize,
@@ -173,6 +176,7 @@ impl ResponseTracker {
             session_track,
             strip_session_track: false,
             lenenc_info: false,
+            filter: None,
             rewrite: false,
             skip: 0,
             continued: false,
@@ -190,6 +194,20 @@ impl ResponseTracker {
         self.strip_session_track = on && self.session_track;
         self.lenenc_info = lenenc_info;
         self
+    }
+
+    /// Reports OKs with state changes that `client` does not track for rewriting (a client
+    /// with CLIENT_SESSION_TRACK; None: pass them as they come).
+    pub fn filter_session_track(&mut self, client: Option<basic::Tracked>) {
+        self.filter = client.filter(|_| self.session_track && !self.strip_session_track).map(Box::new);
+    }
+
+    /// What the client should get for an OK reported as [`State::Rewrite`] (None: the OK as it is).
+    pub fn rewrite_ok(&self, payload: &[u8]) -> Option<Vec<u8>> {
+        match &self.filter {
+            Some(t) => basic::filter_session_track(payload, t),
+            None => basic::strip_session_track(payload, self.lenenc_info),
+        }
     }
 
     /// Begins following the response to a new command whose last packet had sequence id
@@ -431,8 +449,11 @@ impl ResponseTracker {
         } else {
             let ok = basic::Ok::parse(p, self.session_track)?;
             sink.ok(&ok);
-            self.rewrite = self.strip_session_track
-                && (ok.status & status::SESSION_STATE_CHANGED != 0 || (!self.lenenc_info && p.len() > basic::ok_fixed_len(&ok)));
+            self.rewrite = if self.strip_session_track {
+                ok.status & status::SESSION_STATE_CHANGED != 0 || (!self.lenenc_info && p.len() > basic::ok_fixed_len(&ok))
+            } else {
+                self.filter.as_ref().is_some_and(|t| t.filters(&ok))
+            };
             ok.status
         };
         self.last_status = Some(st);

@@ -38,6 +38,8 @@ pub struct Found {
     /// The KILL is the text of `PREPARE s FROM '...'` or `EXECUTE IMMEDIATE '...'` (its `at`
     /// is then within that text, not the query).
     pub quoted: bool,
+    /// Where its whole statement is (in the query, or in that text).
+    pub statement: Range<usize>,
 }
 
 /// The KILL statements of a COM_QUERY or COM_STMT_PREPARE.
@@ -62,16 +64,43 @@ pub fn find_kills(sql: &[u8], multi: bool) -> Option<Kills> {
     for st in lexer::statements(sql).take(if multi { usize::MAX } else { 1 }) {
         kills.statements += 1;
         if let Some(target) = kill_statement(sql, &st) {
-            kills.found.push(Found { target, quoted: false });
+            kills.found.push(Found { target, quoted: false, statement: span(&st) });
         } else if let Some(text) = prepared_text(sql, &st) {
             for inner in lexer::statements(&text).take(1) {
                 if let Some(target) = kill_statement(&text, &inner) {
-                    kills.found.push(Found { target, quoted: true });
+                    kills.found.push(Found { target, quoted: true, statement: span(&inner) });
                 }
             }
         }
     }
     (!kills.found.is_empty()).then_some(kills)
+}
+
+/// The collation a `SET NAMES charset COLLATE collation` gives the connection (lowercased), which
+/// the server does not report among the variables the statement changed. None: no such clause.
+pub fn set_names_collation(sql: &[u8]) -> Option<String> {
+    let st = lexer::statements(sql).next()?;
+    if !st.first()?.is_word(sql, "SET") {
+        return None;
+    }
+    let at = st.iter().position(|t| t.is_word(sql, "NAMES"))?;
+    let [_, _, collate, name, ..] = st.get(at..)? else { return None };
+    if !collate.is_word(sql, "COLLATE") {
+        return None;
+    }
+    let text = match name.kind {
+        lexer::Kind::Word | lexer::Kind::Quoted => lexer::name(name.text(sql)),
+        _ => return None,
+    };
+    (!text.eq_ignore_ascii_case(b"DEFAULT")).then(|| String::from_utf8_lossy(&text).to_ascii_lowercase())
+}
+
+/// From the first token's start to the last one's end.
+fn span(st: &[Token]) -> Range<usize> {
+    match (st.first(), st.last()) {
+        (Some(a), Some(b)) => a.at.start..b.at.end,
+        _ => 0..0,
+    }
 }
 
 /// Whether the first statement may be a KILL, or run one (PREPARE, EXECUTE IMMEDIATE): its
@@ -151,6 +180,33 @@ pub enum SqlPrepare {
     Deallocate(Vec<u8>),
 }
 
+/// What a statement does to a transaction that the server's status flags may not show (with
+/// autocommit off, a transaction that touched no table yet, or its savepoints).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransactionEnd {
+    /// `COMMIT` or `ROLLBACK` (without `AND CHAIN`, and not `ROLLBACK TO`): the transaction is over.
+    Ends,
+    /// Anything else.
+    No,
+}
+
+/// Whether the first statement of `sql` ends the session's transaction.
+pub fn transaction_end(sql: &[u8]) -> TransactionEnd {
+    let Some(st) = lexer::statements(sql).next() else { return TransactionEnd::No };
+    let Some((first, rest)) = st.split_first() else { return TransactionEnd::No };
+    if !(first.is_word(sql, "COMMIT") || first.is_word(sql, "ROLLBACK")) {
+        return TransactionEnd::No;
+    }
+    let word = |i: usize, kw: &str| rest.get(i).is_some_and(|t| t.is_word(sql, kw));
+    for i in 0..rest.len() {
+        // ROLLBACK [WORK] TO [SAVEPOINT] name; ... AND CHAIN (not AND NO CHAIN).
+        if word(i, "TO") || (word(i, "AND") && word(i + 1, "CHAIN")) {
+            return TransactionEnd::No;
+        }
+    }
+    TransactionEnd::Ends
+}
+
 /// The [`SqlPrepare`] a query is, if it is one statement of that form (None otherwise: a
 /// PREPARE from a variable, among other statements, ...).
 pub fn sql_prepare(sql: &[u8]) -> Option<SqlPrepare> {
@@ -193,7 +249,7 @@ pub mod hazard {
     pub const USER_VARIABLE: u16 = 1;
     /// `TEMPORARY` (a temporary table lives on its connection).
     pub const TEMPORARY_TABLE: u16 = 2;
-    /// `GET_LOCK(...)` or `LOCK TABLE(S)`.
+    /// `GET_LOCK(...)`, `LOCK TABLE(S)`, `FLUSH ... WITH READ LOCK`, `BACKUP LOCK`, `BACKUP STAGE`.
     pub const LOCK: u16 = 4;
     /// SQL-level `PREPARE` (the statement lives on its connection).
     pub const SQL_PREPARE: u16 = 8;
@@ -201,8 +257,11 @@ pub mod hazard {
     pub const HANDLER: u16 = 16;
     /// `XA` (a prepared XA transaction stays with its connection).
     pub const XA: u16 = 32;
+    /// `NEXTVAL(...)`, `NEXT VALUE FOR`, `SETVAL(...)`: the session's last value of a sequence
+    /// (`LASTVAL`, `PREVIOUS VALUE FOR`) lives on its connection.
+    pub const SEQUENCE: u16 = 512;
     /// Hazards that last until the session's state is reset.
-    pub const LASTING: u16 = USER_VARIABLE | TEMPORARY_TABLE | LOCK | SQL_PREPARE | HANDLER | XA;
+    pub const LASTING: u16 = USER_VARIABLE | TEMPORARY_TABLE | LOCK | SQL_PREPARE | HANDLER | XA | SEQUENCE;
     /// `SET TRANSACTION` without `SESSION`: it applies to the connection's next transaction.
     pub const SET_TRANSACTION: u16 = 64;
     /// `SQL_CALC_FOUND_ROWS`: the next statement may read `FOUND_ROWS()`.
@@ -232,7 +291,12 @@ pub fn hazards(sql: &[u8]) -> u16 {
                 // (By length first: most words are none of these, and are passed over at once.)
                 found |= match text.len() {
                     2 if eq(b"XA") => hazard::XA,
+                    4 if prev.held && eq(b"LOCK") => hazard::LOCK,
+                    5 if prev.backup && eq(b"STAGE") => hazard::LOCK,
+                    5 if prev.next && eq(b"VALUE") => hazard::SEQUENCE,
                     5 | 6 if prev.lock && (eq(b"TABLE") || eq(b"TABLES")) => hazard::LOCK,
+                    6 if eq(b"SETVAL") => hazard::SEQUENCE,
+                    7 if eq(b"NEXTVAL") => hazard::SEQUENCE,
                     7 if eq(b"PREPARE") => hazard::SQL_PREPARE,
                     7 if eq(b"HANDLER") => hazard::HANDLER,
                     8 if eq(b"GET_LOCK") => hazard::LOCK,
@@ -254,6 +318,10 @@ pub fn hazards(sql: &[u8]) -> u16 {
 #[derive(Default)]
 struct Prev {
     lock: bool,
+    /// `READ` or `BACKUP`: a `LOCK` after it is held.
+    held: bool,
+    backup: bool,
+    next: bool,
     set: bool,
     execute: bool,
     /// The statement is a `PREPARE`.
@@ -268,9 +336,11 @@ impl Prev {
         let is = |kw: &[u8]| t.kind == Kind::Word && text.eq_ignore_ascii_case(kw);
         // (By length first: the words looked for are 3, 4, 7 and 9 letters long.)
         let (mut prepare, mut from, mut lock, mut set, mut execute, mut immediate) = (false, false, false, false, false, false);
+        let (mut held, mut backup, mut next) = (false, false, false);
         match text.len() {
             3 => set = is(b"SET"),
-            4 => (from, lock) = (is(b"FROM"), is(b"LOCK")),
+            4 => (from, lock, held, next) = (is(b"FROM"), is(b"LOCK"), is(b"READ"), is(b"NEXT")),
+            6 => (backup, held) = (is(b"BACKUP"), is(b"BACKUP")),
             7 => (prepare, execute) = (is(b"PREPARE"), is(b"EXECUTE")),
             9 => immediate = is(b"IMMEDIATE"),
             _ => {}
@@ -278,6 +348,9 @@ impl Prev {
         self.prepare = (self.prepare || prepare) && !t.is_punct(sql, b';');
         self.code_next = (self.execute && immediate) || (self.prepare && from);
         self.lock = lock;
+        self.held = held;
+        self.backup = backup;
+        self.next = next;
         self.set = set;
         self.execute = execute;
     }
@@ -381,6 +454,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn set_names_collations() {
+        let c = |s: &str| set_names_collation(s.as_bytes());
+        assert_eq!(c("SET NAMES utf8mb4 COLLATE utf8mb4_bin").as_deref(), Some("utf8mb4_bin"));
+        assert_eq!(c("set names 'utf8mb4' collate 'UTF8MB4_UNICODE_CI', time_zone = '+00:00'").as_deref(), Some("utf8mb4_unicode_ci"));
+        assert_eq!(c("SET time_zone = '+00:00', NAMES latin1 COLLATE `latin1_bin`").as_deref(), Some("latin1_bin"));
+        assert_eq!(c("SET NAMES utf8mb4"), None);
+        assert_eq!(c("SET NAMES utf8mb4 COLLATE DEFAULT"), None);
+        assert_eq!(c("SELECT 'SET NAMES a COLLATE b'"), None);
+    }
+
+    #[test]
+    fn transaction_ends() {
+        use TransactionEnd::*;
+        for (sql, want) in [
+            ("COMMIT", Ends),
+            ("commit work", Ends),
+            ("/* x */ ROLLBACK", Ends),
+            ("ROLLBACK AND NO CHAIN RELEASE", Ends),
+            ("COMMIT AND CHAIN", No),
+            ("ROLLBACK TO SAVEPOINT a", No),
+            ("ROLLBACK WORK TO a", No),
+            ("SAVEPOINT a", No),
+            ("SELECT 'COMMIT'", No),
+            ("", No),
+        ] {
+            assert_eq!(transaction_end(sql.as_bytes()), want, "{sql}");
+        }
+    }
+
+    #[test]
     fn statements_that_may_carry_a_secret() {
         for sql in [
             "CREATE USER u IDENTIFIED BY 'pw'",
@@ -470,11 +573,13 @@ mod tests {
         use KillTarget::*;
         let k = find_kills(b"KILL 2; SELECT 1", true).unwrap();
         assert_eq!((k.statements, k.found.len()), (2, 1));
+        let k = find_kills(b"SELECT 1; kill query 3 ; KILL CONNECTION 4", true).unwrap();
+        assert_eq!(k.found.iter().map(|f| f.statement.clone()).collect::<Vec<_>>(), vec![10..22, 25..42]);
         assert_eq!(kills("SELECT 1; kill query 3 ; KILL CONNECTION 4"), vec![id(true, 3, None, 21..22), id(false, 4, None, 41..42)]);
         assert_eq!(kills("/*!50000 KILL 5 */"), vec![id(false, 5, None, 14..15)]);
         assert_eq!(kills("/*M!100000 KILL */ 5"), vec![id(false, 5, None, 19..20)]);
         let k = find_kills(b"PREPARE s FROM 'KILL 5'", true).unwrap();
-        assert_eq!(k.found, vec![Found { target: id(false, 5, None, 5..6), quoted: true }]);
+        assert_eq!(k.found, vec![Found { target: id(false, 5, None, 5..6), quoted: true, statement: 0..6 }]);
         assert_eq!(kills("EXECUTE IMMEDIATE \"KILL QUERY ?\" USING @x"), vec![Placeholder]);
         assert_eq!(kills("PREPARE s FROM 'KILL QUERY ID 7'"), vec![QueryId]);
         // Without multi-statements only the first statement can run.
@@ -511,6 +616,14 @@ mod tests {
         assert_eq!(hazards(b"SELECT GET_LOCK('a', 1)"), LOCK);
         assert_eq!(hazards(b"LOCK  TABLES t WRITE"), LOCK);
         assert_eq!(hazards(b"SELECT * FROM t LOCK IN SHARE MODE"), 0);
+        assert_eq!(hazards(b"FLUSH TABLES WITH READ LOCK"), LOCK);
+        assert_eq!(hazards(b"flush tables t1, t2 with read lock"), LOCK);
+        assert_eq!(hazards(b"BACKUP LOCK t"), LOCK);
+        assert_eq!(hazards(b"BACKUP STAGE START"), LOCK);
+        assert_eq!(hazards(b"SELECT NEXTVAL(s), LASTVAL(s)"), SEQUENCE);
+        assert_eq!(hazards(b"SELECT NEXT VALUE FOR s"), SEQUENCE);
+        assert_eq!(hazards(b"SELECT SETVAL(s, 10)"), SEQUENCE);
+        assert_eq!(hazards(b"SELECT `next`, value FROM t"), 0);
         assert_eq!(hazards(b"PREPARE s FROM 'select 1'"), SQL_PREPARE);
         assert_eq!(hazards(b"SELECT temporary_x, prepared FROM t"), 0);
         assert_eq!(hazards(b"/*!50000 SET @x=1 */"), USER_VARIABLE);

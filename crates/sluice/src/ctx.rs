@@ -44,6 +44,8 @@ pub struct Ctx {
     pub upgrades: Upgrades,
     /// Once an upgrade succeeded: where sessions are handed over to the new process.
     pub handoff: crate::fdpass::Outbox,
+    /// Statements clients of sessions that share connections hold open (multiplexing).
+    pub open_statements: crate::backend::shared::OpenStatements,
     /// The listening sockets were handed over to a new process (an upgrade): this one no
     /// longer accepts, and ends when its last session does.
     handed_over: AtomicBool,
@@ -115,6 +117,7 @@ impl Ctx {
             config: Arc::new(Live::new(config, source)),
             upgrades: Upgrades::new(),
             handoff: Default::default(),
+            open_statements: Default::default(),
             handed_over: AtomicBool::new(false),
         }))
     }

@@ -81,6 +81,11 @@ impl Raw {
     }
 
     pub fn login_caps(addr: &str, user: &str, password: &str, db: Option<&str>, caps: u32) -> Raw {
+        Self::login_as(addr, user, password, db, caps, 45)
+    }
+
+    /// Logs in with `caps` and the character set and collation `collation` (an id).
+    pub fn login_as(addr: &str, user: &str, password: &str, db: Option<&str>, caps: u32, collation: u8) -> Raw {
         let mut r = Raw::connect(addr);
         let (_, g) = r.read_packet().expect("greeting");
         let g = Greeting::parse(&g).expect("parse greeting");
@@ -95,7 +100,7 @@ impl Raw {
         let hr = HandshakeResponse {
             capabilities: caps,
             max_packet: 1 << 30,
-            collation: 45,
+            collation,
             user: user.as_bytes().to_vec(),
             auth_response: reply(&g.scramble),
             database: db.map(|d| d.as_bytes().to_vec()),
@@ -173,6 +178,22 @@ impl Raw {
         let mut p = vec![com::QUERY];
         p.extend_from_slice(sql.as_bytes());
         self.command(&p)
+    }
+
+    /// The one row of a text result, each value as a string (None: NULL); panics on an error.
+    pub fn row(&mut self, sql: &str) -> Vec<Option<String>> {
+        let packets = self.query(sql);
+        if let Some(code) = packets.first().and_then(|p| err_code(p)) {
+            panic!("{sql}: error {code}: {}", String::from_utf8_lossy(&packets[0]));
+        }
+        let columns = sluice_proto::packet::Reader::new(&packets[0]).lenenc("column count").expect("column count") as usize;
+        // Column count, definitions, (an EOF without DEPRECATE_EOF,) the row, the terminator.
+        let row = &packets[packets.len() - 2];
+        sluice_proto::uservar::row_values(row, columns)
+            .expect("one row")
+            .into_iter()
+            .map(|v| v.map(|b| String::from_utf8_lossy(b).into_owned()))
+            .collect()
     }
 }
 

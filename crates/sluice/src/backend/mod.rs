@@ -140,6 +140,9 @@ pub struct Backend {
     pub activity: Activity,
     pub health: Mutex<HealthState>,
     pub info: Mutex<Option<ServerInfo>>,
+    /// What a session's own settings track on this server until it changes them (its
+    /// `session_track_*` defaults, read at each users-mode login that set up tracking).
+    pub tracking: Mutex<Option<sluice_proto::basic::Tracked>>,
     /// Idle logged-in connections kept for reuse.
     pool: pool::Pool,
     /// Connections multiplexed sessions share, and the cap on connections to this backend.
@@ -220,6 +223,7 @@ impl Backend {
                 last_check: None,
             }),
             info: Mutex::new(None),
+            tracking: Mutex::new(None),
             pool: pool::Pool::new(p.pool_idle_max, p.pool_idle_timeout),
             shared: shared::Lanes::new(
                 p.max_backend_connections,

@@ -112,18 +112,28 @@ fn set_statement(have: &ConnState, want: &SessionState) -> Option<Vec<u8>> {
     if !have.tracking {
         parts.push(TRACK_ALL.strip_prefix(b"SET ").unwrap_or(TRACK_ALL).to_vec());
     }
+    // (Character sets first: the connection's collation, which follows them, comes last.)
+    let mut vars: Vec<(&str, Vec<u8>)> = Vec::new();
+    let separate = |name: &str| sluice_owns(name) || CONNECTION_CHARSET.contains(&name) || !valid_name(name);
     for (name, value) in &want.variables {
-        if !sluice_owns(name) && valid_name(name) && have.variables.get(name) != Some(value) {
+        if !separate(name) && have.variables.get(name) != Some(value) {
             let mut p = format!("{name}=").into_bytes();
-            set_value(&mut p, value);
-            parts.push(p);
+            match value {
+                // A character set of NULL is reported as an empty value.
+                "" if name.starts_with("character_set_") => p.extend_from_slice(b"NULL"),
+                _ => set_value(&mut p, value),
+            }
+            vars.push((name, p));
         }
     }
     for name in have.variables.keys() {
-        if !want.variables.contains_key(name) && !sluice_owns(name) && valid_name(name) {
-            parts.push(format!("{name}=DEFAULT").into_bytes());
+        if !want.variables.contains_key(name) && !separate(name) {
+            vars.push((name, login_value(name, want.collation).unwrap_or_else(|| format!("{name}=DEFAULT").into_bytes())));
         }
     }
+    vars.sort_by_key(|(name, _)| !name.starts_with("character_set_"));
+    parts.extend(vars.into_iter().map(|(_, p)| p));
+    parts.extend(connection_charset(have, want));
     if want.last_insert_id != have.last_insert_id {
         parts.push(format!("last_insert_id={}", want.last_insert_id).into_bytes());
     }
@@ -144,6 +154,45 @@ fn set_statement(have: &ConnState, want: &SessionState) -> Option<Vec<u8>> {
     let mut set = b"SET ".to_vec();
     set.extend_from_slice(&parts.join(&b", "[..]));
     Some(set)
+}
+
+/// The connection's character set and collation: setting one sets the other, and the server
+/// reports only the one a statement named (`SessionState::apply_ok` keeps a collation only
+/// while it is in force; `SET NAMES ... COLLATE` is noted from its text).
+const CONNECTION_CHARSET: [&str; 2] = ["character_set_connection", "collation_connection"];
+
+/// What brings the connection's character set and collation to the session's: its collation
+/// (which sets the character set), else its character set (with that set's default collation),
+/// else those of its login. Nothing when both agree.
+fn connection_charset(have: &ConnState, want: &SessionState) -> Option<Vec<u8>> {
+    if CONNECTION_CHARSET.iter().all(|n| have.variables.get(n) == want.variables.get(n)) {
+        return None;
+    }
+    let mut p = Vec::new();
+    match (want.variables.get("character_set_connection"), want.variables.get("collation_connection")) {
+        (_, Some(collation)) => {
+            p.extend_from_slice(b"collation_connection=");
+            set_value(&mut p, collation);
+        }
+        (Some(charset), None) => {
+            p.extend_from_slice(b"character_set_connection=");
+            set_value(&mut p, charset);
+        }
+        (None, None) => p = login_value("collation_connection", want.collation).unwrap_or_else(|| b"collation_connection=DEFAULT".to_vec()),
+    }
+    Some(p)
+}
+
+/// The assignment that gives `name` back the value a login with `collation` gave it, for the
+/// variables the login's collation sets (their `DEFAULT` is the server's, not the login's).
+/// None: any other variable, or no collation known.
+fn login_value(name: &str, collation: u8) -> Option<Vec<u8>> {
+    let column = match name {
+        "character_set_client" | "character_set_connection" | "character_set_results" => "CHARACTER_SET_NAME",
+        "collation_connection" => "COLLATION_NAME",
+        _ => return None,
+    };
+    (collation != 0).then(|| format!("{name}=(SELECT {column} FROM information_schema.COLLATIONS WHERE ID={collation})").into_bytes())
 }
 
 fn user_variable(name: &str, value: &str) -> Vec<u8> {
@@ -350,6 +399,31 @@ mod tests {
         want.variables.insert("autocommit".into(), "OFF".into());
         let set = String::from_utf8(set_statement(&have, &want).unwrap()).unwrap();
         assert_eq!(set, "SET autocommit=_utf8mb4 X'4f4646', time_zone=DEFAULT");
+        // Character sets go back to those of the session's login, NULL stays NULL, and a
+        // character set comes before the collation it would reset.
+        have.variables.insert("character_set_client".into(), "latin1".into());
+        have.variables.insert("collation_connection".into(), "latin1_bin".into());
+        want.collation = 45;
+        want.variables.insert("character_set_results".into(), String::new());
+        let set = String::from_utf8(set_statement(&have, &want).unwrap()).unwrap();
+        assert_eq!(
+            set,
+            "SET character_set_results=NULL, character_set_client=(SELECT CHARACTER_SET_NAME FROM information_schema.COLLATIONS WHERE ID=45), \
+             autocommit=_utf8mb4 X'4f4646', time_zone=DEFAULT, \
+             collation_connection=(SELECT COLLATION_NAME FROM information_schema.COLLATIONS WHERE ID=45)"
+        );
+        // The session's own collation, or its character set's default one.
+        want.variables.insert("character_set_connection".into(), "utf8mb4".into());
+        let set = String::from_utf8(set_statement(&have, &want).unwrap()).unwrap();
+        assert!(set.ends_with(", character_set_connection=_utf8mb4 X'757466386d6234'"), "{set}");
+        want.variables.insert("collation_connection".into(), "utf8mb4_bin".into());
+        let set = String::from_utf8(set_statement(&have, &want).unwrap()).unwrap();
+        assert!(set.ends_with(", collation_connection=_utf8mb4 X'757466386d62345f62696e'"), "{set}");
+        want.variables.remove("character_set_connection");
+        want.variables.remove("collation_connection");
+        have.variables.remove("character_set_client");
+        have.variables.remove("collation_connection");
+        want.variables.remove("character_set_results");
         want.variables = have.variables.clone();
         assert!(set_statement(&have, &want).is_none(), "nothing differs");
         want.last_insert_id = 7;

@@ -36,9 +36,50 @@ pub struct OnConn {
     pub types: Vec<u8>,
 }
 
-/// Most statements kept prepared on one connection; past it, the connection closes the ones
-/// that no session holds when it is given back.
+/// Most statements kept prepared on one connection: past it, the connection closes some when
+/// it is given back (a session that holds one prepares it again where it runs it next).
 pub const MAX_STATEMENTS: usize = 256;
+
+/// The statements that clients of sessions sharing connections hold open (prepared, not
+/// closed), counted by their text: a statement no client holds any more is closed on each
+/// connection that has it, when that connection is next given back
+/// ([`ConnState::sweep_statements`]), so that sluice never keeps a server's statements (and
+/// its `max_prepared_stmt_count`) for clients that are done with them.
+#[derive(Default)]
+pub struct OpenStatements {
+    counts: Mutex<rustc_hash::FxHashMap<u64, u32>>,
+    /// Counts that fell to zero so far: a connection swept since has nothing new to close.
+    released: std::sync::atomic::AtomicU64,
+}
+
+fn text_hash(sql: &str) -> u64 {
+    twox_hash::XxHash3_64::oneshot(sql.as_bytes())
+}
+
+impl OpenStatements {
+    /// A client prepared a statement of this text.
+    pub fn hold(&self, sql: &str) {
+        *self.counts.lock().entry(text_hash(sql)).or_default() += 1;
+    }
+
+    /// A client closed a statement of this text; true when no client holds one any more.
+    pub fn release(&self, sql: &str) -> bool {
+        let mut counts = self.counts.lock();
+        let h = text_hash(sql);
+        let Some(n) = counts.get_mut(&h) else { return true };
+        *n -= 1;
+        if *n > 0 {
+            return false;
+        }
+        counts.remove(&h);
+        self.released.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        true
+    }
+
+    fn held(&self, sql: &str) -> bool {
+        self.counts.lock().contains_key(&text_hash(sql))
+    }
+}
 
 /// What a backend connection carries besides its socket (serialized when its session is
 /// handed over to a new process).
@@ -62,9 +103,40 @@ pub struct ConnState {
     pub user_variables: crate::vars::Vars,
     /// The thread id the backend gave it.
     pub thread_id: u32,
+    /// Statements to close on it before its next command (no client holds them open).
+    #[serde(default)]
+    pub to_close: Vec<u32>,
+    /// `OpenStatements::released` when it was last swept.
+    #[serde(skip)]
+    pub swept: u64,
 }
 
 impl ConnState {
+    /// Notes for closing ([`ConnState::to_close`]) the statements prepared on it that no client
+    /// holds open, and past [`MAX_STATEMENTS`] some more. Cheap when no client closed a
+    /// statement since the last sweep.
+    pub fn sweep_statements(&mut self, open: &OpenStatements) {
+        let released = open.released.load(std::sync::atomic::Ordering::Relaxed);
+        if released == self.swept && self.stmts.len() <= MAX_STATEMENTS {
+            return;
+        }
+        self.swept = released;
+        let to_close = &mut self.to_close;
+        self.stmts.retain(|sql, on| {
+            let keep = open.held(sql);
+            if !keep {
+                to_close.push(on.id);
+            }
+            keep
+        });
+        while self.stmts.len() > MAX_STATEMENTS {
+            let Some(sql) = self.stmts.keys().next().cloned() else { break };
+            if let Some(on) = self.stmts.remove(&sql) {
+                self.to_close.push(on.id);
+            }
+        }
+    }
+
     /// Records that the connection is in the session's state now (after bringing it there, or
     /// when the session gives it back). A session without a schema leaves the connection's.
     pub fn take_on(&mut self, s: &crate::session::SessionState) {

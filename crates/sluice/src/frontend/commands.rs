@@ -1,6 +1,7 @@
 //! Commands sluice must rewrite rather than relay as they are: KILL (client-visible ids are
 //! sluice's, not the backend's) and COM_CHANGE_USER (the login is re-run against the backend).
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -78,34 +79,36 @@ impl Session {
                 KillTarget::Id { .. } if f.quoted || cmd == com::STMT_PREPARE => {
                     return refuse("a KILL cannot be prepared through sluice (the backend's ids differ from sluice's); send it as a query");
                 }
-                KillTarget::Id { kill, at } => ids.push((*kill, at.clone())),
+                KillTarget::Id { kill, at } => ids.push((*kill, at.clone(), f.statement.clone())),
             }
         }
         match ids.as_slice() {
             [] => None,
-            [(kill, _)] if kills.statements == 1 => Some(KillPlan::Single(*kill)),
+            [(kill, _, _)] if kills.statements == 1 => Some(KillPlan::Single(*kill)),
             _ => Some(self.rewrite_kills(payload, &ids)),
         }
     }
 
     /// Rewrites the ids of the KILLs of a multi-statement (at their places in `payload`), or
-    /// refuses it when a target is unknown or on another backend.
-    fn rewrite_kills(&self, payload: &[u8], ids: &[(Kill, std::ops::Range<usize>)]) -> KillPlan {
+    /// refuses it when a target is unknown or on another backend. A KILL of a multiplexed
+    /// session that holds no backend connection becomes `DO 0` (nothing runs there: a KILL
+    /// QUERY has nothing to do, a KILL closes the session once the query went through).
+    fn rewrite_kills(&self, payload: &[u8], ids: &[(Kill, Range<usize>, Range<usize>)]) -> KillPlan {
         let mut query = vec![com::QUERY];
         let mut targets = Vec::with_capacity(ids.len());
         let mut copied = 0;
-        for (kill, at) in ids {
+        for (kill, at, statement) in ids {
             let target = u32::try_from(kill.id).ok().and_then(|id| self.ctx.sessions.get(id));
             let tid = target.as_ref().map_or(0, |t| t.backend_thread_id.load(Ordering::Relaxed));
             let Some(target) = target else {
                 return KillPlan::Refuse { code: code::NO_SUCH_THREAD, msg: format!("Unknown thread id: {}", kill.id) };
             };
             if tid == 0 {
-                let msg = format!(
-                    "sluice: connection {} holds no backend connection between its statements (multiplexing); send the KILL alone",
-                    kill.id
-                );
-                return KillPlan::Refuse { code: code::NOT_SUPPORTED_YET, msg };
+                query.extend_from_slice(&payload[copied..statement.start]);
+                query.extend_from_slice(b"DO 0");
+                copied = statement.end;
+                targets.push((target, !kill.query_only));
+                continue;
             }
             if target.backend_index.load(Ordering::Relaxed) as usize != self.guard.index {
                 let msg = format!(
@@ -334,6 +337,7 @@ impl Session {
                 // The previous user's slot is given back.
                 self.user_slot = Some(slot);
                 self.credential = Some(cred);
+                self.release_statements();
                 self.state.reset();
                 self.state.user = name.into();
                 self.state.schema = (!cu.database.is_empty()).then(|| String::from_utf8_lossy(&cu.database).into());
@@ -345,7 +349,7 @@ impl Session {
                     k.user = self.state.user.clone();
                 }
                 self.conn_was_reset();
-                self.track_variables().await;
+                self.track_variables(super::statement::TRACKS_VARIABLES | super::statement::TRACKS_STATE).await;
                 self.handle.publish(&self.state);
                 Ok(Flow::Continue)
             }

@@ -104,7 +104,7 @@ impl Dormant {
             client: d.client.with_stream(stream),
             backend: PacketConn::detached(),
             guard: d.guard,
-            tracker: tracker(d.client_caps, d.backend_caps, d.mariadb),
+            tracker: tracker(d.client_caps, d.backend_caps, d.mariadb, state.tracked.as_deref()),
             state,
             client_caps: d.client_caps,
             backend_caps: d.backend_caps,

@@ -303,6 +303,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
     let profile = (listener.auth == AuthMode::Users).then(|| Profile::new(&hr));
     match result {
         Ok(b) => Ok(LoggedIn {
+            state: SessionState { tracked: tracked_by(&b, client_caps), ..state },
             fit: Fit { backend_tls: b.guard.tls.wanted(client_tls), ..fit },
             client,
             backend: b.backend,
@@ -311,7 +312,6 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
             backend_caps: b.backend_caps,
             mariadb: b.mariadb,
             compression,
-            state,
             credential: b.credential,
             user_slot: b.user_slot,
             scramble,
@@ -326,6 +326,12 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
             Err(r)
         }
     }
+}
+
+/// What the client's own session tracks, where sluice's tracking on its behalf hides it (users
+/// mode, a client with CLIENT_SESSION_TRACK): the server's defaults at first.
+fn tracked_by(b: &Backed, client_caps: u32) -> Option<Box<sluice_proto::basic::Tracked>> {
+    (b.credential.is_some() && client_caps & cap::SESSION_TRACK != 0).then(|| Box::new(b.guard.tracking.lock().clone().unwrap_or_default()))
 }
 
 async fn read_client(client: &mut PacketConn) -> Result<(u8, Vec<u8>)> {
@@ -392,12 +398,7 @@ async fn reuse_spare(
 
 /// The error a login gets when no connection to `b` became free within `queue_timeout`.
 fn queue_full(b: &Backend, waited: std::time::Duration, ctx: &Ctx) -> Refusal {
-    let msg = format!(
-        "sluice: no connection to backend {} became free within queue_timeout ({} ms waited; max_backend_connections = {})",
-        b.name,
-        waited.as_millis(),
-        ctx.config().proxy.max_backend_connections
-    );
+    let msg = super::switch::queue_message(ctx, b, waited);
     refuse(Reject::NoBackend, Error::new(Side::Proxy, code::CON_COUNT, msg).state(b"08004"))
 }
 
@@ -604,8 +605,11 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
             }
         };
         // Without this, a session could not be recreated elsewhere with all its variables.
-        let tracking = match link::set_up_query(&mut conn, link::TRACK_ALL, backend.connect_timeout).await {
-            Ok(()) => true,
+        let tracking = match link::track_all(&mut conn, backend_caps, backend.connect_timeout).await {
+            Ok(defaults) => {
+                *backend.tracking.lock() = Some(defaults);
+                true
+            }
             Err(e) => {
                 tracing::warn!(backend = %backend.name, error = %e.message, "cannot track session variables; sessions will not move");
                 false

@@ -167,6 +167,7 @@ async fn live(mut session: Box<relay::Session>, admission: Admission, first: boo
         session.capture_end();
     }
     session.close_client().await;
+    session.release_statements();
     session.user_slot = None;
     Box::pin(session.end_backend(result.is_ok())).await;
     drop(admission);

@@ -104,7 +104,8 @@ enum Route {
 /// COM_RESET_CONNECTION).
 struct Later {
     close: Option<u32>,
-    track: bool,
+    /// Which of the client's own tracking settings to read back first (`statement::TRACKS_*`).
+    track: Option<u8>,
 }
 
 /// How [`Session::run`] returned.
@@ -125,12 +126,20 @@ pub(crate) enum Flow {
 
 /// The tracker of a session's responses: what it follows depends on the capabilities the
 /// client and the backend agreed to, and whether the backend is MariaDB.
-pub(super) fn tracker(client_caps: u32, backend_caps: u32, mariadb: bool) -> ResponseTracker {
+/// `tracked`: what the client's own session tracks, when sluice tracks more.
+pub(super) fn tracker(
+    client_caps: u32,
+    backend_caps: u32,
+    mariadb: bool,
+    tracked: Option<&sluice_proto::basic::Tracked>,
+) -> ResponseTracker {
     use sluice_proto::consts::cap;
     let deprecate_eof = backend_caps & cap::DEPRECATE_EOF != 0;
     let session_track = backend_caps & cap::SESSION_TRACK != 0;
     let client_track = client_caps & cap::SESSION_TRACK != 0;
-    ResponseTracker::new(deprecate_eof, session_track).strip_session_track(!client_track, mariadb)
+    let mut t = ResponseTracker::new(deprecate_eof, session_track).strip_session_track(!client_track, mariadb);
+    t.filter_session_track(tracked.cloned());
+    t
 }
 
 impl Session {
@@ -155,7 +164,7 @@ impl Session {
             client,
             backend: l.backend,
             guard: l.guard,
-            tracker: tracker(l.client_caps, l.backend_caps, l.mariadb),
+            tracker: tracker(l.client_caps, l.backend_caps, l.mariadb, state.tracked.as_deref()),
             state,
             client_caps: l.client_caps,
             backend_caps: l.backend_caps,
@@ -267,6 +276,9 @@ impl Session {
         {
             return self.refuse_command(e).await;
         }
+        if self.conn.as_ref().is_some_and(|c| !c.to_close.is_empty()) {
+            Box::pin(self.close_unheld()).await?;
+        }
         // What this statement leaves for the next one only (its hazards), and what it does to
         // the session's state.
         let mut done = Done::default();
@@ -344,7 +356,7 @@ impl Session {
         self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
         self.guard.activity.record(now / 1_000_000);
         let later = self.after_response(cmd, done);
-        if later.close.is_some() || later.track {
+        if later.close.is_some() || later.track.is_some() {
             Box::pin(self.after_response_on_backend(later)).await?;
         }
         Ok(Flow::Continue)
@@ -450,7 +462,7 @@ impl Session {
         if let (Some(on), None) = (done.multi_option, error) {
             self.state.multi_statements = on;
         }
-        let mut later = Later { close: done.prepared_id.and_then(|id| self.prepared_here(id)), track: false };
+        let mut later = Later { close: done.prepared_id.and_then(|id| self.prepared_here(id)), track: None };
         let warnings = if done.warnings > 0 { crate::session::WARNINGS } else { 0 };
         let row_count = if self.state.reads_row_count { sluice_proto::sql::hazard::ROW_COUNT } else { 0 };
         let pin_next = done.next_pins | warnings | row_count;
@@ -459,6 +471,9 @@ impl Session {
         self.state.pin_next = pin_next;
         if let (Some(db), None) = (done.init_db, error) {
             self.state.schema = Some(db.into());
+        }
+        if let (Some(collation), None) = (done.names_collation, error) {
+            self.state.variables.insert("collation_connection".into(), collation);
         }
         if done.reported.variables && self.split {
             self.note_write();
@@ -469,6 +484,9 @@ impl Session {
             self.state.hazards |= crate::session::HIDDEN_STATE;
             self.handle.publish(&self.state);
         }
+        let transaction_changed = matches!(cmd, com::QUERY | com::STMT_EXECUTE)
+            && self.credential.is_some()
+            && self.follow_transaction(done.autocommit_off, done.ends_transaction);
         let sql_prepared = done.sql_prepare.is_some() && error.is_none();
         if let (Some((op, query)), None) = (done.sql_prepare, error) {
             match op {
@@ -476,12 +494,16 @@ impl Session {
                 SqlPrepare::Deallocate(name) => self.state.sql_prepared.remove(String::from_utf8_lossy(&name).as_ref()),
             };
         }
+        if done.sets_tracking != 0 && error.is_none() {
+            // The client's own tracking is read back, and sluice's set again.
+            later.track = Some(done.sets_tracking);
+        }
         if cmd == com::RESET_CONNECTION && error.is_none() {
             self.conn_was_reset();
             // The reset also put the backend's variable tracking back to its default.
-            later.track = true;
+            later.track = Some(super::statement::TRACKS_VARIABLES | super::statement::TRACKS_STATE);
         }
-        if self.after_command(cmd, error.is_none()) || done.changed || sql_prepared || pins_changed {
+        if self.after_command(cmd, error.is_none()) || done.changed || sql_prepared || pins_changed || transaction_changed {
             self.handle.publish(&self.state);
         } else {
             self.handle.publish_status(self.state.status);
@@ -489,13 +511,23 @@ impl Session {
         later
     }
 
+    /// Follows what the status flags do not show of a transaction (see
+    /// `SessionState::open_transaction`); true when that changed.
+    fn follow_transaction(&mut self, autocommit_off: bool, ends: bool) -> bool {
+        let off_now = self.state.status & sluice_proto::consts::status::AUTOCOMMIT == 0;
+        let open = if !off_now || ends { false } else { autocommit_off || self.state.open_transaction };
+        let changed = open != self.state.open_transaction;
+        self.state.open_transaction = open;
+        changed
+    }
+
     /// What a response leaves to do on the backend connection.
     async fn after_response_on_backend(&mut self, later: Later) -> Result<()> {
         if let Some(old) = later.close {
             self.close_on_backend(old).await?;
         }
-        if later.track {
-            self.track_variables().await;
+        if let Some(read) = later.track {
+            self.track_variables(read).await;
         }
         Ok(())
     }
@@ -539,6 +571,7 @@ impl Session {
         match cmd {
             com::INIT_DB => true,
             com::RESET_CONNECTION => {
+                self.release_statements();
                 self.state.reset();
                 true
             }
@@ -654,7 +687,7 @@ pub(super) async fn relay_response(
                 // (An answer rewritten on its way is not kept whole.)
                 sink.capture = None;
                 let packet = &backend.rbuf[..len];
-                let plain = sluice_proto::basic::strip_session_track(&packet[HEADER..], tracker.lenenc_info());
+                let plain = tracker.rewrite_ok(&packet[HEADER..]);
                 let payload = plain.as_deref().unwrap_or(&packet[HEADER..]);
                 let seq = packet[3];
                 Box::pin(client.write_packet(payload, seq)).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;

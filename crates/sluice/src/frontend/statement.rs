@@ -29,6 +29,42 @@ pub(super) struct Done {
     /// schema reported with it (`SET ROLE` reports none).
     pub(super) plain_set: bool,
     pub(super) reported: crate::session::Reported,
+    /// Autocommit was off when the statement began.
+    pub(super) autocommit_off: bool,
+    /// The statement is a COMMIT or ROLLBACK (with autocommit off: only then is it looked for).
+    pub(super) ends_transaction: bool,
+    /// The statement sets the client's own session tracking (`session_track_*`), which sluice
+    /// reads back and hides behind its own: [`TRACKS_VARIABLES`], [`TRACKS_STATE`] bits.
+    pub(super) sets_tracking: u8,
+    /// The collation a `SET NAMES ... COLLATE` gives the connection (the server reports only the
+    /// character sets).
+    pub(super) names_collation: Option<String>,
+}
+
+/// A statement names `session_track_system_variables`.
+pub(super) const TRACKS_VARIABLES: u8 = 1;
+/// A statement names `session_track_state_change`.
+pub(super) const TRACKS_STATE: u8 = 2;
+
+/// Which of the tracking settings sluice hides behind its own a `SET` names.
+fn sets_tracking(sql: &[u8]) -> u8 {
+    // (Most statements begin with another letter: passed over without lexing.)
+    if !matches!(sql.trim_ascii_start().first(), Some(b's' | b'S' | b'/' | b'#' | b'-')) {
+        return 0;
+    }
+    let Some(first) = sluice_proto::lexer::Lexer::new(sql).next() else { return 0 };
+    if !first.is_word(sql, "SET") {
+        return 0;
+    }
+    let names = |name: &[u8]| sql.windows(name.len()).any(|w| w.eq_ignore_ascii_case(name));
+    let mut bits = 0;
+    if names(b"session_track_system_variables") {
+        bits |= TRACKS_VARIABLES;
+    }
+    if names(b"session_track_state_change") {
+        bits |= TRACKS_STATE;
+    }
+    bits
 }
 
 /// Whether a query is one `SET` or `USE` statement, whose changes of session state the server
@@ -51,6 +87,12 @@ impl Session {
         let mut found = sql::hazards(text);
         done.explained = found != 0;
         done.plain_set = !done.explained && is_plain_set(text);
+        done.sets_tracking = if self.state.tracked.is_some() { sets_tracking(text) } else { 0 };
+        if done.plain_set {
+            done.names_collation = sql::set_names_collation(text);
+        }
+        done.autocommit_off = self.state.status & sluice_proto::consts::status::AUTOCOMMIT == 0;
+        done.ends_transaction = done.autocommit_off && sql::transaction_end(text) == sql::TransactionEnd::Ends;
         // A PREPARE sluice can repeat elsewhere (or a DEALLOCATE) pins nothing, unless its text
         // names user variables (each EXECUTE would set or read them unseen).
         if found & hazard::SQL_PREPARE != 0
@@ -75,6 +117,9 @@ impl Session {
         }
         let id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         let Some(p) = id.and_then(|id| self.state.prepared.get(&id)) else { return true };
+        done.autocommit_off = self.state.status & sluice_proto::consts::status::AUTOCOMMIT == 0;
+        done.ends_transaction =
+            done.autocommit_off && sluice_proto::sql::transaction_end(p.sql.as_bytes()) == sluice_proto::sql::TransactionEnd::Ends;
         let found = p.hazards;
         if found != 0 {
             if found & sluice_proto::sql::hazard::USER_VARIABLE != 0 {

@@ -26,7 +26,7 @@ use sluice_proto::packet::frame;
 use super::relay::Session;
 use crate::backend::Backend;
 use crate::backend::conn as bconn;
-use crate::backend::link::{self, TRACK_ALL, backend_response, set_up_query};
+use crate::backend::link::{self, backend_response};
 use crate::backend::restore;
 use crate::backend::shared::{ConnState, OnConn, Slot, Spare, Taken};
 use crate::error::{Error, Result, Retry, Side};
@@ -104,14 +104,29 @@ impl Session {
     /// Asks the backend connection to report every variable change (after a COM_RESET_CONNECTION
     /// or a COM_CHANGE_USER, which start from the server's defaults). Only sessions sluice
     /// could move need it.
-    pub(super) async fn track_variables(&mut self) {
+    /// `read`: which of the client's own tracking settings (`statement::TRACKS_*`) to take from
+    /// what the connection has before: the server's defaults after a reset, or what a
+    /// statement of the client's set (the rest is sluice's own, set before).
+    pub(super) async fn track_variables(&mut self, read: u8) {
         if self.key.is_none() {
             return;
         }
-        match set_up_query(&mut self.backend, TRACK_ALL, self.guard.connect_timeout).await {
-            Ok(()) => {
+        let caps = self.backend_caps();
+        match link::track_all(&mut self.backend, caps, self.guard.connect_timeout).await {
+            Ok(client) => {
                 if let Some(c) = self.conn.as_mut() {
                     c.tracking = true;
+                }
+                // What the client's own session tracks now (the server's defaults after a
+                // reset, or what it set).
+                if let Some(t) = self.state.tracked.as_deref_mut() {
+                    if read & super::statement::TRACKS_VARIABLES != 0 {
+                        t.variables = client.variables;
+                    }
+                    if read & super::statement::TRACKS_STATE != 0 {
+                        t.state_change = client.state_change;
+                    }
+                    self.tracker.filter_session_track(Some(t.clone()));
                 }
             }
             Err(e) => {
@@ -173,6 +188,7 @@ impl Session {
         }
         let (Some(key), Some(mut state)) = (self.key.as_deref(), self.conn.take()) else { return };
         state.take_on(&self.state);
+        state.sweep_statements(&self.ctx.open_statements);
         let conn = std::mem::replace(&mut self.backend, PacketConn::detached());
         let spare = Spare::new(conn, key.clone(), state, self.backend_caps(), self.mariadb);
         self.guard.shared.give_back(spare, self.slot.take());
@@ -193,7 +209,7 @@ impl Session {
         let Some(key) = self.key.as_deref() else {
             return Err(Error::proxy(code::UNKNOWN_ERROR, "sluice holds no credentials for this session"));
         };
-        let taken = b.shared.take(key, reuse).await.map_err(|waited| queue_error(b, waited, self.config.proxy.max_backend_connections))?;
+        let taken = b.shared.take(key, reuse).await.map_err(|waited| queue_error(&self.ctx, b, waited))?;
         self.ready_from(b, taken).await
     }
 
@@ -331,9 +347,11 @@ impl Session {
         self.skip_request().await?;
         let Some(p) = self.state.prepared.remove(&client_id) else { return Ok(super::relay::Flow::Continue) };
         self.handle.publish(&self.state);
+        // (The last client that held one open: closed wherever it is prepared.)
+        let last = p.counted && self.ctx.open_statements.release(&p.sql);
         let here = p.conn_gen == self.conn_gen && !self.backend.is_detached();
         let shared = self.state.prepared.values().any(|q| q.conn_gen == p.conn_gen && q.backend_id == p.backend_id);
-        if here && !self.multiplex && !shared {
+        if here && (!self.multiplex || last) && !shared {
             if let Some(c) = self.conn.as_mut()
                 && c.stmts.get(&p.sql).is_some_and(|on| on.id == p.backend_id)
             {
@@ -496,15 +514,41 @@ impl Session {
 }
 
 /// The error a statement gets when no connection to `b` became free within `queue_timeout`.
-fn queue_error(b: &Backend, waited: std::time::Duration, max: usize) -> Error {
-    let msg = format!(
-        "sluice: no connection to backend {} became free within queue_timeout ({} ms waited; max_backend_connections = {max})",
-        b.name,
-        waited.as_millis()
-    );
-    let mut e = Error::new(Side::Proxy, code::CON_COUNT, msg).state(b"08004");
+fn queue_error(ctx: &crate::ctx::Ctx, b: &Backend, waited: std::time::Duration) -> Error {
+    let mut e = Error::new(Side::Proxy, code::CON_COUNT, queue_message(ctx, b, waited)).state(b"08004");
     e.retry = Retry::Safe;
     e
+}
+
+/// Why a wait for a connection to `b` ran out: the cap, and who holds the connections and why
+/// (their pins), so that a cap too small can be told from sessions that keep theirs.
+pub(super) fn queue_message(ctx: &crate::ctx::Ctx, b: &Backend, waited: std::time::Duration) -> String {
+    const SHOWN: usize = 8;
+    let (mut held, mut shown) = (0, Vec::new());
+    ctx.sessions.for_each(|h| {
+        if h.backend_index.load(Ordering::Relaxed) as usize != b.index || h.backend_thread_id.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        held += 1;
+        if shown.len() < SHOWN {
+            let pins: Vec<&str> = h.snapshot().pins.iter().map(|p| p.as_str()).collect();
+            let why = match (pins.is_empty(), h.busy.load(Ordering::Relaxed)) {
+                (false, _) => format!("pinned: {}", pins.join(", ")),
+                (true, true) => "running a statement".to_string(),
+                (true, false) => "between statements".to_string(),
+            };
+            shown.push(format!("session {} ({why})", h.id));
+        }
+    });
+    let more = if held > shown.len() { format!(", and {} more", held - shown.len()) } else { String::new() };
+    format!(
+        "sluice: no connection to backend {} became free within queue_timeout ({} ms waited; max_backend_connections = {}); \
+         {held} held by sessions: {}{more}",
+        b.name,
+        waited.as_millis(),
+        ctx.config().proxy.max_backend_connections,
+        shown.join("; ")
+    )
 }
 
 impl Session {
@@ -570,11 +614,38 @@ impl Session {
         let this_conn = self.conn_gen;
         let p = self.state.prepared.get_mut(&client_id)?;
         p.conn_gen = this_conn;
+        if self.key.is_some() && self.state.stmt_ids_mapped && !p.counted {
+            self.ctx.open_statements.hold(&p.sql);
+            p.counted = true;
+        }
         let conn = self.conn.as_mut()?;
         let on = OnConn { id: p.backend_id, params: p.params, columns: p.columns, types: Vec::new() };
         let old = conn.stmts.insert(p.sql.clone(), on)?;
         let used = self.state.prepared.values().any(|q| q.conn_gen == this_conn && q.backend_id == old.id);
         (!used).then_some(old.id)
+    }
+
+    /// The client's statements are gone (COM_RESET_CONNECTION, COM_CHANGE_USER, the session's
+    /// end): no longer counted as held open.
+    pub(super) fn release_statements(&mut self) {
+        for p in self.state.prepared.values_mut().filter(|p| p.counted) {
+            self.ctx.open_statements.release(&p.sql);
+            p.counted = false;
+        }
+    }
+
+    /// Closes the statements its connection carries that no client holds open any more
+    /// (`ConnState::to_close`, noted when another session gave it back).
+    pub(super) async fn close_unheld(&mut self) -> Result<()> {
+        let ids = self.conn.as_mut().map(|c| std::mem::take(&mut c.to_close)).unwrap_or_default();
+        let mut out = Vec::with_capacity(ids.len() * 9);
+        for id in ids {
+            let mut p = [com::STMT_CLOSE, 0, 0, 0, 0];
+            p[1..].copy_from_slice(&id.to_le_bytes());
+            frame(&mut out, &p, 0);
+        }
+        let limit = self.config.proxy.response_timeout;
+        self.backend.stream.write_within(limit, &out).await.map_err(|e| Error::io(Side::Backend, "closing statements", e))
     }
 
     /// Sends COM_STMT_CLOSE for a statement on the session's connection (it has no answer).

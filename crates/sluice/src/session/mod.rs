@@ -54,6 +54,9 @@ pub struct Prepared {
     /// records its executes without their parameters.
     #[serde(skip)]
     pub secret: bool,
+    /// Counted among the statements clients hold open (`backend::shared::OpenStatements`).
+    #[serde(skip)]
+    pub counted: bool,
 }
 
 /// Why a session cannot leave its backend connection right now.
@@ -81,6 +84,8 @@ pub enum Pin {
     Handler,
     /// An XA transaction may be open or prepared.
     Xa,
+    /// A sequence was used: its last value (`LASTVAL`) lives on the connection.
+    Sequence,
     /// `SET TRANSACTION` set the next transaction's characteristics (until the next statement).
     SetTransaction,
     /// `SQL_CALC_FOUND_ROWS` ran: `FOUND_ROWS()` may follow (until the next statement).
@@ -96,7 +101,7 @@ pub enum Pin {
 }
 
 impl Pin {
-    pub const ALL: [Pin; 15] = [
+    pub const ALL: [Pin; 16] = [
         Pin::Transaction,
         Pin::Cursor,
         Pin::LongData,
@@ -107,6 +112,7 @@ impl Pin {
         Pin::SqlPrepare,
         Pin::Handler,
         Pin::Xa,
+        Pin::Sequence,
         Pin::SetTransaction,
         Pin::FoundRows,
         Pin::RowCount,
@@ -126,6 +132,7 @@ impl Pin {
             Pin::SqlPrepare => "sql_prepare",
             Pin::Handler => "handler",
             Pin::Xa => "xa",
+            Pin::Sequence => "sequence",
             Pin::SetTransaction => "set_transaction",
             Pin::FoundRows => "found_rows",
             Pin::RowCount => "row_count",
@@ -193,11 +200,19 @@ pub struct SessionState {
     pub stmt_ids_mapped: bool,
     /// The next client-side statement id, once ids are mapped.
     pub next_stmt_id: u32,
+    /// What the client's own session tracks (its `session_track_*` settings), where sluice
+    /// tracks more on its behalf: users mode, a client with CLIENT_SESSION_TRACK.
+    #[serde(skip)]
+    pub tracked: Option<Box<sluice_proto::basic::Tracked>>,
+    /// The server may hold a transaction its status flags do not show: with autocommit off, a
+    /// statement ran since the last COMMIT or ROLLBACK (a savepoint set before any table was
+    /// touched leaves no flag), or a savepoint was set.
+    pub open_transaction: bool,
 }
 
 impl SessionState {
     pub fn in_transaction(&self) -> bool {
-        self.status & status::IN_TRANS != 0
+        self.status & status::IN_TRANS != 0 || self.open_transaction
     }
 
     /// Every reason the session is pinned to its backend connection now.
@@ -226,6 +241,7 @@ impl SessionState {
             (hazard::SQL_PREPARE, Pin::SqlPrepare),
             (hazard::HANDLER, Pin::Handler),
             (hazard::XA, Pin::Xa),
+            (hazard::SEQUENCE, Pin::Sequence),
             (HIDDEN_STATE, Pin::HiddenState),
         ] {
             if self.hazards & bit != 0 {
@@ -276,6 +292,7 @@ impl SessionState {
     /// a change of schema or of a variable (which explains a state change).
     pub fn apply_ok(&mut self, ok: &basic::Ok<'_>) -> Reported {
         let mut r = Reported::default();
+        let (mut charset, mut collation) = (false, false);
         for change in basic::state_changes(ok.session_state) {
             match change {
                 StateChange::Schema(s) => {
@@ -290,11 +307,18 @@ impl SessionState {
                 }
                 StateChange::SystemVariable { name, value } => {
                     r.variables = true;
+                    charset |= name.eq_ignore_ascii_case(b"character_set_connection");
+                    collation |= name.eq_ignore_ascii_case(b"collation_connection");
                     self.variables.insert(String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned());
                 }
                 StateChange::StateChanged => r.state_changed = true,
                 _ => {}
             }
+        }
+        // A new character set for the connection brings its default collation (the server
+        // reports the one, not the other): a collation kept from before is no longer in force.
+        if charset && !collation {
+            self.variables.remove("collation_connection");
         }
         r
     }
@@ -310,6 +334,7 @@ impl SessionState {
         self.user_variables.clear();
         self.unread_variables.clear();
         self.status &= !status::IN_TRANS;
+        self.open_transaction = false;
     }
 }
 
@@ -458,6 +483,7 @@ impl Sink for StateSink<'_> {
             hazards,
             class,
             secret,
+            counted: false,
         };
         self.state.prepared.insert(client_id, p);
         self.prepared_id = Some(client_id);

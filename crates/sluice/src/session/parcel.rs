@@ -26,6 +26,10 @@ pub struct StateParcel {
     unread_variables: Vec<String>,
     stmt_ids_mapped: bool,
     next_stmt_id: u32,
+    #[serde(default)]
+    tracked: Option<(Vec<u8>, bool)>,
+    #[serde(default)]
+    open_transaction: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -82,6 +86,8 @@ impl From<&SessionState> for StateParcel {
             unread_variables: s.unread_variables.clone(),
             stmt_ids_mapped: s.stmt_ids_mapped,
             next_stmt_id: s.next_stmt_id,
+            tracked: s.tracked.as_ref().map(|t| (t.variables.to_vec(), t.state_change)),
+            open_transaction: s.open_transaction,
         }
     }
 }
@@ -107,6 +113,7 @@ impl From<StateParcel> for SessionState {
                     hazards: s.hazards,
                     class,
                     secret,
+                    counted: false,
                 };
                 (id, s)
             })
@@ -130,6 +137,10 @@ impl From<StateParcel> for SessionState {
             unread_variables: p.unread_variables,
             stmt_ids_mapped: p.stmt_ids_mapped,
             next_stmt_id: p.next_stmt_id,
+            tracked: p
+                .tracked
+                .map(|(variables, state_change)| Box::new(sluice_proto::basic::Tracked { variables: variables.into(), state_change })),
+            open_transaction: p.open_transaction,
         }
     }
 }
@@ -164,8 +175,11 @@ mod tests {
             hazards: 1,
             class: sluice_proto::rw::classify(b"INSERT INTO t VALUES (?)"),
             secret: false,
+            counted: false,
         };
         s.prepared.insert(11, p);
+        s.tracked = Some(Box::new(sluice_proto::basic::Tracked { variables: b"time_zone"[..].into(), state_change: true }));
+        s.open_transaction = true;
         let text = serde_json::to_vec(&StateParcel::from(&s)).unwrap();
         let back = SessionState::from(serde_json::from_slice::<StateParcel>(&text).unwrap());
         assert_eq!(format!("{back:?}"), format!("{s:?}"));
