@@ -269,7 +269,9 @@ fn go_sql_driver_suite_directly_and_through_sluice() {
     let (src, version) = fetch_driver(&go_root);
     eprintln!("{MODULE} {version} in {}", src.display());
 
-    let (db, _) = start_tls_db();
+    // As production servers run: the performance schema on (the connection-attributes test
+    // skips itself without it) and the binary log on.
+    let (db, _) = start_tls_db_with(&PRODUCTION_LIKE);
     // TestConcurrent opens @@max_connections connections at once and accepts "Error 1040: Too
     // many connections" for those over the limit. The harness allows 4000, more than MariaDB's
     // listen backlog (connects would fail at random even directly), so the limit is lowered,

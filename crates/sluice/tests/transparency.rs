@@ -303,3 +303,24 @@ async fn an_idle_multiplexed_session_outlives_wait_timeout() {
     let t: Option<i64> = through.query_first("SELECT @@wait_timeout").await.unwrap();
     assert_eq!(t, Some(1), "the session goes on, with its own wait_timeout");
 }
+
+/// Connection attributes under multiplexing: a session takes a shared connection opened with
+/// its own attributes, or opens one while under the cap, so that
+/// `performance_schema.session_connect_attrs` shows each client's own (past the cap, a
+/// connection opened for another client is shared: see the README).
+#[test]
+fn a_session_runs_on_a_connection_carrying_its_own_attributes() {
+    let db = MariaDb::start_with(&PRODUCTION_LIKE.map(String::from));
+    let s = mux(&db, 4);
+    let q = "SELECT ATTR_VALUE FROM performance_schema.session_connect_attrs \
+             WHERE PROCESSLIST_ID = CONNECTION_ID() AND ATTR_NAME = 'program_name'";
+    let mut direct = Raw::login_attrs(&db.addr(), "app", "apppw", &[("program_name", "direct")]);
+    assert_eq!(direct.row(q), vec![Some("direct".to_string())], "the server shows attributes");
+    let mut a = Raw::login_attrs(&s.listen, "app", "apppw", &[("program_name", "alpha")]);
+    let mut b = Raw::login_attrs(&s.listen, "app", "apppw", &[("program_name", "beta")]);
+    for round in 0..5 {
+        assert_eq!(a.row(q), vec![Some("alpha".to_string())], "round {round}");
+        assert_eq!(b.row(q), vec![Some("beta".to_string())], "round {round}");
+    }
+    assert!(app_threads(&db) <= 3, "sessions of the same attributes still share");
+}

@@ -86,6 +86,15 @@ impl Raw {
 
     /// Logs in with `caps` and the character set and collation `collation` (an id).
     pub fn login_as(addr: &str, user: &str, password: &str, db: Option<&str>, caps: u32, collation: u8) -> Raw {
+        Self::login_full(addr, user, password, db, caps, collation, &[])
+    }
+
+    /// Logs in sending connection attributes (CLIENT_CONNECT_ATTRS).
+    pub fn login_attrs(addr: &str, user: &str, password: &str, attributes: &[(&str, &str)]) -> Raw {
+        Self::login_full(addr, user, password, None, CLIENT_CAPS | cap::CONNECT_ATTRS, 45, attributes)
+    }
+
+    fn login_full(addr: &str, user: &str, password: &str, db: Option<&str>, caps: u32, collation: u8, attributes: &[(&str, &str)]) -> Raw {
         let mut r = Raw::connect(addr);
         let (_, g) = r.read_packet().expect("greeting");
         let g = Greeting::parse(&g).expect("parse greeting");
@@ -105,6 +114,7 @@ impl Raw {
             auth_response: reply(&g.scramble),
             database: db.map(|d| d.as_bytes().to_vec()),
             auth_plugin: Some(auth::NATIVE.to_vec()),
+            attributes: attributes.iter().map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec())).collect(),
             ..Default::default()
         };
         let mut out = Vec::new();

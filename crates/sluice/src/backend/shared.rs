@@ -103,6 +103,9 @@ pub struct ConnState {
     pub user_variables: crate::vars::Vars,
     /// The thread id the backend gave it.
     pub thread_id: u32,
+    /// The [`Key::attrs`] of the client it was opened for.
+    #[serde(default)]
+    pub attrs: u64,
     /// Statements to close on it before its next command (no client holds them open).
     #[serde(default)]
     pub to_close: Vec<u32>,
@@ -158,12 +161,36 @@ impl ConnState {
 }
 
 /// Which sessions may take a connection: its user, the capabilities it was logged in with
-/// (TLS to the backend included) and its character set.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// (TLS to the backend included) and its character set. The connection attributes (`attrs`, a
+/// hash of those of the client it was opened for) are preferred, not required: a session takes
+/// a spare connection opened with its own attributes, else opens one while under the cap, and
+/// only then shares one opened for another client (equality leaves them out).
+#[derive(Debug, Clone)]
 pub struct Key {
     pub user: Arc<str>,
     pub fit: Fit,
     pub collation: u8,
+    pub attrs: u64,
+}
+
+impl PartialEq for Key {
+    fn eq(&self, o: &Key) -> bool {
+        self.user == o.user && self.fit == o.fit && self.collation == o.collation
+    }
+}
+
+impl Eq for Key {}
+
+/// The [`Key::attrs`] of a client's connection attributes.
+pub fn attrs_hash(attributes: &[(Vec<u8>, Vec<u8>)]) -> u64 {
+    let mut h = twox_hash::XxHash3_64::default();
+    for (name, value) in attributes {
+        for part in [name, value] {
+            std::hash::Hasher::write(&mut h, &(part.len() as u64).to_le_bytes());
+            std::hash::Hasher::write(&mut h, part);
+        }
+    }
+    std::hash::Hasher::finish(&h)
 }
 
 /// A logged-in connection that no session holds.
@@ -290,10 +317,11 @@ impl Lanes {
     }
 
     /// A spare connection of `key` on this worker, if one is there (no wait).
+    /// (Only one opened with the session's own connection attributes.)
     pub fn try_take(self: &Arc<Self>, key: &Key) -> Option<(Spare, Option<Slot>)> {
         let w = worker();
         let mut lane = self.lane(w).lock();
-        let at = lane.spare.iter().rposition(|s| s.key == *key)?;
+        let at = lane.spare.iter().rposition(|s| s.key == *key && s.key.attrs == key.attrs)?;
         let spare = lane.spare.swap_remove(at);
         self.metrics.shared_spare.dec();
         Some((spare, self.capped.then(|| Slot { lanes: self.clone(), worker: w })))
@@ -303,9 +331,12 @@ impl Lanes {
         let w = worker();
         let rx = {
             let mut lane = self.lane(w).lock();
-            if let Some(key) = key
-                && let Some(at) = lane.spare.iter().rposition(|s| s.key == *key)
-            {
+            // One opened with the same attributes; else a new one while under the cap; else
+            // one opened for another client.
+            let own = key.and_then(|key| lane.spare.iter().rposition(|s| s.key == *key && s.key.attrs == key.attrs));
+            let under_cap = !self.capped || lane.open < lane.max;
+            let any = || key.and_then(|key| lane.spare.iter().rposition(|s| s.key == *key));
+            if let Some(at) = own.or_else(|| if under_cap { None } else { any() }) {
                 let spare = lane.spare.swap_remove(at);
                 self.metrics.shared_spare.dec();
                 return Ok(Taken::Conn(spare, self.capped.then(|| Slot { lanes: self.clone(), worker: w })));

@@ -219,6 +219,7 @@ fn unpack(ctx: &Arc<Ctx>, text: &[u8], fds: Vec<OwnedFd>) -> Result<(Box<Session
     let slot = if p.slot && p.backend_unix.is_some() { b.shared.hold() } else { None };
     let mut client = PacketConn::new(client);
     client.rbuf.extend_from_slice(&p.pending);
+    let profile = p.profile.and_then(Profile::from_bytes);
     let logged_in = LoggedIn {
         client,
         backend,
@@ -234,7 +235,8 @@ fn unpack(ctx: &Arc<Ctx>, text: &[u8], fds: Vec<OwnedFd>) -> Result<(Box<Session
         }),
         user_slot,
         scramble: p.scramble,
-        profile: p.profile.and_then(Profile::from_bytes),
+        conn_attrs: profile.as_ref().map_or(0, |p| crate::backend::shared::attrs_hash(&p.get().attributes)),
+        profile,
         fit: p.fit,
         slot,
         conn: p.conn.map(Box::new),

@@ -131,6 +131,8 @@ pub struct LoggedIn {
     pub slot: Option<Slot>,
     /// What the backend connection carries (users mode).
     pub conn: Option<Box<ConnState>>,
+    /// The client's connection attributes (`backend::shared::Key::attrs`).
+    pub conn_attrs: u64,
 }
 
 /// An error for the client at a given sequence id, and what to record.
@@ -318,6 +320,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
             profile,
             slot: b.slot,
             conn: b.conn,
+            conn_attrs: crate::backend::shared::attrs_hash(&hr.attributes),
         }),
         Err((r, seq)) => {
             if let Some(seq) = seq {
@@ -535,7 +538,8 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
     let Some(credential) = user.credential() else {
         return Err((Error::proxy(code::UNKNOWN_ERROR, "no credential for backend login").into(), Some(cseq)));
     };
-    let key = Key { user: std::sync::Arc::from(name.as_str()), fit: a.fit, collation: hr.collation };
+    let attrs = crate::backend::shared::attrs_hash(&hr.attributes);
+    let key = Key { user: std::sync::Arc::from(name.as_str()), fit: a.fit, collation: hr.collation, attrs };
     let want = SessionState {
         schema: hr.database.as_ref().filter(|d| !d.is_empty()).map(|d| String::from_utf8_lossy(d).into()),
         multi_statements: client_caps & cap::MULTI_STATEMENTS != 0,
@@ -616,6 +620,7 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
             }
         };
         let state = ConnState {
+            attrs,
             schema: want.schema.clone(),
             multi_statements: backend_caps & cap::MULTI_STATEMENTS != 0,
             tracking,

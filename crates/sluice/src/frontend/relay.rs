@@ -148,7 +148,7 @@ impl Session {
         let mut client = ClientConn::new(l.client, l.compression);
         client.write_timeout = config.proxy.client_write_timeout;
         let key = (l.credential.is_some() && l.profile.is_some())
-            .then(|| Box::new(Key { user: l.state.user.clone(), fit: l.fit, collation: l.state.collation }));
+            .then(|| Box::new(Key { user: l.state.user.clone(), fit: l.fit, collation: l.state.collation, attrs: l.conn_attrs }));
         let split = config.routing.split && key.is_some();
         handle.split.store(split, Ordering::Relaxed);
         let multiplex = (multiplex || split) && key.is_some();

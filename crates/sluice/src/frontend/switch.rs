@@ -28,7 +28,7 @@ use crate::backend::Backend;
 use crate::backend::conn as bconn;
 use crate::backend::link::{self, backend_response};
 use crate::backend::restore;
-use crate::backend::shared::{ConnState, OnConn, Slot, Spare, Taken};
+use crate::backend::shared::{ConnState, Key, OnConn, Slot, Spare, Taken};
 use crate::error::{Error, Result, Retry, Side};
 use crate::metrics::MoveReason;
 use crate::net::PacketConn;
@@ -190,7 +190,8 @@ impl Session {
         state.take_on(&self.state);
         state.sweep_statements(&self.ctx.open_statements);
         let conn = std::mem::replace(&mut self.backend, PacketConn::detached());
-        let spare = Spare::new(conn, key.clone(), state, self.backend_caps(), self.mariadb);
+        let key = Key { attrs: state.attrs, ..key.clone() };
+        let spare = Spare::new(conn, key, state, self.backend_caps(), self.mariadb);
         self.guard.shared.give_back(spare, self.slot.take());
     }
 
@@ -245,8 +246,14 @@ impl Session {
         }
         let multi = bhr.capabilities & cap::MULTI_STATEMENTS != 0;
         let conn = bconn::login(b, conn, &g, bhr, credential).await?;
-        let state =
-            ConnState { schema: self.state.schema.clone(), thread_id: g.connection_id, multi_statements: multi, ..Default::default() };
+        let attrs = self.key.as_ref().map_or(0, |k| k.attrs);
+        let state = ConnState {
+            schema: self.state.schema.clone(),
+            thread_id: g.connection_id,
+            multi_statements: multi,
+            attrs,
+            ..Default::default()
+        };
         Ok((conn, Box::new(state)))
     }
 

@@ -294,8 +294,20 @@ pub fn self_signed_cert() -> (std::path::PathBuf, std::path::PathBuf) {
 /// A MariaDB server with TLS (a self-signed certificate made here), and the certificate's path,
 /// which serves as the CA to verify it with.
 pub fn start_tls_db() -> (MariaDb, std::path::PathBuf) {
+    start_tls_db_with(&[])
+}
+
+/// What production servers have on that the harness's servers leave off: the performance
+/// schema (where connection attributes show) and the binary log (GTIDs in session tracking).
+/// The client drivers' suites run against such a server, with TLS.
+pub const PRODUCTION_LIKE: [&str; 3] = ["--performance-schema=ON", "--log-bin=binlog", "--server-id=1"];
+
+/// A MariaDB server with TLS and `extra` options.
+pub fn start_tls_db_with(extra: &[&str]) -> (MariaDb, std::path::PathBuf) {
     let (cert, key) = self_signed_cert();
-    let db = MariaDb::start_with(&[format!("--ssl-cert={}", cert.display()), format!("--ssl-key={}", key.display())]);
+    let mut args = vec![format!("--ssl-cert={}", cert.display()), format!("--ssl-key={}", key.display())];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let db = MariaDb::start_with(&args);
     (db, cert)
 }
 
