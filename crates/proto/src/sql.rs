@@ -257,11 +257,8 @@ pub mod hazard {
     pub const HANDLER: u16 = 16;
     /// `XA` (a prepared XA transaction stays with its connection).
     pub const XA: u16 = 32;
-    /// `NEXTVAL(...)`, `NEXT VALUE FOR`, `SETVAL(...)`: the session's last value of a sequence
-    /// (`LASTVAL`, `PREVIOUS VALUE FOR`) lives on its connection.
-    pub const SEQUENCE: u16 = 512;
     /// Hazards that last until the session's state is reset.
-    pub const LASTING: u16 = USER_VARIABLE | TEMPORARY_TABLE | LOCK | SQL_PREPARE | HANDLER | XA | SEQUENCE;
+    pub const LASTING: u16 = USER_VARIABLE | TEMPORARY_TABLE | LOCK | SQL_PREPARE | HANDLER | XA;
     /// `SET TRANSACTION` without `SESSION`: it applies to the connection's next transaction.
     pub const SET_TRANSACTION: u16 = 64;
     /// `SQL_CALC_FOUND_ROWS`: the next statement may read `FOUND_ROWS()`.
@@ -277,6 +274,8 @@ pub mod hazard {
 pub fn hazards(sql: &[u8]) -> u16 {
     let mut found = 0;
     let mut prev = Prev::default();
+    // Where the token before is (looked at only after the rare words that need it).
+    let mut before = 0..0;
     for t in lexer::Lexer::new(sql) {
         let text = t.text(sql);
         match t.kind {
@@ -288,15 +287,14 @@ pub fn hazards(sql: &[u8]) -> u16 {
             }
             Kind::Word => {
                 let eq = |k: &[u8]| text.eq_ignore_ascii_case(k);
+                let was = |k: &[u8]| sql[before.clone()].eq_ignore_ascii_case(k);
                 // (By length first: most words are none of these, and are passed over at once.)
                 found |= match text.len() {
                     2 if eq(b"XA") => hazard::XA,
-                    4 if prev.held && eq(b"LOCK") => hazard::LOCK,
-                    5 if prev.backup && eq(b"STAGE") => hazard::LOCK,
-                    5 if prev.next && eq(b"VALUE") => hazard::SEQUENCE,
+                    // `FLUSH ... WITH READ LOCK`, `BACKUP LOCK`, `BACKUP STAGE`.
+                    4 if text[0] | 0x20 == b'l' && eq(b"LOCK") && (was(b"READ") || was(b"BACKUP")) => hazard::LOCK,
                     5 | 6 if prev.lock && (eq(b"TABLE") || eq(b"TABLES")) => hazard::LOCK,
-                    6 if eq(b"SETVAL") => hazard::SEQUENCE,
-                    7 if eq(b"NEXTVAL") => hazard::SEQUENCE,
+                    5 if text[0] | 0x20 == b's' && eq(b"STAGE") && was(b"BACKUP") => hazard::LOCK,
                     7 if eq(b"PREPARE") => hazard::SQL_PREPARE,
                     7 if eq(b"HANDLER") => hazard::HANDLER,
                     8 if eq(b"GET_LOCK") => hazard::LOCK,
@@ -310,6 +308,7 @@ pub fn hazards(sql: &[u8]) -> u16 {
             _ => {}
         }
         prev.after(&t, sql);
+        before = t.at;
     }
     found
 }
@@ -318,10 +317,6 @@ pub fn hazards(sql: &[u8]) -> u16 {
 #[derive(Default)]
 struct Prev {
     lock: bool,
-    /// `READ` or `BACKUP`: a `LOCK` after it is held.
-    held: bool,
-    backup: bool,
-    next: bool,
     set: bool,
     execute: bool,
     /// The statement is a `PREPARE`.
@@ -336,11 +331,9 @@ impl Prev {
         let is = |kw: &[u8]| t.kind == Kind::Word && text.eq_ignore_ascii_case(kw);
         // (By length first: the words looked for are 3, 4, 7 and 9 letters long.)
         let (mut prepare, mut from, mut lock, mut set, mut execute, mut immediate) = (false, false, false, false, false, false);
-        let (mut held, mut backup, mut next) = (false, false, false);
         match text.len() {
             3 => set = is(b"SET"),
-            4 => (from, lock, held, next) = (is(b"FROM"), is(b"LOCK"), is(b"READ"), is(b"NEXT")),
-            6 => (backup, held) = (is(b"BACKUP"), is(b"BACKUP")),
+            4 => (from, lock) = (is(b"FROM"), is(b"LOCK")),
             7 => (prepare, execute) = (is(b"PREPARE"), is(b"EXECUTE")),
             9 => immediate = is(b"IMMEDIATE"),
             _ => {}
@@ -348,9 +341,6 @@ impl Prev {
         self.prepare = (self.prepare || prepare) && !t.is_punct(sql, b';');
         self.code_next = (self.execute && immediate) || (self.prepare && from);
         self.lock = lock;
-        self.held = held;
-        self.backup = backup;
-        self.next = next;
         self.set = set;
         self.execute = execute;
     }
@@ -620,10 +610,7 @@ mod tests {
         assert_eq!(hazards(b"flush tables t1, t2 with read lock"), LOCK);
         assert_eq!(hazards(b"BACKUP LOCK t"), LOCK);
         assert_eq!(hazards(b"BACKUP STAGE START"), LOCK);
-        assert_eq!(hazards(b"SELECT NEXTVAL(s), LASTVAL(s)"), SEQUENCE);
-        assert_eq!(hazards(b"SELECT NEXT VALUE FOR s"), SEQUENCE);
-        assert_eq!(hazards(b"SELECT SETVAL(s, 10)"), SEQUENCE);
-        assert_eq!(hazards(b"SELECT `next`, value FROM t"), 0);
+        assert_eq!(hazards(b"SELECT `read`, lock FROM t"), 0);
         assert_eq!(hazards(b"PREPARE s FROM 'select 1'"), SQL_PREPARE);
         assert_eq!(hazards(b"SELECT temporary_x, prepared FROM t"), 0);
         assert_eq!(hazards(b"/*!50000 SET @x=1 */"), USER_VARIABLE);

@@ -414,6 +414,9 @@ async fn upgrade(State(ctx): State<Arc<Ctx>>) -> Response {
 }
 
 async fn capture_start(State(ctx): State<Arc<Ctx>>, Json(opts): Json<crate::capture::Options>) -> Response {
+    if let Err(e) = opts.check() {
+        return bad_request(e);
+    }
     let backends = ctx
         .backends
         .list()

@@ -105,7 +105,17 @@ async fn session(ctx: &Arc<Ctx>, mut c: PacketConn, users: &Users) -> Result<(),
     write_ok(&mut c, seq, "").await?;
     tracing::info!(user = %name, "SQL admin session began");
     loop {
-        let (_, cmd) = c.read_packet(1 << 20).await.map_err(io)?;
+        let cmd = match c.read_packet(MAX_STATEMENT).await {
+            Ok((_, cmd)) => cmd,
+            // A statement larger than any this listener answers: an error the client can show,
+            // then the connection is closed (the rest of the packet is not read).
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                let msg = format!("a statement of more than {MAX_STATEMENT} bytes: this admin listener takes none that long");
+                reply(&mut c, Answer::Error(1153, msg)).await?;
+                return Err(e.to_string());
+            }
+            Err(e) => return Err(io(e)),
+        };
         match cmd.first() {
             Some(&com::QUIT) | None => return Ok(()),
             Some(&com::QUERY) => {
@@ -120,6 +130,9 @@ async fn session(ctx: &Arc<Ctx>, mut c: PacketConn, users: &Users) -> Result<(),
         }
     }
 }
+
+/// The largest statement the listener reads.
+const MAX_STATEMENT: usize = 1 << 20;
 
 fn random() -> [u8; 20] {
     let mut r = [0u8; 20];
@@ -223,6 +236,11 @@ async fn run(ctx: &Arc<Ctx>, sql: &str) -> Answer {
         return Answer::Rows { table: String::new(), columns: vec!["database()".into()], rows: vec![vec![None]] };
     }
     if lower.starts_with("set ") {
+        // (Drivers set their session up on connecting: accepted, and changes nothing.) A
+        // password is not one of those: the listener's users are configured, never set here.
+        if lower.split_whitespace().nth(1).is_some_and(|w| w.starts_with("password")) {
+            return Answer::Error(1227, "SET PASSWORD changes nothing here: the admin listener's users and their password_hash are in [[admin.sql_users]] (reload to change them)".into());
+        }
         return Answer::Done(String::new());
     }
     if lower == "show tables" {
@@ -260,11 +278,11 @@ async fn run(ctx: &Arc<Ctx>, sql: &str) -> Answer {
     }
     static KILL_SESSION: OnceLock<Regex> = OnceLock::new();
     if let Some(m) = re(&KILL_SESSION, r"(?i)^kill\s+(?:session\s+)?(\d+)$").captures(sql) {
-        let id: u32 = m[1].parse().unwrap_or(0);
-        return match ctx.sessions.get(id) {
+        let id = &m[1];
+        return match id.parse::<u32>().ok().and_then(|id| ctx.sessions.get(id)) {
             Some(h) => {
                 h.kill();
-                Answer::Done(format!("session {id} killed"))
+                Answer::Done(format!("session {} killed", h.id))
             }
             None => Answer::Error(1094, format!("Unknown thread id: {id} (SELECT id FROM sessions lists them)")),
         };
@@ -333,6 +351,19 @@ async fn select_from(ctx: &Ctx, table: &str, want: &str, filter: Option<(String,
         Err(a) => return a,
     };
     let mut all: Vec<String> = Vec::new();
+    if rows.is_empty() {
+        // No row to take the columns from: a session's are those of any session; the other
+        // tables' their key column (a result needs one column at least).
+        all = match table {
+            "sessions" => {
+                let sample = crate::session::SessionHandle::new(0, String::new(), "".into()).snapshot();
+                serde_json::to_value(sample).ok().and_then(|v| v.as_object().map(|o| lift(o).keys().cloned().collect())).unwrap_or_default()
+            }
+            "backends" | "instances" => vec!["name".into()],
+            "digests" => vec!["digest".into()],
+            _ => vec!["key".into()],
+        };
+    }
     for r in &rows {
         for k in r.keys() {
             if !all.contains(k) {

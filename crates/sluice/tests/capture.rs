@@ -277,3 +277,16 @@ async fn an_encrypted_capture_is_unreadable_without_its_key_and_whole_with_it() 
     let r = json(&std::fs::read_to_string(report.join("report.json")).unwrap());
     assert_eq!((r["differing"].as_u64(), r["same"].as_u64().is_some_and(|n| n >= 1)), (Some(0), true), "{r:#}");
 }
+
+/// A consistent start holds sessions' statements at its gate: how long it may is bounded
+/// (`8760h` used to be taken, and a session's `SELECT 1` waited until the capture stopped).
+#[test]
+fn a_gate_timeout_past_the_bound_is_refused() {
+    let s = TestConfig::new().backend(&shared_db().addr()).start();
+    let body = serde_json::json!({ "dir": capture_dir("gate"), "consistent": true, "gate_timeout": "8760h" });
+    let (code, text) = admin_post_json(&s, "/capture/start", &body);
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("gate_timeout"), "{text}");
+    let (_, status) = admin_get(&s, "/capture", None);
+    assert!(!status.contains("\"running\""), "nothing started: {status}");
+}

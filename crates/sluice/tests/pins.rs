@@ -209,18 +209,6 @@ async fn xa_pins_until_the_session_is_reset() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sequence_pins_until_the_session_is_reset() {
-    let (_db, s, mut a, mut b) = two_sessions("CREATE DATABASE sq; CREATE SEQUENCE sq.s").await;
-    let first: Option<i64> = a.query_first("SELECT NEXTVAL(sq.s)").await.unwrap();
-    assert_held(&s, "sequence", &mut b).await;
-    // The session's last value of the sequence is on its connection.
-    let last: Option<i64> = a.query_first("SELECT LASTVAL(sq.s)").await.unwrap();
-    assert_eq!(last, first);
-    a.reset().await.unwrap();
-    assert_released(&s, &mut b).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_lock_on_all_tables_pins_until_the_session_is_reset() {
     let (_db, s, mut a, mut b) = two_sessions("CREATE DATABASE fl").await;
     a.query_drop("FLUSH TABLES WITH READ LOCK").await.unwrap();

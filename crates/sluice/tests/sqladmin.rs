@@ -93,3 +93,36 @@ async fn operators_read_and_act_through_sql() {
     assert!(app.query_drop("SELECT 3").await.is_err());
     ops.disconnect().await.unwrap();
 }
+
+/// What clients of the admin listener got wrong answers for: `SELECT *` of an empty table (a
+/// result with no column, which drivers refuse with 2027), `SET PASSWORD` (answered OK, and
+/// nothing changed), a session id past 32 bits (said to be 0), and a statement past the
+/// listener's limit (a bare reset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_answers_are_right() {
+    let db = shared_db();
+    let s = TestConfig::new()
+        .admin("sql_listen = \"127.0.0.1:0\"\n[[admin.sql_users]]\nname = \"ops\"\npassword = \"opspw\"\n")
+        .app_users()
+        .backend(&db.addr())
+        .start();
+    let addr = sql_admin(&s);
+    let mut ops = connect(&addr, "ops", "opspw").await;
+    // No session: the columns a session has, and no row.
+    let rows = ops.query_iter("SELECT * FROM sessions").await.unwrap();
+    let columns = rows.columns().map(|c| c.len()).unwrap_or(0);
+    assert!(columns > 5, "{columns} columns");
+    drop(rows);
+    let e = ops.query_drop("SET PASSWORD = PASSWORD('x')").await.unwrap_err();
+    assert!(e.to_string().contains("1227"), "{e}");
+    let e = ops.query_drop("KILL SESSION 4294967296").await.unwrap_err().to_string();
+    assert!(e.contains("4294967296") && !e.contains("id: 0"), "{e}");
+    // A statement of 2 MiB: an error, then the connection closes.
+    let mut raw = Raw::login(&addr, "ops", "opspw", None);
+    let mut big = vec![sluice_proto::consts::com::QUERY];
+    big.extend(std::iter::repeat_n(b' ', 2 << 20));
+    raw.write_packet(0, &big).unwrap();
+    let (_, answer) = raw.read_packet().expect("an answer before the close");
+    assert_eq!(err_code(&answer), Some(1153), "{}", String::from_utf8_lossy(&answer));
+    assert!(raw.is_closed());
+}

@@ -53,10 +53,10 @@ pub fn ensure_installed() -> PathBuf {
 }
 
 /// A crude cross-process lock on a file (held while the value lives).
-struct FileLock(PathBuf);
+pub struct FileLock(PathBuf);
 
 impl FileLock {
-    fn acquire(path: &Path) -> FileLock {
+    pub fn acquire(path: &Path) -> FileLock {
         let deadline = Instant::now() + Duration::from_secs(600);
         loop {
             match fs::OpenOptions::new().write(true).create_new(true).open(path) {

@@ -118,12 +118,13 @@ pub fn sluice_owns(variable: &str) -> bool {
 
 /// What the session's own `session_track_*` settings are, read in the same round trip that
 /// sets [`TRACK_ALL`] (which hides them from the server's answers).
-const TRACKED_NOW: &[u8] = b"SELECT @@session_track_system_variables, @@session_track_state_change";
+const TRACKED_NOW: &[u8] = b"SELECT @@session_track_system_variables, @@session_track_state_change, @@session.sql_mode";
 
 /// Sets [`TRACK_ALL`] on `conn` and returns the tracking its session had before (what the
 /// client's own session tracks: the server's defaults after a login or a reset, or what the
-/// client set), within `limit`.
-pub async fn track_all(conn: &mut PacketConn, caps: u32, limit: std::time::Duration) -> Result<Tracked> {
+/// client set), and its `sql_mode` (after COM_CHANGE_USER or COM_RESET_CONNECTION, the
+/// server's, not the one the login's capabilities gave it), within `limit`.
+pub async fn track_all(conn: &mut PacketConn, caps: u32, limit: std::time::Duration) -> Result<(Tracked, String)> {
     conn::bounded(limit, "session set-up", async {
         let mut out = Vec::with_capacity(TRACKED_NOW.len() + TRACK_ALL.len() + 10);
         for sql in [TRACKED_NOW, TRACK_ALL] {
@@ -141,13 +142,14 @@ pub async fn track_all(conn: &mut PacketConn, caps: u32, limit: std::time::Durat
             _ => return Err(Error::backend("unexpected answer to a set-up statement")),
         }
         let row = match &packets[..] {
-            [_, _, _, row] => sluice_proto::uservar::row_values(row, 2),
+            [_, _, _, _, row] => sluice_proto::uservar::row_values(row, 3),
             _ => None,
         };
         match row.as_deref() {
-            Some([Some(vars), Some(change)]) => {
-                Ok(Tracked { variables: (*vars).into(), state_change: matches!(*change, b"1" | b"ON" | b"on") })
-            }
+            Some([Some(vars), Some(change), Some(mode)]) => Ok((
+                Tracked { variables: (*vars).into(), state_change: matches!(*change, b"1" | b"ON" | b"on") },
+                String::from_utf8_lossy(mode).into_owned(),
+            )),
             _ => Err(Error::backend("unexpected answer to the tracking query")),
         }
     })

@@ -118,11 +118,16 @@ impl ConnState {
     /// Notes for closing ([`ConnState::to_close`]) the statements prepared on it that no client
     /// holds open, and past [`MAX_STATEMENTS`] some more. Cheap when no client closed a
     /// statement since the last sweep.
+    #[inline]
     pub fn sweep_statements(&mut self, open: &OpenStatements) {
         let released = open.released.load(std::sync::atomic::Ordering::Relaxed);
-        if released == self.swept && self.stmts.len() <= MAX_STATEMENTS {
-            return;
+        if released != self.swept || self.stmts.len() > MAX_STATEMENTS {
+            self.sweep(open, released);
         }
+    }
+
+    #[cold]
+    fn sweep(&mut self, open: &OpenStatements, released: u64) {
         self.swept = released;
         let to_close = &mut self.to_close;
         self.stmts.retain(|sql, on| {

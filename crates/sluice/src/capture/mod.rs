@@ -30,6 +30,9 @@ pub const GATE: u64 = 1 << 63;
 /// How long a consistent start waits for sessions to be quiet, unless told otherwise.
 pub const GATE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The longest a consistent start may hold sessions' statements at its gate.
+pub const MAX_GATE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A buffer this large goes to the writer. Small, and the writer gives the buffers back
 /// (`Shard::spare`): the relay writes records into memory it wrote a moment ago, not into
 /// lines no cache holds, and the capture keeps few lines of the caches from the database's.
@@ -78,6 +81,22 @@ pub struct Options {
     /// Testing: the writer pauses this long before each chunk (to see drops).
     #[serde(default, deserialize_with = "crate::config::optional_duration", serialize_with = "crate::config::show_optional_duration")]
     pub writer_delay: Option<Duration>,
+}
+
+impl Options {
+    /// The options' own bounds (the folder and the key file are checked when the capture starts).
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.sample > 0.0 && self.sample <= 1.0) {
+            return Err(format!("sample must be above 0 and at most 1, not {}", self.sample));
+        }
+        if self.rotate_mib == 0 {
+            return Err("rotate_mib must be at least 1".into());
+        }
+        if self.gate_timeout.is_some_and(|t| t > MAX_GATE_TIMEOUT) {
+            return Err(format!("gate_timeout must be at most {} s: sessions' statements wait at the gate", MAX_GATE_TIMEOUT.as_secs()));
+        }
+        Ok(())
+    }
 }
 
 fn all() -> f64 {
@@ -354,12 +373,7 @@ impl Capture {
         if let Some(r) = running.take() {
             *self.last.lock() = Some(r.thread.join().unwrap_or_else(|_| failed("the capture writer panicked")));
         }
-        if !(opts.sample > 0.0 && opts.sample <= 1.0) {
-            return Err(format!("sample must be above 0 and at most 1, not {}", opts.sample));
-        }
-        if opts.rotate_mib == 0 {
-            return Err("rotate_mib must be at least 1".into());
-        }
+        opts.check()?;
         let key = opts.key_file.as_deref().map(files::load_key).transpose()?;
         files::prepare_dir(&opts.dir)?;
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);

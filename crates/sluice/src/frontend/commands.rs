@@ -18,6 +18,18 @@ use crate::backend::conn::{self as bconn, Outcome};
 use crate::error::{Error, Result, Side};
 use crate::session::{SessionHandle, StateSink};
 
+/// Waits (a second at most) until a killed session has closed its client's connection, as the
+/// server closes a killed connection before its KILL is answered: the killer's client, told the
+/// KILL went through, finds the connection gone.
+async fn gone(ctx: &crate::ctx::Ctx, killer: u32, target: &SessionHandle) {
+    for _ in 0..1000 {
+        if target.id == killer || ctx.sessions.get(target.id).is_none() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
 /// The plugin name that makes a backend answer with an auth switch and a fresh scramble.
 const SWITCH_PLUGIN: &[u8] = b"sluice_passthrough";
 
@@ -151,6 +163,7 @@ impl Session {
         for (t, connection) in targets {
             if *connection && matches!(ok, Ok(true)) {
                 t.kill();
+                gone(&self.ctx, self.handle.id, t).await;
             }
             t.kill_pending.store(false, Ordering::Relaxed);
         }
@@ -192,14 +205,20 @@ impl Session {
         let tid = target.backend_thread_id.load(Ordering::SeqCst);
         let tb = target.backend_index.load(Ordering::Relaxed) as usize;
         let connection_kill = !kill.query_only;
-        if tid == 0 {
-            // A multiplexed session between statements: nothing runs, no connection to end.
+        if tid == 0 || !target.busy.load(Ordering::SeqCst) {
+            // A session between statements (a multiplexed one holds no connection; another may
+            // be moving to a new one): nothing runs, and the session is closed here.
             if connection_kill {
                 target.kill();
+                gone(&self.ctx, self.handle.id, &target).await;
             }
             target.kill_pending.store(false, Ordering::Relaxed);
             let mut ok = Vec::new();
-            sluice_proto::basic::ok_payload(&mut ok, 0, 0, 0, self.state.status, 0);
+            // (The flags of the session, not of the last answer: nothing more follows, and no
+            // state changed.)
+            use sluice_proto::consts::status;
+            let st = self.state.status & !(status::SESSION_STATE_CHANGED | status::MORE_RESULTS_EXISTS);
+            sluice_proto::basic::ok_payload(&mut ok, 0, 0, 0, st, 0);
             self.client.write_packet(&ok, 1).await.map_err(|e| Error::io(Side::Client, "writing", e))?;
             return Ok(Flow::Continue);
         }
@@ -208,6 +227,7 @@ impl Session {
         let ok = if tb == self.guard.index { self.query_on_backend(&q).await? } else { self.kill_elsewhere(tb, &q).await? };
         if ok && connection_kill {
             target.kill();
+            gone(&self.ctx, self.handle.id, &target).await;
         }
         target.kill_pending.store(false, Ordering::Relaxed);
         Ok(Flow::Continue)

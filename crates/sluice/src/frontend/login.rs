@@ -610,7 +610,7 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
         };
         // Without this, a session could not be recreated elsewhere with all its variables.
         let tracking = match link::track_all(&mut conn, backend_caps, backend.connect_timeout).await {
-            Ok(defaults) => {
+            Ok((defaults, _)) => {
                 *backend.tracking.lock() = Some(defaults);
                 true
             }

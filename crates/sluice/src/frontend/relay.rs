@@ -305,8 +305,10 @@ impl Session {
             return Ok(flow);
         }
         // The statement text is kept for COM_STMT_PREPARE (re-preparing elsewhere needs it).
-        done.preparing = (cmd == com::STMT_PREPARE).then(|| self.client.rbuf[HEADER + 1..body_end].to_vec());
-        done.init_db = (cmd == com::INIT_DB).then(|| String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into_owned());
+        done.preparing = (cmd == com::STMT_PREPARE).then(|| self.client.rbuf[HEADER + 1..body_end].into());
+        if cmd == com::INIT_DB {
+            done.noted = Some(String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into());
+        }
         // COM_SET_OPTION: 0 turns multi-statements on, 1 off.
         done.multi_option = (cmd == com::SET_OPTION).then(|| self.client.rbuf.get(HEADER + 1) == Some(&0));
         done.changed = self.before_command(cmd, stmt_id);
@@ -469,11 +471,10 @@ impl Session {
         // (A pin for the next statement only, begun or ended, is shown too.)
         let pins_changed = pin_next != self.state.pin_next;
         self.state.pin_next = pin_next;
-        if let (Some(db), None) = (done.init_db, error) {
-            self.state.schema = Some(db.into());
-        }
-        if let (Some(collation), None) = (done.names_collation, error) {
-            self.state.variables.insert("collation_connection".into(), collation);
+        match (done.noted, error) {
+            (Some(db), None) if cmd == com::INIT_DB => self.state.schema = Some(db.into()),
+            (Some(collation), None) => _ = self.state.variables.insert("collation_connection".into(), collation.into()),
+            _ => {}
         }
         if done.reported.variables && self.split {
             self.note_write();
@@ -486,6 +487,7 @@ impl Session {
         }
         let transaction_changed = matches!(cmd, com::QUERY | com::STMT_EXECUTE)
             && self.credential.is_some()
+            && (done.autocommit_off || self.state.status & sluice_proto::consts::status::AUTOCOMMIT == 0)
             && self.follow_transaction(done.autocommit_off, done.ends_transaction);
         let sql_prepared = done.sql_prepare.is_some() && error.is_none();
         if let (Some((op, query)), None) = (done.sql_prepare, error) {

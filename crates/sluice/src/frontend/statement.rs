@@ -13,8 +13,10 @@ pub(super) type SqlPrepareQuery = (SqlPrepare, String);
 /// What a relayed command left to record once its response is through.
 #[derive(Default)]
 pub(super) struct Done {
-    pub(super) preparing: Option<Vec<u8>>,
-    pub(super) init_db: Option<String>,
+    pub(super) preparing: Option<Box<[u8]>>,
+    /// COM_INIT_DB's schema, or the collation a `SET NAMES ... COLLATE` gives the connection
+    /// (the server reports only the character sets): recorded once the command succeeded.
+    pub(super) noted: Option<Box<str>>,
     pub(super) multi_option: Option<bool>,
     pub(super) next_pins: u16,
     pub(super) sql_prepare: Option<SqlPrepareQuery>,
@@ -36,9 +38,6 @@ pub(super) struct Done {
     /// The statement sets the client's own session tracking (`session_track_*`), which sluice
     /// reads back and hides behind its own: [`TRACKS_VARIABLES`], [`TRACKS_STATE`] bits.
     pub(super) sets_tracking: u8,
-    /// The collation a `SET NAMES ... COLLATE` gives the connection (the server reports only the
-    /// character sets).
-    pub(super) names_collation: Option<String>,
 }
 
 /// A statement names `session_track_system_variables`.
@@ -48,10 +47,6 @@ pub(super) const TRACKS_STATE: u8 = 2;
 
 /// Which of the tracking settings sluice hides behind its own a `SET` names.
 fn sets_tracking(sql: &[u8]) -> u8 {
-    // (Most statements begin with another letter: passed over without lexing.)
-    if !matches!(sql.trim_ascii_start().first(), Some(b's' | b'S' | b'/' | b'#' | b'-')) {
-        return 0;
-    }
     let Some(first) = sluice_proto::lexer::Lexer::new(sql).next() else { return 0 };
     if !first.is_word(sql, "SET") {
         return 0;
@@ -87,9 +82,10 @@ impl Session {
         let mut found = sql::hazards(text);
         done.explained = found != 0;
         done.plain_set = !done.explained && is_plain_set(text);
-        done.sets_tracking = if self.state.tracked.is_some() { sets_tracking(text) } else { 0 };
+        // (A SET alone, or one the lexer found something in: not every statement.)
+        done.sets_tracking = if self.state.tracked.is_some() && (done.plain_set || done.explained) { sets_tracking(text) } else { 0 };
         if done.plain_set {
-            done.names_collation = sql::set_names_collation(text);
+            done.noted = sql::set_names_collation(text).map(String::into_boxed_str);
         }
         done.autocommit_off = self.state.status & sluice_proto::consts::status::AUTOCOMMIT == 0;
         done.ends_transaction = done.autocommit_off && sql::transaction_end(text) == sql::TransactionEnd::Ends;

@@ -113,9 +113,15 @@ impl Session {
         }
         let caps = self.backend_caps();
         match link::track_all(&mut self.backend, caps, self.guard.connect_timeout).await {
-            Ok(client) => {
+            Ok((client, sql_mode)) => {
                 if let Some(c) = self.conn.as_mut() {
                     c.tracking = true;
+                }
+                // After a reset or a change of user the server's sql_mode replaces the one the
+                // login's capabilities gave (IGNORE_SPACE): another connection must be told.
+                if read == super::statement::TRACKS_VARIABLES | super::statement::TRACKS_STATE {
+                    self.state.variables.insert("sql_mode".into(), sql_mode);
+                    self.handle.publish(&self.state);
                 }
                 // What the client's own session tracks now (the server's defaults after a
                 // reset, or what it set).

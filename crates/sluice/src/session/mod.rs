@@ -84,8 +84,6 @@ pub enum Pin {
     Handler,
     /// An XA transaction may be open or prepared.
     Xa,
-    /// A sequence was used: its last value (`LASTVAL`) lives on the connection.
-    Sequence,
     /// `SET TRANSACTION` set the next transaction's characteristics (until the next statement).
     SetTransaction,
     /// `SQL_CALC_FOUND_ROWS` ran: `FOUND_ROWS()` may follow (until the next statement).
@@ -101,7 +99,7 @@ pub enum Pin {
 }
 
 impl Pin {
-    pub const ALL: [Pin; 16] = [
+    pub const ALL: [Pin; 15] = [
         Pin::Transaction,
         Pin::Cursor,
         Pin::LongData,
@@ -112,7 +110,6 @@ impl Pin {
         Pin::SqlPrepare,
         Pin::Handler,
         Pin::Xa,
-        Pin::Sequence,
         Pin::SetTransaction,
         Pin::FoundRows,
         Pin::RowCount,
@@ -132,7 +129,6 @@ impl Pin {
             Pin::SqlPrepare => "sql_prepare",
             Pin::Handler => "handler",
             Pin::Xa => "xa",
-            Pin::Sequence => "sequence",
             Pin::SetTransaction => "set_transaction",
             Pin::FoundRows => "found_rows",
             Pin::RowCount => "row_count",
@@ -241,7 +237,6 @@ impl SessionState {
             (hazard::SQL_PREPARE, Pin::SqlPrepare),
             (hazard::HANDLER, Pin::Handler),
             (hazard::XA, Pin::Xa),
-            (hazard::SEQUENCE, Pin::Sequence),
             (HIDDEN_STATE, Pin::HiddenState),
         ] {
             if self.hazards & bit != 0 {

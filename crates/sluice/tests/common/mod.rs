@@ -355,3 +355,119 @@ pub fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// What Python runs the client suites with (PyPI's packages, pinned).
+pub const SQLALCHEMY: &str = "2.0.36";
+pub const PYMYSQL: &str = "1.2.4";
+pub const PYTEST: &str = "9.2.0";
+pub const TYPING_EXTENSIONS: &str = "4.12.2";
+
+/// A Python with pytest and PyMySQL, and SQLAlchemy's source distribution (its tests)
+/// unpacked, under the testkit directory: made once (from PyPI) and kept.
+pub struct PythonEnv {
+    pub python: std::path::PathBuf,
+    pub sqlalchemy: std::path::PathBuf,
+}
+
+fn run_ok(cmd: &mut std::process::Command, what: &str) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(out.status.success(), "{what} failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
+pub fn python_env() -> PythonEnv {
+    use std::process::Command;
+    let root = sluice_testkit::mariadb::work_root().join("python");
+    let _lock = sluice_testkit::mariadb::FileLock::acquire(&root.with_extension("lock"));
+    let venv = root.join("venv");
+    let python = venv.join("bin/python");
+    let sqlalchemy = root.join(format!("sqlalchemy-{SQLALCHEMY}"));
+    let ready = root.join(format!("ready-{SQLALCHEMY}-{PYMYSQL}-{PYTEST}-{TYPING_EXTENSIONS}"));
+    if !ready.exists() {
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).expect("create python dir");
+        run_ok(Command::new("python3").args(["-m", "venv"]).arg(&venv), "python3 -m venv");
+        let pip = |args: &[&str]| {
+            let mut c = Command::new(&python);
+            c.args(["-m", "pip", "--disable-pip-version-check", "-q"]).args(args).current_dir(&root);
+            c
+        };
+        let wanted = [format!("pytest=={PYTEST}"), format!("PyMySQL=={PYMYSQL}"), format!("typing_extensions=={TYPING_EXTENSIONS}")];
+        run_ok(pip(&["install"]).args(&wanted), "pip install");
+        let sdist = format!("SQLAlchemy=={SQLALCHEMY}");
+        run_ok(&mut pip(&["download", "--no-deps", "--no-binary", ":all:", "-d", "dist", &sdist]), "pip download SQLAlchemy");
+        let tarball = std::fs::read_dir(root.join("dist")).expect("dist").flatten().next().expect("a source distribution").path();
+        run_ok(Command::new("tar").arg("xzf").arg(&tarball).current_dir(&root), "tar");
+        std::fs::write(&ready, "").expect("mark ready");
+    }
+    PythonEnv { python, sqlalchemy }
+}
+
+/// A sluice with the read/write split (causal reads for the session) in front of a primary and
+/// its replicas, users mode, the monitor user reading roles and lag; it returns once every
+/// replica serves reads.
+pub fn split_sluice(t: &sluice_testkit::Topology) -> SluiceProc {
+    let mut c = TestConfig::new()
+        .proxy("workers = 1\n")
+        .table("health", "interval = \"100ms\"\nuser = \"monitor\"\npassword = \"monitorpw\"\n")
+        .table("routing", "split = true\ncausal_reads = \"session\"\n")
+        .app_users();
+    for (i, s) in t.servers.iter().enumerate() {
+        c = c.backend_with(&s.addr(), &format!("name = \"s{i}\"\n"));
+    }
+    let s = c.start();
+    let replicas = t.replica_indexes().len();
+    wait_for("every replica serving reads", || {
+        let v = json(&admin_get(&s, "/backends", None).1);
+        v.as_array().is_some_and(|b| b.iter().filter(|b| b["serves_reads"] == true).count() == replicas)
+    });
+    s
+}
+
+/// What a client's behaviour script saw, scenario by scenario (a JSON object).
+pub type Seen = serde_json::Map<String, serde_json::Value>;
+
+/// Runs a driver's behaviour script (`seen`, given an address) directly against a server set
+/// up as production servers run, then through sluice in every mode (passthrough, users mode,
+/// sessions moved at every safe point over two addresses of the server, multiplexing,
+/// multiplexing with a park at every command), and through the read/write split in front of a
+/// primary and a replica (against the primary directly); panics listing every scenario that
+/// saw through sluice something else than directly.
+pub fn compare_behaviours(seen: impl Fn(&str) -> Seen) {
+    let (db, _) = start_tls_db_with(&PRODUCTION_LIKE);
+    let direct = seen(&db.addr());
+    for (name, what) in &direct {
+        assert!(what.get("threw").is_none(), "scenario {name} failed directly: {what}");
+    }
+    let socket = db.socket.display().to_string();
+    let modes = [
+        ("passthrough", TestConfig::new().backend(&db.addr())),
+        ("users mode", TestConfig::new().backend(&db.addr()).app_users()),
+        (
+            "moving sessions at every safe point",
+            TestConfig::new().proxy("move_every_statement = true\n").backend(&db.addr()).backend(&socket).app_users(),
+        ),
+        ("multiplexing", TestConfig::new().proxy("multiplex = true\nmax_backend_connections = 8\n").backend(&db.addr()).app_users()),
+        (
+            "multiplexing and parking at every command",
+            TestConfig::new().proxy("workers = 1\nmultiplex = true\npark_every_command = true\n").backend(&db.addr()).app_users(),
+        ),
+    ];
+    let mut problems = Vec::new();
+    let differences = |label: &str, direct: &Seen, through: &Seen, problems: &mut Vec<String>| {
+        for (name, what) in direct {
+            if through.get(name) != Some(what) {
+                let got = through.get(name).unwrap_or(&serde_json::Value::Null);
+                problems.push(format!("{name} ({label}):\n  directly: {what}\n  through sluice: {got}"));
+            }
+        }
+    };
+    for (label, config) in modes {
+        let s = config.start();
+        differences(label, &direct, &seen(&s.listen), &mut problems);
+    }
+    let t = sluice_testkit::Topology::start(1);
+    let direct = seen(&t.primary().addr());
+    let s = split_sluice(&t);
+    differences("the read/write split", &direct, &seen(&s.listen), &mut problems);
+    assert!(problems.is_empty(), "{} scenarios differ:\n{}", problems.len(), problems.join("\n"));
+}
