@@ -182,25 +182,36 @@ pub enum SqlPrepare {
 
 /// What a statement does to a transaction that the server's status flags may not show (with
 /// autocommit off, a transaction that touched no table yet, or its savepoints).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum TransactionEnd {
     /// `COMMIT` or `ROLLBACK` (without `AND CHAIN`, and not `ROLLBACK TO`): the transaction is over.
     Ends,
+    /// `SAVEPOINT`, `RELEASE SAVEPOINT`, `ROLLBACK TO`: the server keeps a savepoint in the
+    /// transaction, begun or not (with autocommit off, one that touched no table yet shows no
+    /// in-transaction flag).
+    Savepoint,
     /// Anything else.
+    #[default]
     No,
 }
 
-/// Whether the first statement of `sql` ends the session's transaction.
+/// What the first statement of `sql` does to the session's transaction.
 pub fn transaction_end(sql: &[u8]) -> TransactionEnd {
     let Some(st) = lexer::statements(sql).next() else { return TransactionEnd::No };
     let Some((first, rest)) = st.split_first() else { return TransactionEnd::No };
+    if first.is_word(sql, "SAVEPOINT") || first.is_word(sql, "RELEASE") {
+        return TransactionEnd::Savepoint;
+    }
     if !(first.is_word(sql, "COMMIT") || first.is_word(sql, "ROLLBACK")) {
         return TransactionEnd::No;
     }
     let word = |i: usize, kw: &str| rest.get(i).is_some_and(|t| t.is_word(sql, kw));
     for i in 0..rest.len() {
         // ROLLBACK [WORK] TO [SAVEPOINT] name; ... AND CHAIN (not AND NO CHAIN).
-        if word(i, "TO") || (word(i, "AND") && word(i + 1, "CHAIN")) {
+        if word(i, "TO") {
+            return TransactionEnd::Savepoint;
+        }
+        if word(i, "AND") && word(i + 1, "CHAIN") {
             return TransactionEnd::No;
         }
     }
@@ -463,9 +474,10 @@ mod tests {
             ("/* x */ ROLLBACK", Ends),
             ("ROLLBACK AND NO CHAIN RELEASE", Ends),
             ("COMMIT AND CHAIN", No),
-            ("ROLLBACK TO SAVEPOINT a", No),
-            ("ROLLBACK WORK TO a", No),
-            ("SAVEPOINT a", No),
+            ("ROLLBACK TO SAVEPOINT a", Savepoint),
+            ("ROLLBACK WORK TO a", Savepoint),
+            ("SAVEPOINT a", Savepoint),
+            ("release savepoint a", Savepoint),
             ("SELECT 'COMMIT'", No),
             ("", No),
         ] {

@@ -488,7 +488,7 @@ impl Session {
         let transaction_changed = matches!(cmd, com::QUERY | com::STMT_EXECUTE)
             && self.credential.is_some()
             && (done.autocommit_off || self.state.status & sluice_proto::consts::status::AUTOCOMMIT == 0)
-            && self.follow_transaction(done.autocommit_off, done.ends_transaction);
+            && self.follow_transaction(done.autocommit_off, done.transaction);
         let sql_prepared = done.sql_prepare.is_some() && error.is_none();
         if let (Some((op, query)), None) = (done.sql_prepare, error) {
             match op {
@@ -515,9 +515,15 @@ impl Session {
 
     /// Follows what the status flags do not show of a transaction (see
     /// `SessionState::open_transaction`); true when that changed.
-    fn follow_transaction(&mut self, autocommit_off: bool, ends: bool) -> bool {
+    fn follow_transaction(&mut self, autocommit_off: bool, what: sluice_proto::sql::TransactionEnd) -> bool {
+        use sluice_proto::sql::TransactionEnd;
         let off_now = self.state.status & sluice_proto::consts::status::AUTOCOMMIT == 0;
-        let open = if !off_now || ends { false } else { autocommit_off || self.state.open_transaction };
+        let open = match what {
+            _ if !off_now => false,
+            TransactionEnd::Ends => false,
+            TransactionEnd::Savepoint => autocommit_off || self.state.open_transaction,
+            TransactionEnd::No => self.state.open_transaction,
+        };
         let changed = open != self.state.open_transaction;
         self.state.open_transaction = open;
         changed

@@ -33,8 +33,9 @@ pub(super) struct Done {
     pub(super) reported: crate::session::Reported,
     /// Autocommit was off when the statement began.
     pub(super) autocommit_off: bool,
-    /// The statement is a COMMIT or ROLLBACK (with autocommit off: only then is it looked for).
-    pub(super) ends_transaction: bool,
+    /// What the statement does to a transaction the flags may not show (with autocommit off:
+    /// only then is it looked for).
+    pub(super) transaction: sluice_proto::sql::TransactionEnd,
     /// The statement sets the client's own session tracking (`session_track_*`), which sluice
     /// reads back and hides behind its own: [`TRACKS_VARIABLES`], [`TRACKS_STATE`] bits.
     pub(super) sets_tracking: u8,
@@ -88,7 +89,9 @@ impl Session {
             done.noted = sql::set_names_collation(text).map(String::into_boxed_str);
         }
         done.autocommit_off = self.state.status & sluice_proto::consts::status::AUTOCOMMIT == 0;
-        done.ends_transaction = done.autocommit_off && sql::transaction_end(text) == sql::TransactionEnd::Ends;
+        if done.autocommit_off {
+            done.transaction = sql::transaction_end(text);
+        }
         // A PREPARE sluice can repeat elsewhere (or a DEALLOCATE) pins nothing, unless its text
         // names user variables (each EXECUTE would set or read them unseen).
         if found & hazard::SQL_PREPARE != 0
@@ -114,8 +117,9 @@ impl Session {
         let id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         let Some(p) = id.and_then(|id| self.state.prepared.get(&id)) else { return true };
         done.autocommit_off = self.state.status & sluice_proto::consts::status::AUTOCOMMIT == 0;
-        done.ends_transaction =
-            done.autocommit_off && sluice_proto::sql::transaction_end(p.sql.as_bytes()) == sluice_proto::sql::TransactionEnd::Ends;
+        if done.autocommit_off {
+            done.transaction = sluice_proto::sql::transaction_end(p.sql.as_bytes());
+        }
         let found = p.hazards;
         if found != 0 {
             if found & sluice_proto::sql::hazard::USER_VARIABLE != 0 {

@@ -200,9 +200,9 @@ pub struct SessionState {
     /// tracks more on its behalf: users mode, a client with CLIENT_SESSION_TRACK.
     #[serde(skip)]
     pub tracked: Option<Box<sluice_proto::basic::Tracked>>,
-    /// The server may hold a transaction its status flags do not show: with autocommit off, a
-    /// statement ran since the last COMMIT or ROLLBACK (a savepoint set before any table was
-    /// touched leaves no flag), or a savepoint was set.
+    /// The server holds a transaction its status flags do not show: with autocommit off, a
+    /// savepoint was set (before any table was touched, which leaves no flag) and no COMMIT or
+    /// ROLLBACK (nor autocommit turned on) ended it since.
     pub open_transaction: bool,
 }
 
