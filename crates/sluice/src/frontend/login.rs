@@ -542,6 +542,8 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
     let key = Key { user: std::sync::Arc::from(name.as_str()), fit: a.fit, collation: hr.collation, attrs };
     let want = SessionState {
         schema: hr.database.as_ref().filter(|d| !d.is_empty()).map(|d| String::from_utf8_lossy(d).into()),
+        // (A spare connection goes back to the character set of this login, not the server's.)
+        collation: hr.collation,
         multi_statements: client_caps & cap::MULTI_STATEMENTS != 0,
         ..Default::default()
     };
@@ -609,7 +611,7 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
             }
         };
         // Without this, a session could not be recreated elsewhere with all its variables.
-        let tracking = match link::track_all(&mut conn, backend_caps, backend.connect_timeout).await {
+        let tracking = match crate::backend::restore::track_all(&mut conn, backend_caps, backend.connect_timeout).await {
             Ok((defaults, _)) => {
                 *backend.tracking.lock() = Some(defaults);
                 true
