@@ -105,17 +105,7 @@ async fn session(ctx: &Arc<Ctx>, mut c: PacketConn, users: &Users) -> Result<(),
     write_ok(&mut c, seq, "").await?;
     tracing::info!(user = %name, "SQL admin session began");
     loop {
-        let cmd = match c.read_packet(MAX_STATEMENT).await {
-            Ok((_, cmd)) => cmd,
-            // A statement larger than any this listener answers: an error the client can show,
-            // then the connection is closed (the rest of the packet is not read).
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                let msg = format!("a statement of more than {MAX_STATEMENT} bytes: this admin listener takes none that long");
-                reply(&mut c, Answer::Error(1153, msg)).await?;
-                return Err(e.to_string());
-            }
-            Err(e) => return Err(io(e)),
-        };
+        let cmd = read_command(&mut c).await?;
         match cmd.first() {
             Some(&com::QUIT) | None => return Ok(()),
             Some(&com::QUERY) => {
@@ -128,6 +118,20 @@ async fn session(ctx: &Arc<Ctx>, mut c: PacketConn, users: &Users) -> Result<(),
                 reply(&mut c, Answer::Error(1047, "this admin listener answers COM_QUERY, COM_PING and COM_QUIT only".into())).await?
             }
         }
+    }
+}
+
+/// The next command; a statement larger than any this listener answers gets an error the
+/// client can show, then the connection is closed (the rest of the packet is not read).
+async fn read_command(c: &mut PacketConn) -> Result<Vec<u8>, String> {
+    match c.read_packet(MAX_STATEMENT).await {
+        Ok((_, cmd)) => Ok(cmd),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            let msg = format!("a statement of more than {MAX_STATEMENT} bytes: this admin listener takes none that long");
+            reply(c, Answer::Error(1153, msg)).await?;
+            Err(e.to_string())
+        }
+        Err(e) => Err(io(e)),
     }
 }
 
@@ -236,12 +240,7 @@ async fn run(ctx: &Arc<Ctx>, sql: &str) -> Answer {
         return Answer::Rows { table: String::new(), columns: vec!["database()".into()], rows: vec![vec![None]] };
     }
     if lower.starts_with("set ") {
-        // (Drivers set their session up on connecting: accepted, and changes nothing.) A
-        // password is not one of those: the listener's users are configured, never set here.
-        if lower.split_whitespace().nth(1).is_some_and(|w| w.starts_with("password")) {
-            return Answer::Error(1227, "SET PASSWORD changes nothing here: the admin listener's users and their password_hash are in [[admin.sql_users]] (reload to change them)".into());
-        }
-        return Answer::Done(String::new());
+        return set(&lower);
     }
     if lower == "show tables" {
         let rows = TABLES.split(", ").map(|t| vec![Some(t.to_string())]).collect();
@@ -288,6 +287,18 @@ async fn run(ctx: &Arc<Ctx>, sql: &str) -> Answer {
         };
     }
     Answer::Error(1064, format!("sluice's admin listener does not know this statement; it knows: {STATEMENTS}"))
+}
+
+/// A `SET`: drivers set their session up on connecting, which is accepted and changes nothing.
+/// A password is not one of those: the listener's users are configured, never set here.
+fn set(lower: &str) -> Answer {
+    if lower.split_whitespace().nth(1).is_some_and(|w| w.starts_with("password")) {
+        return Answer::Error(
+            1227,
+            "SET PASSWORD changes nothing here: the admin listener's users and their password_hash are in [[admin.sql_users]] (reload to change them)".into(),
+        );
+    }
+    Answer::Done(String::new())
 }
 
 /// The rows of a table, each an object (the HTTP API's JSON).

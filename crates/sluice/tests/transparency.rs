@@ -301,7 +301,12 @@ async fn an_idle_multiplexed_session_outlives_wait_timeout() {
     for c in [&mut direct, &mut through] {
         c.query_drop("SET SESSION wait_timeout = 1").await.unwrap();
     }
-    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    // Until the server has ended the idle direct connection (and so every idle connection of
+    // the session's, which set the same wait_timeout before the direct one).
+    let direct_id = direct.id();
+    wait_for("the server to end the idle direct connection", || {
+        db.sql(&format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {direct_id}")).trim().ends_with('0')
+    });
     assert!(direct.query_drop("SELECT 1").await.is_err(), "the server ended the idle direct connection");
     let t: Option<i64> = through.query_first("SELECT @@wait_timeout").await.unwrap();
     assert_eq!(t, Some(1), "the session goes on, with its own wait_timeout");

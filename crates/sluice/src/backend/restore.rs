@@ -76,6 +76,46 @@ pub async fn bring(conn: &mut PacketConn, have: &mut ConnState, want: &SessionSt
     Ok(())
 }
 
+/// What the session's own `session_track_*` settings are, read in the same round trip that
+/// sets [`TRACK_ALL`] (which hides them from the server's answers).
+const TRACKED_NOW: &[u8] = b"SELECT @@session_track_system_variables, @@session_track_state_change, @@session.sql_mode";
+
+/// Sets [`TRACK_ALL`] on `conn` and returns the tracking its session had before (what the
+/// client's own session tracks: the server's defaults after a login or a reset, or what the
+/// client set), and its `sql_mode` (after COM_CHANGE_USER or COM_RESET_CONNECTION, the
+/// server's, not the one the login's capabilities gave it), within `limit`.
+pub async fn track_all(conn: &mut PacketConn, caps: u32, limit: Duration) -> Result<(sluice_proto::basic::Tracked, String)> {
+    super::conn::bounded(limit, "session set-up", async {
+        let mut out = Vec::with_capacity(TRACKED_NOW.len() + TRACK_ALL.len() + 10);
+        for sql in [TRACKED_NOW, TRACK_ALL] {
+            let mut p = Vec::with_capacity(sql.len() + 1);
+            p.push(com::QUERY);
+            p.extend_from_slice(sql);
+            sluice_proto::packet::frame(&mut out, &p, 0);
+        }
+        conn.stream.write_within(Duration::ZERO, &out).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
+        let packets = read_text_result(conn, caps, "session set-up").await?;
+        let (_, r) = conn.read_packet(1 << 20).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
+        match r.first() {
+            Some(0x00) => {}
+            Some(0xff) => return Err(Error::from_backend_err(&r)),
+            _ => return Err(Error::backend("unexpected answer to a set-up statement")),
+        }
+        let row = match &packets[..] {
+            [_, _, _, _, row] => sluice_proto::uservar::row_values(row, 3),
+            _ => None,
+        };
+        match row.as_deref() {
+            Some([Some(vars), Some(change), Some(mode)]) => Ok((
+                sluice_proto::basic::Tracked { variables: (*vars).into(), state_change: matches!(*change, b"1" | b"ON" | b"on") },
+                String::from_utf8_lossy(mode).into_owned(),
+            )),
+            _ => Err(Error::backend("unexpected answer to the tracking query")),
+        }
+    })
+    .await
+}
+
 /// The queries that make `have`'s SQL-prepared statements `want`'s: each `PREPARE` the session
 /// ran that the connection does not have, and a `DEALLOCATE PREPARE` for each one it has that
 /// the session does not (another session's, which this one must not see).

@@ -276,9 +276,6 @@ impl Session {
         {
             return self.refuse_command(e).await;
         }
-        if self.conn.as_ref().is_some_and(|c| !c.to_close.is_empty()) {
-            Box::pin(self.close_unheld()).await?;
-        }
         // What this statement leaves for the next one only (its hazards), and what it does to
         // the session's state.
         let mut done = Done::default();
@@ -386,12 +383,14 @@ impl Session {
         if let Some((target, why)) = aim {
             self.aim(target, why, cmd == com::QUERY);
         }
-        if let Err(found) = self.attach_at_once() {
-            // Boxed: a new login, a state to bring or a wait for a connection is the rare path,
-            // and its future large.
-            return Ok(Box::pin(self.attach(found)).await);
+        // Boxed: a new login, a state to bring or a wait for a connection is the rare path, and
+        // its future large.
+        let taken = if let Err(found) = self.attach_at_once() { Box::pin(self.attach(found)).await } else { Ok(()) };
+        // A shared connection carries the statements no client holds any more, to close first.
+        if taken.is_ok() && self.conn.as_ref().is_some_and(|c| !c.to_close.is_empty()) {
+            Box::pin(self.close_unheld()).await?;
         }
-        Ok(Ok(()))
+        Ok(taken)
     }
 
     /// What to do with a command: relay it expecting a response of some shape, or handle it

@@ -112,7 +112,7 @@ impl Session {
             return;
         }
         let caps = self.backend_caps();
-        match link::track_all(&mut self.backend, caps, self.guard.connect_timeout).await {
+        match restore::track_all(&mut self.backend, caps, self.guard.connect_timeout).await {
             Ok((client, sql_mode)) => {
                 if let Some(c) = self.conn.as_mut() {
                     c.tracking = true;
