@@ -253,6 +253,8 @@ max_connections = 20000
 {proxy}{backends}[[users]]
 name = "sbtest"
 password = "sbtest"
+[capture]
+allow_absolute_paths = true
 """)
         p = self.spawn([str(ROOT / "target/release/sluice"), "--config", str(cfg)], f"{name}.log")
         wait_port(port, p)

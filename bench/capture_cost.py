@@ -51,7 +51,7 @@ def measure(env, cell, target, args, admin, replay):
         cap_dir = None
         if on:
             cap_dir = last_dir = Path(args.capture_dir or env.work) / f"capture-{cell.threads}-{time.time_ns()}"
-            admin(t, "/capture/start", {"dir": str(cap_dir)})
+            admin(t, "/capture/start", {"name": str(cap_dir)})
         # The phase is measured from its second second to its end (sysbench's samples (i+1)*phase+2
         # to (i+2)*phase, after the warm-up), the proxy's CPU over the same span.
         sleep_until(t0 + i * phase + 1.0)

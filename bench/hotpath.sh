@@ -27,7 +27,7 @@ printf "$base[digests]\nenabled = false\n" > "$WORK/bare.toml"
 printf "$base[digests]\nenabled = true\n" > "$WORK/digests.toml"
 printf "${base}multiplex = true\n[digests]\nenabled = false\n" > "$WORK/mux.toml"
 printf "$base[digests]\nenabled = false\n[routing]\nsplit = true\n" > "$WORK/split.toml"
-cp "$WORK/bare.toml" "$WORK/capture.toml"
+printf "$base[digests]\nenabled = false\n[capture]\ndir = \"$WORK/captures\"\n" > "$WORK/capture.toml"
 { printf "$base[digests]\nenabled = false\n"; for i in $(seq 0 99); do printf '[[rules]]\nname = "r%d"\nmatch = "^select nothing_%d from"\nblock = "no"\n' "$i" "$i"; done; } > "$WORK/rules.toml"
 
 # Instructions of sluice while it serves n queries (after the warm-up).
@@ -41,8 +41,8 @@ run() {
   for _ in $(seq 1 200); do mariadb -h127.0.0.1 -P$port -uapp -papppw test -e "SELECT 1" >/dev/null 2>&1 && break; sleep 0.3; done
   mariadb -h127.0.0.1 -P$port -uapp -papppw test < "$WORK/q100.sql" > /dev/null
   if [ "$cfg" = capture ]; then  # (started after the warm-up, its sessions begun)
-    rm -rf "$WORK/capture-$n"
-    curl -sf -XPOST -H "Content-Type: application/json" "http://127.0.0.1:$admin/capture/start" -d "{\"dir\": \"$WORK/capture-$n\"}" > /dev/null
+    rm -rf "$WORK/captures/capture-$n"
+    curl -sf -XPOST -H "Content-Type: application/json" "http://127.0.0.1:$admin/capture/start" -d "{\"name\": \"capture-$n\"}" > /dev/null
     mariadb -h127.0.0.1 -P$port -uapp -papppw test < "$WORK/q100.sql" > /dev/null
   fi
   callgrind_control -z $vp > /dev/null 2>&1

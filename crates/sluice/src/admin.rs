@@ -417,6 +417,10 @@ async fn capture_start(State(ctx): State<Arc<Ctx>>, Json(opts): Json<crate::capt
     if let Err(e) = opts.check() {
         return bad_request(e);
     }
+    let config = ctx.config().capture.clone();
+    if opts.name.starts_with('/') && !config.allow_absolute_paths {
+        return bad_request(format!("{}: a capture is named, not given a path ([capture] allow_absolute_paths is off)", opts.name));
+    }
     let backends = ctx
         .backends
         .list()
@@ -429,7 +433,7 @@ async fn capture_start(State(ctx): State<Arc<Ctx>>, Json(opts): Json<crate::capt
         .collect();
     let c = ctx.clone();
     let gate = opts.consistent.then(|| opts.gate_timeout.unwrap_or(crate::capture::GATE_TIMEOUT));
-    match tokio::task::spawn_blocking(move || c.capture.start(opts, backends)).await {
+    match tokio::task::spawn_blocking(move || c.capture.start(opts, &config, backends)).await {
         Ok(Ok(status)) => match gate {
             Some(limit) => gate_closed(&ctx, status, limit).await,
             None => (StatusCode::CREATED, Json(status)).into_response(),

@@ -109,7 +109,7 @@ pub enum CtlVerb {
     /// Traffic capture: start (with JSON options), stop, open (a consistent start's gate), status.
     Capture {
         action: String,
-        /// For start: the options as JSON, e.g. '{"dir": "/var/tmp/cap", "duration": "60s"}'.
+        /// For start: the options as JSON, e.g. '{"name": "cap", "duration": "60s"}'.
         options: Option<String>,
     },
 }
@@ -128,7 +128,7 @@ pub struct ReplayArgs {
     /// Its password (or in the SLUICE_REPLAY_PASSWORD environment variable).
     #[arg(long)]
     pub password: Option<String>,
-    /// Time runs this many times faster than it did when captured.
+    /// Time runs this many times faster than it did when captured (0.001 to 1000).
     #[arg(long, default_value_t = 1.0)]
     pub speed: f64,
     /// Replay only commands that change nothing (for a replica).

@@ -28,6 +28,7 @@ pub mod rules;
 pub mod runtime;
 pub mod session;
 pub mod sqladmin;
+pub mod sys;
 pub mod tls;
 pub mod upgrade;
 pub mod vars;

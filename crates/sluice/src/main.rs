@@ -103,6 +103,13 @@ fn replay(r: &sluice::cli::ReplayArgs) -> i32 {
             if let Some(d) = &r.report {
                 println!("report: {}", d.join("report.md").display());
             }
+            if rep.capture_dropped_records > 0 {
+                eprintln!(
+                    "sluice replay: the capture dropped {} records: its sessions with gaps were not whole",
+                    rep.capture_dropped_records
+                );
+                return 1;
+            }
             0
         }
         Err(e) => {

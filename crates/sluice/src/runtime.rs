@@ -527,7 +527,7 @@ async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop: [&watch::
 
 /// Starts the new binary and hands it the sockets; once it accepts, this process stops
 /// accepting and serves its sessions until they end. The new process's id.
-async fn upgrade(ctx: &Ctx, listening: &Arc<Listening>, stop: [&watch::Sender<bool>; 2]) -> Result<u32, String> {
+async fn upgrade(ctx: &Arc<Ctx>, listening: &Arc<Listening>, stop: [&watch::Sender<bool>; 2]) -> Result<u32, String> {
     if ctx.handed_over() {
         return Err("this process already handed its sockets over to a new one".into());
     }
@@ -542,6 +542,8 @@ async fn upgrade(ctx: &Ctx, listening: &Arc<Listening>, stop: [&watch::Sender<bo
     match &r {
         Ok(pid) => {
             ctx.set_handed_over();
+            // A capture ends here, whole: the sessions it records leave for the new process.
+            end_capture(ctx, "upgrade").await;
             for s in stop {
                 let _ = s.send(true);
             }
@@ -556,8 +558,17 @@ async fn upgrade(ctx: &Ctx, listening: &Arc<Listening>, stop: [&watch::Sender<bo
     r
 }
 
+/// Ends the running capture, if one runs, with its files whole and `meta.json` final.
+async fn end_capture(ctx: &Arc<Ctx>, why: &'static str) {
+    if ctx.capture.generation() != 0 {
+        let c = ctx.clone();
+        let _ = tokio::task::spawn_blocking(move || c.capture.end(why)).await;
+        tracing::info!(why, "capture ended");
+    }
+}
+
 /// Graceful shutdown: stop accepting, let sessions finish their transaction, then give up.
-async fn drain(ctx: &Ctx, stop_tx: &watch::Sender<bool>) {
+async fn drain(ctx: &Arc<Ctx>, stop_tx: &watch::Sender<bool>) {
     ctx.draining.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = stop_tx.send(true);
     let deadline = Instant::now() + ctx.config().proxy.shutdown_timeout;
@@ -575,6 +586,7 @@ async fn drain(ctx: &Ctx, stop_tx: &watch::Sender<bool>) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    end_capture(ctx, "shutdown").await;
     // Each worker's sweeper closes its pooled backend connections with COM_QUIT.
     let pool_deadline = Instant::now() + Duration::from_secs(2);
     while ctx.backends.list().iter().any(|b| b.pooled() > 0) && Instant::now() < pool_deadline {

@@ -11,14 +11,17 @@ use sluice::capture::files;
 use sluice::capture::record::{Record, Summary, flag};
 use sluice_proto::consts::com;
 
-fn capture_dir(name: &str) -> std::path::PathBuf {
+fn scratch(name: &str) -> std::path::PathBuf {
     sluice_testkit::mariadb::work_root().join(format!("capture-{name}-{}-{}", std::process::id(), sluice_testkit::unique_id()))
 }
 
-fn start_capture(s: &SluiceProc, body: serde_json::Value) -> serde_json::Value {
+/// Starts a capture; its status, and its folder.
+fn start_capture(s: &SluiceProc, body: serde_json::Value) -> (serde_json::Value, std::path::PathBuf) {
     let (code, text) = admin_post_json(s, "/capture/start", &body);
     assert_eq!(code, 201, "{text}");
-    json(&text)
+    let status = json(&text);
+    let dir = std::path::PathBuf::from(status["dir"].as_str().expect("the capture's folder"));
+    (status, dir)
 }
 
 fn stop_capture(s: &SluiceProc) -> serde_json::Value {
@@ -82,10 +85,10 @@ async fn a_capture_records_sessions_commands_and_results_and_no_password() {
     let stmt = before.prep("SELECT ? + 1").await.unwrap();
     let idle = app(&s).await;
 
-    let dir = capture_dir("records");
-    let started = start_capture(&s, serde_json::json!({ "dir": dir }));
+    let (started, dir) = start_capture(&s, serde_json::json!({ "name": "records" }));
     assert_eq!(started["state"], "running");
-    let (code, text) = admin_post_json(&s, "/capture/start", &serde_json::json!({ "dir": capture_dir("second") }));
+    assert_eq!(dir.canonicalize().unwrap(), s.dir.join("captures/records").canonicalize().unwrap());
+    let (code, text) = admin_post_json(&s, "/capture/start", &serde_json::json!({ "name": "second" }));
     assert_eq!(code, 409, "one capture at a time: {text}");
 
     let n: i64 = before.exec_first(&stmt, (41,)).await.unwrap().unwrap();
@@ -173,8 +176,7 @@ async fn a_capture_records_sessions_commands_and_results_and_no_password() {
 async fn a_writer_that_cannot_keep_up_loses_records_counted_and_clients_see_nothing() {
     let db = shared_db();
     let s = start_sluice(&[db], &[]);
-    let dir = capture_dir("slow");
-    start_capture(&s, serde_json::json!({ "dir": dir, "writer_delay": "100ms" }));
+    let (_, dir) = start_capture(&s, serde_json::json!({ "name": "slow", "writer_delay": "100ms" }));
     let mut c = app(&s).await;
     let big = format!("SELECT LENGTH('{}')", "x".repeat(64 << 10));
     for _ in 0..400 {
@@ -197,8 +199,7 @@ async fn a_writer_that_cannot_keep_up_loses_records_counted_and_clients_see_noth
 async fn a_capture_ends_by_itself_after_its_duration_and_takes_only_its_users() {
     let db = shared_db();
     let s = start_sluice(&[db], &[]);
-    let dir = capture_dir("filtered");
-    start_capture(&s, serde_json::json!({ "dir": dir, "duration": "3s", "users": ["other"] }));
+    let (_, dir) = start_capture(&s, serde_json::json!({ "name": "filtered", "duration": "3s", "users": ["other"] }));
     let mut a = app(&s).await;
     let mut o = connect(&s.listen, "other", "otherpw").await;
     a.query_drop("DO 1").await.unwrap();
@@ -216,9 +217,10 @@ async fn a_capture_ends_by_itself_after_its_duration_and_takes_only_its_users() 
         .filter(|p| p.starts_with(&query("DO ")))
         .collect();
     assert_eq!(dos, [&query("DO 2")[..]], "only its user's, and nothing after its end");
-    // A directory that is not empty is refused.
-    let (code, text) = admin_post_json(&s, "/capture/start", &serde_json::json!({ "dir": dir }));
+    // A folder that exists is refused: sluice makes each capture's.
+    let (code, text) = admin_post_json(&s, "/capture/start", &serde_json::json!({ "name": "filtered" }));
     assert_eq!(code, 409, "{text}");
+    assert!(text.contains("exists already"), "{text}");
     a.disconnect().await.unwrap();
     o.disconnect().await.unwrap();
 }
@@ -227,13 +229,12 @@ async fn a_capture_ends_by_itself_after_its_duration_and_takes_only_its_users() 
 async fn an_encrypted_capture_is_unreadable_without_its_key_and_whole_with_it() {
     let db = shared_db();
     let s = start_sluice(&[db], &[]);
-    let dir = capture_dir("sealed");
-    let keys = capture_dir("keys");
+    let keys = scratch("keys");
     std::fs::create_dir_all(&keys).unwrap();
     let (key, wrong) = (keys.join("key"), keys.join("wrong"));
     std::fs::write(&key, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n").unwrap();
     std::fs::write(&wrong, [7u8; 32]).unwrap();
-    start_capture(&s, serde_json::json!({ "dir": dir, "key_file": key }));
+    let (_, dir) = start_capture(&s, serde_json::json!({ "name": "sealed", "key_file": key }));
     let mut c = app(&s).await;
     c.query_drop("SELECT 'plain-marker-in-the-clear'").await.unwrap();
     c.disconnect().await.unwrap();
@@ -283,7 +284,7 @@ async fn an_encrypted_capture_is_unreadable_without_its_key_and_whole_with_it() 
 #[test]
 fn a_gate_timeout_past_the_bound_is_refused() {
     let s = TestConfig::new().backend(&shared_db().addr()).start();
-    let body = serde_json::json!({ "dir": capture_dir("gate"), "consistent": true, "gate_timeout": "8760h" });
+    let body = serde_json::json!({ "name": "gate", "consistent": true, "gate_timeout": "8760h" });
     let (code, text) = admin_post_json(&s, "/capture/start", &body);
     assert_eq!(code, 400, "{text}");
     assert!(text.contains("gate_timeout"), "{text}");

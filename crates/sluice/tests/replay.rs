@@ -64,9 +64,10 @@ async fn capture_workload(s: &SluiceProc, users: bool) -> std::path::PathBuf {
         before.query_drop("SET @mark = 'kept'").await.unwrap();
     }
 
-    let dir = sluice_testkit::mariadb::work_root().join(format!("replay-{}-{}", std::process::id(), sluice_testkit::unique_id()));
-    let (code, text) = admin_post_json(s, "/capture/start", &serde_json::json!({ "dir": dir }));
+    let name = format!("replay-{}", sluice_testkit::unique_id());
+    let (code, text) = admin_post_json(s, "/capture/start", &serde_json::json!({ "name": name }));
     assert_eq!(code, 201, "{text}");
+    let dir = std::path::PathBuf::from(json(&text)["dir"].as_str().unwrap());
 
     let _: Option<String> = before.exec_first(&by_id, (5,)).await.unwrap();
     before.query_drop("SELECT id, v FROM t ORDER BY id").await.unwrap();
@@ -168,9 +169,10 @@ async fn thirty_seconds_of_sysbench_captured_from_a_consistent_start_replay_whol
     let load = sysbench::start("oltp_read_write", &s.listen, 2, 10_000, 16);
     wait_for("sysbench runs", || load.progress().queries > 1000);
 
-    let dir = sluice_testkit::mariadb::work_root().join(format!("replay-sb-{}-{}", std::process::id(), sluice_testkit::unique_id()));
-    let (code, text) = admin_post_json(&s, "/capture/start", &serde_json::json!({ "dir": dir, "consistent": true, "duration": "30s" }));
+    let (code, text) =
+        admin_post_json(&s, "/capture/start", &serde_json::json!({ "name": "sysbench", "consistent": true, "duration": "30s" }));
     assert_eq!(code, 201, "{text}");
+    let dir = std::path::PathBuf::from(json(&text)["dir"].as_str().unwrap());
     assert_eq!(json(&text)["state"], "gated", "{text}");
     let copy = MariaDb::start();
     copy_database(&source, &copy, "sbtest");

@@ -280,3 +280,37 @@ async fn sessions_left_behind_finish_their_transaction_then_close() {
     assert_eq!(c.query_first::<i64, _>("SELECT COUNT(*) FROM t").await.unwrap(), Some(2), "what it committed is there");
     c.disconnect().await.unwrap();
 }
+
+/// A capture running when the process upgrades ends there, whole, saying so (`ended_by`); the
+/// new process starts idle. A capture running at a shutdown ends whole too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_capture_ends_whole_at_an_upgrade_and_at_a_shutdown() {
+    let db = shared_db();
+    let path = config_path("upgrade-capture");
+    std::fs::write(&path, TestConfig::new().dbs(&[db]).app_users().text()).unwrap();
+    let s = start_sluice_file(&path);
+    let mut c = app(&s).await;
+    let (code, text) = admin_post_json(&s, "/capture/start", &serde_json::json!({ "name": "across" }));
+    assert_eq!(code, 201, "{text}");
+    c.query_drop("SELECT 'before the upgrade'").await.unwrap();
+    let (code, body) = admin_post(&s, "/upgrade");
+    assert_eq!(code, 200, "{body}");
+    let _reaper = Reaper(json(&body)["new_pid"].as_u64().unwrap());
+    let meta = json(&std::fs::read_to_string(s.dir.join("captures/across/meta.json")).unwrap());
+    assert_eq!((meta["state"].as_str(), meta["ended_by"].as_str()), (Some("done"), Some("upgrade")), "{meta:#}");
+    assert!(meta["ended_at_ms"].as_u64().is_some(), "{meta:#}");
+    assert_eq!(json(&admin_get(&s, "/capture", None).1)["state"], "idle", "the new process runs no capture");
+    assert_eq!(c.query_first::<u32, _>("SELECT 1").await.unwrap(), Some(1));
+
+    let (code, text) = admin_post_json(&s, "/capture/start", &serde_json::json!({ "name": "to-the-end" }));
+    assert_eq!(code, 201, "{text}");
+    c.query_drop("SELECT 'before the shutdown'").await.unwrap();
+    c.disconnect().await.unwrap();
+    std::process::Command::new("kill").args(["-TERM", &json(&body)["new_pid"].to_string()]).status().unwrap();
+    let meta_path = s.dir.join("captures/to-the-end/meta.json");
+    wait_for("the capture's end is written", || {
+        std::fs::read_to_string(&meta_path).is_ok_and(|t| t.contains("\"ended_by\": \"shutdown\""))
+    });
+    let meta = json(&std::fs::read_to_string(&meta_path).unwrap());
+    assert_eq!(meta["state"], "done", "{meta:#}");
+}

@@ -14,6 +14,8 @@ pub struct SluiceProc {
     /// Address of the admin API, when enabled.
     pub admin: Option<String>,
     pub log: PathBuf,
+    /// Its working folder, its own (where captures go unless configured elsewhere).
+    pub dir: PathBuf,
 }
 
 fn field(line: &str, key: &str) -> Option<String> {
@@ -25,9 +27,13 @@ fn field(line: &str, key: &str) -> Option<String> {
 impl SluiceProc {
     /// Starts `bin` with `args` and waits for its ready line (listeners bound, workers up).
     pub fn start(bin: &Path, args: &[String]) -> SluiceProc {
-        let log = crate::mariadb::work_root().join(format!("sluice-{}-{}.log", std::process::id(), crate::unique_id()));
+        let id = crate::unique_id();
+        let log = crate::mariadb::work_root().join(format!("sluice-{}-{id}.log", std::process::id()));
+        let dir = crate::mariadb::work_root().join(format!("sluice-{}-{id}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("sluice's working folder");
         let mut cmd = Command::new(bin);
         cmd.args(args)
+            .current_dir(&dir)
             .env("RUST_LOG", std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "info".into()))
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -55,6 +61,7 @@ impl SluiceProc {
                 listen: listeners.split(',').next().unwrap_or_default().to_string(),
                 admin: admin.filter(|a| !a.is_empty() && a != "none"),
                 log,
+                dir,
             },
             _ => {
                 let _ = child.kill();

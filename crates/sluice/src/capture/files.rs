@@ -1,14 +1,18 @@
 //! Capture files on disk: a directory with `meta.json` and one series of files per worker
 //! (`w00-00000.cap`, `w00-00001.cap`, ... as they rotate), each [`MAGIC`] and then chunks:
-//! `u32` length of the records, `u32` length stored, a codec byte, the stored bytes.
+//! `u32` length of the records, `u32` length stored, a codec byte, the stored bytes, and the
+//! XXH3 checksum (`u64`) of the chunk's header and stored bytes. Files of the first version
+//! ([`MAGIC_V1`]) have no checksums.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use super::Status;
-use super::record::{self, MAGIC, Record};
+use super::record::{self, MAGIC, MAGIC_V1, Record};
+use crate::config::CaptureConfig;
+use crate::sys::Dir;
 
 /// Codec byte: zstd; with [`SEALED`], then sealed with AES-256-GCM (a 12-byte random nonce
 /// before the sealed bytes, the tag after them).
@@ -19,9 +23,9 @@ const NONCE: usize = 12;
 /// The key of an encrypted capture.
 pub type Key = aws_lc_rs::aead::LessSafeKey;
 
-/// Reads a capture key: a file of 32 bytes, or of 64 hexadecimal digits.
+/// Reads a capture key: a regular file of 32 bytes, or of 64 hexadecimal digits.
 pub fn load_key(path: &Path) -> Result<Key, String> {
-    let raw = std::fs::read(path).map_err(|e| format!("reading the key file {}: {e}", path.display()))?;
+    let raw = crate::sys::read_regular(path, 4096).map_err(|e| format!("reading the key file {e}"))?;
     let text = String::from_utf8_lossy(&raw);
     let hex = text.trim();
     let bytes: Vec<u8> = if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -33,17 +37,39 @@ pub fn load_key(path: &Path) -> Result<Key, String> {
         .map_err(|_| format!("{}: a key is 32 bytes, or 64 hexadecimal digits", path.display()))?;
     Ok(Key::new(unbound))
 }
+/// The length of a capture file with no chunk (its magic bytes).
+pub const MAGIC_LEN: u64 = MAGIC.len() as u64;
 /// Largest chunk a reader accepts (records before compression).
 const MAX_CHUNK: usize = 64 << 20;
+/// Largest capture file a reader accepts (files rotate at `rotate_mib`, at most [`super::MAX_ROTATE_MIB`]).
+const MAX_FILE: u64 = (super::MAX_ROTATE_MIB + 64) << 20;
+/// Largest `meta.json` a reader accepts.
+const MAX_META: u64 = 16 << 20;
 
-/// Makes `dir` for a capture: created if missing; an existing one must be empty.
-pub fn prepare_dir(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let mut entries = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
-    if entries.next().is_some() {
-        return Err(format!("{} is not empty: a capture goes to a new directory", dir.display()));
+/// Makes the folder of a new capture: `name` under `[capture] dir` (which is made, 0700, if
+/// missing), or an absolute path where the configuration allows it. The folder must not exist:
+/// sluice makes it, 0700, and reaches it through no symbolic link.
+pub fn make_dir(config: &CaptureConfig, name: &str) -> Result<Dir, String> {
+    if name.starts_with('/') {
+        if !config.allow_absolute_paths {
+            return Err(format!("{name}: a capture is named, not given a path ([capture] allow_absolute_paths is off)"));
+        }
+        let path = Path::new(name);
+        let (Some(parent), Some(last)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+            return Err(format!("{name}: not a folder's path"));
+        };
+        return Dir::open_shared(parent, false)?.make_child(last);
     }
-    Ok(())
+    check_name(name)?;
+    Dir::open(&config.dir, true)?.make_child(name)
+}
+
+/// A capture's name: 1 to 64 of `A-Z a-z 0-9 . _ -`, not starting with a dot.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = (1..=64).contains(&name.len())
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok { Ok(()) } else { Err(format!("{name:?} is not a capture name: 1 to 64 of A-Z a-z 0-9 . _ -, not starting with a dot")) }
 }
 
 pub fn file_name(worker: usize, index: u32) -> String {
@@ -73,8 +99,8 @@ pub struct Out {
 }
 
 impl Out {
-    pub fn create(dir: &Path, name: String) -> std::io::Result<Out> {
-        let mut file = File::create(dir.join(&name))?;
+    pub fn create(dir: &Dir, name: String) -> std::io::Result<Out> {
+        let mut file = dir.create_file(&name)?;
         file.write_all(MAGIC)?;
         let zstd = zstd::bulk::Compressor::new(LEVEL)?;
         Ok(Out { name, file, size: MAGIC.len() as u64, written_back: 0, zstd, stored: Vec::new() })
@@ -101,9 +127,11 @@ impl Out {
         head[..4].copy_from_slice(&(records.len() as u32).to_le_bytes());
         head[4..8].copy_from_slice(&(stored.len() as u32).to_le_bytes());
         head[8] = codec;
+        let sum = checksum(&head, stored);
         self.file.write_all(&head)?;
         self.file.write_all(stored)?;
-        let n = 9 + stored.len() as u64;
+        self.file.write_all(&sum.to_le_bytes())?;
+        let n = 9 + stored.len() as u64 + 8;
         self.size += n;
         if self.size - self.written_back >= WRITEBACK_EVERY {
             self.write_back();
@@ -129,56 +157,97 @@ impl Out {
 }
 
 /// Writes `meta.json` (through a temporary file, so that a reader never sees half of it).
-pub fn write_meta(dir: &Path, status: &Status) -> std::io::Result<()> {
-    let tmp = dir.join("meta.json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(status).map_err(std::io::Error::other)?)?;
-    std::fs::rename(tmp, dir.join("meta.json"))
+pub fn write_meta(dir: &Dir, status: &Status) -> std::io::Result<()> {
+    dir.replace_file("meta.json", &serde_json::to_vec_pretty(status).map_err(std::io::Error::other)?)
 }
 
 pub fn read_meta(dir: &Path) -> Result<Status, String> {
     let path = dir.join("meta.json");
-    let text = std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let text = crate::sys::read_regular(&path, MAX_META).map_err(|e| format!("reading {e}"))?;
     serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The capture files of `dir`, by worker and then in the order they were written.
+/// The capture files of `dir`, by worker and then in the order they were written (regular
+/// files only: anything else named `*.cap` is an error).
 pub fn list(dir: &Path) -> Result<Vec<PathBuf>, String> {
     let rd = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
-    let mut v: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "cap")).collect();
+    let mut v = Vec::new();
+    for e in rd {
+        let e = e.map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        let path = e.path();
+        if path.extension().is_some_and(|x| x == "cap") {
+            if !e.file_type().is_ok_and(|t| t.is_file()) {
+                return Err(format!("{}: not a regular file", path.display()));
+            }
+            v.push(path);
+        }
+    }
     v.sort();
     Ok(v)
+}
+
+/// The checksum of a chunk: its header and stored bytes.
+fn checksum(head: &[u8; 9], stored: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = twox_hash::XxHash3_64::default();
+    h.write(head);
+    h.write(stored);
+    h.finish()
 }
 
 /// The records of one file, chunk by chunk (`key`: the capture's, if it is encrypted).
 pub fn read_file(path: &Path, key: Option<&Key>) -> Result<Vec<Record>, String> {
     let at = |e: String| format!("{}: {e}", path.display());
-    let mut bytes = Vec::new();
-    File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(|e| at(e.to_string()))?;
-    let mut rest = bytes.strip_prefix(MAGIC.as_slice()).ok_or_else(|| at("not a sluice capture file".into()))?;
+    let bytes = crate::sys::read_regular(path, MAX_FILE)?;
+    let (mut rest, summed) = match bytes.split_first_chunk::<8>() {
+        Some((m, rest)) if m == MAGIC => (rest, true),
+        Some((m, rest)) if m == MAGIC_V1 => (rest, false),
+        _ => return Err(at("not a sluice capture file".into())),
+    };
     let mut out = Vec::new();
     while !rest.is_empty() {
-        let Some((head, body)) = rest.split_first_chunk::<9>() else { return Err(at("a chunk header cut short".into())) };
-        let raw = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-        let stored = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
-        if head[8] & !SEALED != ZSTD || raw > MAX_CHUNK || stored > body.len() {
-            return Err(at(format!("a chunk that does not make sense (codec {}, {raw} bytes, {stored} stored)", head[8])));
-        }
-        let mut opened = Vec::new();
-        let compressed = if head[8] & SEALED == 0 {
-            &body[..stored]
-        } else {
-            let Some(key) = key else { return Err(at("the capture is encrypted: give its key file".into())) };
-            let (nonce, sealed) = body[..stored].split_first_chunk::<NONCE>().ok_or_else(|| at("a sealed chunk cut short".into()))?;
-            opened.extend_from_slice(sealed);
-            let n = aws_lc_rs::aead::Nonce::assume_unique_for_key(*nonce);
-            let plain = key
-                .open_in_place(n, aws_lc_rs::aead::Aad::empty(), &mut opened)
-                .map_err(|_| at("the key does not open this capture".into()))?;
-            &plain[..]
-        };
-        let records = zstd::bulk::decompress(compressed, raw).map_err(|e| at(format!("decompressing a chunk: {e}")))?;
+        let (records, after) = chunk(rest, summed, key).map_err(|e| at(format!("chunk {}: {e}", out.len())))?;
         out.extend(record::decode(&records).map_err(at)?);
-        rest = &body[stored..];
+        rest = after;
     }
     Ok(out)
+}
+
+/// The records of the chunk `bytes` begin with, and the bytes after it.
+fn chunk<'a>(bytes: &'a [u8], summed: bool, key: Option<&Key>) -> Result<(Vec<u8>, &'a [u8]), String> {
+    let Some((head, body)) = bytes.split_first_chunk::<9>() else { return Err("its header is cut short".into()) };
+    let raw = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let stored = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+    let sum_len = if summed { 8 } else { 0 };
+    if head[8] & !SEALED != ZSTD || raw > MAX_CHUNK || stored + sum_len > body.len() {
+        return Err(format!("it does not make sense (codec {}, {raw} bytes, {stored} stored): the file is damaged", head[8]));
+    }
+    let (data, rest) = body.split_at(stored);
+    let rest = if summed {
+        let (sum, rest) = rest.split_first_chunk::<8>().expect("length checked above");
+        if u64::from_le_bytes(*sum) != checksum(head, data) {
+            return Err("its checksum does not match: the file is damaged".into());
+        }
+        rest
+    } else {
+        rest
+    };
+    let mut opened = Vec::new();
+    let compressed = if head[8] & SEALED == 0 {
+        data
+    } else {
+        let Some(key) = key else { return Err("the capture is encrypted: give its key file".into()) };
+        let (nonce, sealed) = data.split_first_chunk::<NONCE>().ok_or("a sealed chunk cut short")?;
+        opened.extend_from_slice(sealed);
+        let n = aws_lc_rs::aead::Nonce::assume_unique_for_key(*nonce);
+        let plain = key
+            .open_in_place(n, aws_lc_rs::aead::Aad::empty(), &mut opened)
+            .map_err(|_| "the key does not open this capture".to_string())?;
+        &plain[..]
+    };
+    let records = zstd::bulk::decompress(compressed, raw).map_err(|e| format!("decompressing: {e}"))?;
+    if records.len() != raw {
+        return Err(format!("{} bytes decompressed where its header says {raw}: the file is damaged", records.len()));
+    }
+    Ok((records, rest))
 }

@@ -43,12 +43,17 @@ const SPARE: usize = 4;
 /// sysbench at 30,000 queries a second); past it records are dropped.
 const QUEUE: usize = 64;
 
+/// The largest `rotate_mib`.
+pub const MAX_ROTATE_MIB: u64 = 4096;
+
 /// What a capture takes and where it goes (`POST /capture/start`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Options {
-    /// A directory that does not exist yet, or is empty.
-    pub dir: PathBuf,
+    /// The capture's folder, made by sluice under `[capture] dir`: a name (1 to 64 of
+    /// `A-Z a-z 0-9 . _ -`), or an absolute path if `[capture] allow_absolute_paths` is on.
+    /// It must not exist.
+    pub name: String,
     /// The capture stops by itself after this long ("30s", "5m"); none: until stopped.
     #[serde(default, deserialize_with = "crate::config::optional_duration", serialize_with = "crate::config::show_optional_duration")]
     pub duration: Option<Duration>,
@@ -89,8 +94,11 @@ impl Options {
         if !(self.sample > 0.0 && self.sample <= 1.0) {
             return Err(format!("sample must be above 0 and at most 1, not {}", self.sample));
         }
-        if self.rotate_mib == 0 {
-            return Err("rotate_mib must be at least 1".into());
+        if self.rotate_mib == 0 || self.rotate_mib > MAX_ROTATE_MIB {
+            return Err(format!("rotate_mib must be at least 1 and at most {MAX_ROTATE_MIB}"));
+        }
+        if !self.name.starts_with('/') {
+            files::check_name(&self.name)?;
         }
         if self.gate_timeout.is_some_and(|t| t > MAX_GATE_TIMEOUT) {
             return Err(format!("gate_timeout must be at most {} s: sessions' statements wait at the gate", MAX_GATE_TIMEOUT.as_secs()));
@@ -132,6 +140,10 @@ pub struct Status {
     pub bytes_written: u64,
     pub files: Vec<String>,
     pub error: Option<String>,
+    /// What ended it: "stop" (asked), "duration", "upgrade" (the process handed its sessions
+    /// to a new one, which does not go on with it), "shutdown", "error".
+    #[serde(default)]
+    pub ended_by: Option<String>,
     /// The files are sealed with a key.
     pub encrypted: bool,
     pub options: Option<Options>,
@@ -229,6 +241,8 @@ struct Inner {
     /// The running capture's status as its writer last published it.
     status: Mutex<Status>,
     stop: AtomicBool,
+    /// Why it was told to stop ("stop", "upgrade", "shutdown").
+    stopped_by: Mutex<Option<&'static str>>,
     records_total: Counter,
     dropped_total: Counter,
 }
@@ -255,7 +269,7 @@ impl Capture {
             gate: tokio::sync::Notify::new(),
             shards: (0..shards.max(1)).map(|_| Padded::default()).collect(),
             filters: Mutex::new(Arc::new(Options {
-                dir: PathBuf::new(),
+                name: String::new(),
                 duration: None,
                 users: Vec::new(),
                 schemas: Vec::new(),
@@ -268,6 +282,7 @@ impl Capture {
             })),
             status: Mutex::new(Status::default()),
             stop: AtomicBool::new(false),
+            stopped_by: Mutex::new(None),
             records_total,
             dropped_total,
         };
@@ -364,8 +379,12 @@ impl Capture {
         true
     }
 
-    /// Starts a capture. Err: one runs already, or the directory cannot be used.
-    pub fn start(&self, opts: Options, backends: Vec<BackendInfo>) -> Result<Status, String> {
+    /// Starts a capture in a new folder under `config`'s. Err: one runs already, or the
+    /// folder or the key file cannot be used.
+    pub fn start(&self, opts: Options, config: &crate::config::CaptureConfig, backends: Vec<BackendInfo>) -> Result<Status, String> {
+        opts.check()?;
+        // Read before any lock is taken: reading a key file cannot hold up `status`.
+        let key = opts.key_file.as_deref().map(files::load_key).transpose()?;
         let mut running = self.running.lock();
         if running.as_ref().is_some_and(|r| !r.thread.is_finished()) {
             return Err("a capture is running: stop it first".into());
@@ -373,17 +392,16 @@ impl Capture {
         if let Some(r) = running.take() {
             *self.last.lock() = Some(r.thread.join().unwrap_or_else(|_| failed("the capture writer panicked")));
         }
-        opts.check()?;
-        let key = opts.key_file.as_deref().map(files::load_key).transpose()?;
-        files::prepare_dir(&opts.dir)?;
+        let dir = files::make_dir(config, &opts.name)?;
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let inner = &self.inner;
         inner.stop.store(false, Ordering::Relaxed);
+        *inner.stopped_by.lock() = None;
         *inner.filters.lock() = Arc::new(opts.clone());
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
         let status = Status {
             state: "running".into(),
-            dir: Some(opts.dir.clone()),
+            dir: Some(dir.path().to_path_buf()),
             started_at_ms: unix_ms(),
             encrypted: key.is_some(),
             options: Some(opts.clone()),
@@ -391,7 +409,7 @@ impl Capture {
             sluice_version: env!("CARGO_PKG_VERSION").into(),
             ..Status::default()
         };
-        let writer = writer::Writer::new(opts, key, status.clone(), generation, Arc::clone(inner))?;
+        let writer = writer::Writer::new(opts, dir, key, status.clone(), generation, Arc::clone(inner))?;
         inner.t0_ns.store(crate::metrics::mono_ns(), Ordering::Relaxed);
         for s in inner.shards.iter() {
             let mut s = s.lock();
@@ -417,6 +435,15 @@ impl Capture {
     /// Stops the running capture and waits for its writer to finish the files; its final
     /// status (None when none ran). Blocks: call it off the event loop.
     pub fn stop(&self) -> Option<Status> {
+        self.end("stop")
+    }
+
+    /// Ends the running capture as [`Capture::stop`] does, saying why in its `ended_by`
+    /// ("upgrade": the process handed its sessions to a new one; "shutdown").
+    pub fn end(&self, why: &'static str) -> Option<Status> {
+        if self.running.lock().as_ref().is_some_and(|r| !r.thread.is_finished()) {
+            *self.inner.stopped_by.lock() = Some(why);
+        }
         self.inner.stop.store(true, Ordering::Relaxed);
         let r = self.running.lock().take();
         if let Some(r) = r {

@@ -19,8 +19,10 @@
 //!   `Command` and a `Result`.
 //! - `End`: the session ended.
 
-/// The first bytes of every capture file.
-pub const MAGIC: &[u8; 8] = b"SLCAPT01";
+/// The first bytes of every capture file (chunks with checksums).
+pub const MAGIC: &[u8; 8] = b"SLCAPT02";
+/// The first bytes of a capture file of the first version (chunks without checksums).
+pub const MAGIC_V1: &[u8; 8] = b"SLCAPT01";
 
 const BEGIN: u8 = 1;
 const COMMAND: u8 = 2;

@@ -15,9 +15,11 @@ use std::time::{Duration, Instant};
 
 use super::files::{self, Out};
 use super::{Chunk, Inner, Options, Status};
+use crate::sys::Dir;
 
 pub(super) struct Writer {
     opts: Options,
+    dir: Dir,
     key: Option<files::Key>,
     status: Status,
     generation: u64,
@@ -29,15 +31,16 @@ pub(super) struct Writer {
 impl Writer {
     pub(super) fn new(
         opts: Options,
+        dir: Dir,
         key: Option<files::Key>,
         status: Status,
         generation: u64,
         inner: Arc<Inner>,
     ) -> Result<Writer, String> {
-        files::write_meta(&opts.dir, &status).map_err(|e| format!("writing {}/meta.json: {e}", opts.dir.display()))?;
+        files::write_meta(&dir, &status).map_err(|e| format!("writing {}/meta.json: {e}", dir.path().display()))?;
         *inner.status.lock() = status.clone();
         let outs = (0..inner.shards.len()).map(|_| (None, 0)).collect();
-        Ok(Writer { opts, key, status, generation, inner, outs })
+        Ok(Writer { opts, dir, key, status, generation, inner, outs })
     }
 
     pub(super) fn run(mut self, rx: Receiver<Chunk>) -> Status {
@@ -105,7 +108,7 @@ impl Writer {
             std::thread::sleep(d);
         }
         let rotate = self.opts.rotate_mib.saturating_mul(1 << 20);
-        let dir = self.opts.dir.clone();
+        let dir = &self.dir;
         let (out, begun) = &mut self.outs[worker];
         let res = (|| -> std::io::Result<u64> {
             if out.as_ref().is_some_and(|o| o.size >= rotate)
@@ -117,14 +120,14 @@ impl Writer {
                 let name = files::file_name(worker, *begun);
                 *begun += 1;
                 self.status.files.push(name.clone());
-                *out = Some(Out::create(&dir, name)?);
+                *out = Some(Out::create(dir, name)?);
             }
             out.as_mut().expect("made above").chunk(records, self.key.as_ref())
         })();
         match res {
             Ok(n) => self.status.bytes_written += n,
             Err(e) => {
-                tracing::error!(dir = %dir.display(), error = %e, "capture stopped: writing its files failed");
+                tracing::error!(dir = %dir.path().display(), error = %e, "capture stopped: writing its files failed");
                 self.status.error = Some(format!("writing the capture files: {e}"));
             }
         }
@@ -135,7 +138,7 @@ impl Writer {
         self.inner.counts().show(&mut self.status);
         let s = &self.status;
         *self.inner.status.lock() = s.clone();
-        if to_file && let Err(e) = files::write_meta(&self.opts.dir, s) {
+        if to_file && let Err(e) = files::write_meta(&self.dir, s) {
             tracing::warn!(error = %e, "writing the capture's meta.json");
         }
     }
@@ -172,6 +175,9 @@ impl Writer {
             }
         }
         self.status.ended_at_ms = Some(super::unix_ms());
+        let told = *self.inner.stopped_by.lock();
+        let by = if self.status.error.is_some() { "error" } else { told.unwrap_or("duration") };
+        self.status.ended_by = Some(by.into());
         self.status.state = if self.status.error.is_some() { "failed" } else { "done" }.into();
         self.publish(true);
         tracing::info!(records = self.status.records, dropped = self.status.dropped_records, "capture ended");

@@ -7,12 +7,14 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
+mod capture;
 mod cluster;
 mod live;
 mod routing;
 mod rules;
 mod show;
 mod tls;
+pub use capture::CaptureConfig;
 pub use cluster::{ClusterConfig, Shared};
 pub use live::{Live, Source, fixed_changes};
 pub use routing::{CausalReads, ReadOnlyTransactions, RoutingConfig};
@@ -42,6 +44,9 @@ pub struct Config {
     pub rules: Vec<RuleConfig>,
     #[serde(default)]
     pub digests: DigestsConfig,
+    /// Where traffic captures are written.
+    #[serde(default)]
+    pub capture: CaptureConfig,
     /// TLS for client connections: a generated self-signed certificate unless configured.
     #[serde(default)]
     pub tls: ClientTls,
@@ -533,7 +538,8 @@ fn key_at(text: &str, offset: usize) -> Option<String> {
 impl Config {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        let bytes = crate::sys::read_regular(path, 16 << 20);
+        let text = bytes.and_then(|b| String::from_utf8(b).map_err(|_| "not UTF-8 text".to_string())).map_err(|e| ConfigError {
             file: Some(path.to_path_buf()),
             line: None,
             message: format!("cannot read: {e}"),

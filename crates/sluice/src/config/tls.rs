@@ -53,7 +53,7 @@ pub struct TlsConfig {
 
 /// Reads the PEM certificates of a file the configuration names (`[tls] cert`, `tls_ca`).
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let data = crate::sys::read_regular(path, MAX_PEM)?;
     let certs: Vec<_> = CertificateDer::pem_slice_iter(&data).collect::<Result<_, _>>().map_err(|e| format!("{}: {e}", path.display()))?;
     if certs.is_empty() {
         return Err(format!("{}: no certificate found", path.display()));
@@ -61,9 +61,12 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     Ok(certs)
 }
 
+/// The largest certificate or key file read (a chain of many certificates fits).
+const MAX_PEM: u64 = 1 << 20;
+
 /// Reads the PEM private key of a file the configuration names (`[tls] key`).
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let data = crate::sys::read_regular(path, MAX_PEM)?;
     PrivateKeyDer::from_pem_slice(&data).map_err(|e| match e {
         rustls::pki_types::pem::Error::NoItemsFound => format!("{}: no private key found", path.display()),
         e => format!("{}: {e}", path.display()),

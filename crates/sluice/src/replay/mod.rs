@@ -95,14 +95,20 @@ pub struct Outcome {
     pub retried: bool,
 }
 
-/// The captured sessions of `dir`, by id.
-pub fn load(dir: &std::path::Path, key: Option<&files::Key>) -> Result<BTreeMap<u64, Captured>, String> {
+/// The captured sessions of `dir`, by id. A record's time or latency past `limit_us` (from the
+/// capture's start) is damage: replaying it would wait for ever.
+pub fn load(dir: &std::path::Path, key: Option<&files::Key>, limit_us: u64) -> Result<BTreeMap<u64, Captured>, String> {
     let mut sessions: BTreeMap<u64, Captured> = BTreeMap::new();
+    let late = |what: &str, us: u64| format!("a record's {what} ({us} µs) is past the capture's end: the capture is damaged");
     for path in files::list(dir)? {
         for r in files::read_file(&path, key)? {
             let id = r.session();
             let s = sessions.entry(id).or_insert_with(|| Captured { id, ..Captured::default() });
             match r {
+                Record::Begin { at_us, .. } | Record::Command { at_us, .. } | Record::End { at_us, .. } if at_us > limit_us => {
+                    return Err(late("time", at_us));
+                }
+                Record::Result { summary, .. } if summary.latency_us > limit_us => return Err(late("latency", summary.latency_us)),
                 Record::Begin { at_us, begin, .. } => s.begin = Some((at_us, begin)),
                 Record::Command { at_us, number, flags, payload, .. } => {
                     s.gap |= number != s.commands.last().map_or(1, |c| c.number + 1);
@@ -120,14 +126,55 @@ pub fn load(dir: &std::path::Path, key: Option<&files::Key>) -> Result<BTreeMap<
     Ok(sessions)
 }
 
+/// The slowest and the fastest `--speed`.
+pub const SPEEDS: (f64, f64) = (1e-3, 1e3);
+
+/// A capture's records may be this much later than its end says (clocks of the writer and of
+/// the sessions are read apart).
+const END_SLACK_US: u64 = 60_000_000;
+
+/// Checks the arguments before anything is read.
+fn check_args(args: &Args) -> Result<(), String> {
+    if !(args.speed >= SPEEDS.0 && args.speed <= SPEEDS.1) {
+        return Err(format!("--speed must be from {} to {}, not {}", SPEEDS.0, SPEEDS.1, args.speed));
+    }
+    if args.target.trim().is_empty() || args.user.is_empty() {
+        return Err("--target and --user must not be empty".into());
+    }
+    Ok(())
+}
+
+/// Checks that the capture in `dir` is whole: it ended, and its folder holds every file its
+/// `meta.json` lists, none empty, and no other. The latest time a record may have (µs).
+pub fn check_whole(dir: &std::path::Path, meta: &crate::capture::Status) -> Result<u64, String> {
+    let Some(ended) = meta.ended_at_ms.filter(|_| meta.state == "done") else {
+        let why = meta.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default();
+        return Err(format!("the capture is {} and not whole{why}", meta.state));
+    };
+    let found: Vec<String> = files::list(dir)?.iter().filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
+    let mut listed = meta.files.clone();
+    listed.sort();
+    if found != listed {
+        let missing: Vec<&String> = listed.iter().filter(|f| !found.contains(f)).collect();
+        let extra: Vec<&String> = found.iter().filter(|f| !listed.contains(f)).collect();
+        return Err(format!("the capture's files are not those meta.json lists: missing {missing:?}, not listed {extra:?}"));
+    }
+    for name in &found {
+        let len = std::fs::symlink_metadata(dir.join(name)).map_err(|e| format!("{name}: {e}"))?.len();
+        if len <= files::MAGIC_LEN {
+            return Err(format!("{name} is empty: the capture is not whole"));
+        }
+    }
+    Ok(ended.saturating_sub(meta.started_at_ms).saturating_mul(1000).saturating_add(END_SLACK_US))
+}
+
 /// Replays the capture in `args.input` and writes the report (when asked); the report.
 pub fn run(args: &Args) -> Result<report::Report, String> {
+    check_args(args)?;
     let key = args.key_file.as_deref().map(files::load_key).transpose()?;
     let meta = files::read_meta(&args.input)?;
-    let sessions = load(&args.input, key.as_ref())?;
-    if !(args.speed > 0.0 && args.speed.is_finite()) {
-        return Err(format!("--speed must be above 0, not {}", args.speed));
-    }
+    let limit_us = check_whole(&args.input, &meta)?;
+    let sessions = load(&args.input, key.as_ref(), limit_us)?;
     let config = crate::config::Config::parse(&format!("[[backends]]\naddress = {:?}\n", args.target)).map_err(|e| e.to_string())?;
     let metrics = crate::metrics::Metrics::new(std::slice::from_ref(&args.target));
     let b = Backend::from_config(0, &config.backends[0], metrics.backends[0].clone(), &config.proxy, 1)?;
@@ -235,7 +282,8 @@ struct Transaction {
 /// The outcomes of a session's commands, and how many of them (from the first) it marked done
 /// in the order.
 async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, args: &Args, ord: Ordered<'_>) -> (Vec<Outcome>, usize) {
-    let at = |us: u64| t0 + Duration::from_secs_f64(us as f64 / 1e6 / args.speed);
+    // (Times are bounded by the capture's length and the speed by SPEEDS: no overflow.)
+    let at = |us: u64| t0 + Duration::from_secs_f64((us as f64 / 1e6 / args.speed).min(1e9));
     let mut texts: BTreeMap<u32, String> = BTreeMap::new();
     let mut out = Vec::new();
     let outcome = |c: &Command, texts: &BTreeMap<u32, String>, replayed| Outcome {

@@ -33,6 +33,8 @@ pub struct Report {
     pub speed: f64,
     pub read_only: bool,
     pub captured_at_ms: u64,
+    /// Records the capture dropped (its writer could not keep up): sessions with gaps.
+    pub capture_dropped_records: u64,
     pub replay_seconds: f64,
     pub sessions: usize,
     pub commands: usize,
@@ -148,6 +150,7 @@ pub fn build(meta: &Status, args: &Args, outcomes: &[Outcome], took: Duration) -
         speed: args.speed,
         read_only: args.read_only,
         captured_at_ms: meta.started_at_ms,
+        capture_dropped_records: meta.dropped_records,
         replay_seconds: took.as_secs_f64(),
         sessions: outcomes.iter().map(|o| o.session).collect::<std::collections::BTreeSet<_>>().len(),
         commands: outcomes.len(),
@@ -236,15 +239,18 @@ pub fn build(meta: &Status, args: &Args, outcomes: &[Outcome], took: Duration) -
     r
 }
 
-/// Writes `report.json` and `report.md` into `dir` (made if missing).
+/// Writes `report.json`, `report.md` and the charts into `dir`: made (0700) if missing, else
+/// this user's and writable by no other; its files are made 0600 (replacing those of an earlier
+/// report), and no symbolic link is followed.
 pub fn write(dir: &Path, r: &Report) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let dir = crate::sys::Dir::open(dir, true)?;
     let json = serde_json::to_vec_pretty(r).map_err(|e| e.to_string())?;
-    std::fs::write(dir.join("report.json"), json).map_err(|e| format!("writing report.json: {e}"))?;
+    let put = |name: &str, bytes: &[u8]| dir.replace_file(name, bytes).map_err(|e| format!("writing {name}: {e}"));
+    put("report.json", &json)?;
     for (name, png) in [("totals.png", super::charts::totals(r)?), ("latency.png", super::charts::latency(r)?)] {
-        std::fs::write(dir.join(name), png).map_err(|e| format!("writing {name}: {e}"))?;
+        put(name, &png)?;
     }
-    std::fs::write(dir.join("report.md"), markdown(r)).map_err(|e| format!("writing report.md: {e}"))
+    put("report.md", markdown(r).as_bytes())
 }
 
 fn cell(s: &str) -> String {
