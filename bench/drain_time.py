@@ -30,13 +30,14 @@ def main():
         with c.cursor() as cur:
             cur.execute("SET time_zone = '+01:00'")
     on = sessions_on(admin, name)
-    req = urllib.request.Request(f"http://127.0.0.1:{admin}/backends/{name}/drain", method="POST")
+    json_post = {"data": b"{}", "method": "POST", "headers": {"Content-Type": "application/json"}}
+    req = urllib.request.Request(f"http://127.0.0.1:{admin}/backends/{name}/drain", **json_post)
     t0 = time.monotonic()
     urllib.request.urlopen(req).read()
     while sessions_on(admin, name) > 0:
         time.sleep(0.005)
     took = time.monotonic() - t0
-    urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{admin}/backends/{name}/undrain", method="POST")).read()
+    urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{admin}/backends/{name}/undrain", **json_post)).read()
     # Every session still works, in its state.
     for c in conns:
         with c.cursor() as cur:

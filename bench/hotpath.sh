@@ -48,7 +48,7 @@ run() {
   callgrind_control -z $vp > /dev/null 2>&1
   mariadb -h127.0.0.1 -P$port -uapp -papppw test < "$WORK/q$n.sql" > /dev/null
   # (Stopped before the counters are read: its writer's last chunk is counted too.)
-  [ "$cfg" = capture ] && curl -sf -XPOST "http://127.0.0.1:$admin/capture/stop" > "$WORK/capture-$n.json"
+  [ "$cfg" = capture ] && curl -sf -XPOST -H "Content-Type: application/json" -d "{}" "http://127.0.0.1:$admin/capture/stop" > "$WORK/capture-$n.json"
   callgrind_control -d $vp > /dev/null 2>&1
   sleep 1
   kill -TERM $vp; wait $vp || true

@@ -221,6 +221,8 @@ pub mod err {
     pub const NO_BACKEND: u16 = 1105;
     pub const SERVER_LOST: u16 = 2013;
     pub const UNKNOWN_ERROR: u16 = 1105;
+    /// ER_OUT_OF_RESOURCES.
+    pub const OUT_OF_RESOURCES: u16 = 1041;
 }
 
 /// Default collation for a new session when the client names none: utf8mb4_general_ci.

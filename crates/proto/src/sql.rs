@@ -391,46 +391,101 @@ fn collect_user_variables(sql: &[u8], names: &mut Vec<String>) {
 /// Whether a statement may carry a password or a key, and so must not be recorded as written
 /// (traffic capture keeps its normalized text, literals taken out, instead): `GRANT`, account
 /// statements that name a password (`CREATE USER`, `ALTER USER`, `SET PASSWORD`), anything
-/// with `IDENTIFIED`, a `PASSWORD(...)`-like call, and replication set-up (`CHANGE MASTER` with
-/// its `MASTER_PASSWORD`). Conservative: a column named `password` that is called like a
-/// function is taken for one. Cheap for the statements that name none of `identified`,
-/// `password` and `grant` (in any case): they are not lexed.
+/// with `IDENTIFIED`, a `PASSWORD(...)`-like call, replication set-up (`CHANGE MASTER` with
+/// its `MASTER_PASSWORD`), `CREATE/ALTER SERVER` (its `OPTIONS (PASSWORD ...)`), each statement
+/// of a multi-statement, and a quoted string that holds such a statement (`PREPARE s FROM
+/// '...'`, `EXECUTE IMMEDIATE '...'`, `SET @q = '...'`). Conservative: a column named
+/// `password` that is called like a function is taken for one. Cheap for the statements that
+/// name none of `identified`, `password`, `grant` and `server` (in any case): they are not lexed.
 pub fn carries_secret(sql: &[u8]) -> bool {
-    use crate::digest::{Part, parts};
     // A statement that carries a secret names one of these words: most statements are done
     // here, without lexing. (CREATE/ALTER USER and CHANGE MASTER without any of them carry
     // none.)
-    if !names_a_secret_word(sql) {
-        return false;
-    }
+    names_a_secret_word(sql) && secret_in(sql, true)
+}
+
+/// [`carries_secret`] past its quick look; `strings`: look into quoted strings too.
+fn secret_in(sql: &[u8], strings: bool) -> bool {
+    use crate::digest::{Part, parts};
     let word = |p: &Option<Part>, w: &str| matches!(p, Some(Part::Word(x)) if x.eq_ignore_ascii_case(w.as_bytes()));
-    let mut it = parts(sql);
-    let (first, second) = (it.next(), it.next());
     let leading = [("create", "user"), ("alter", "user"), ("set", "password"), ("change", "master"), ("change", "replication")];
-    if word(&first, "grant") || leading.iter().any(|(a, b)| word(&first, a) && word(&second, b)) {
-        return true;
-    }
+    let servers = [("create", "server"), ("alter", "server")];
+    // The first two words of each statement (`CREATE OR REPLACE X` counts as `CREATE X`).
+    let (mut first, mut second, mut words) = (None, None, 0);
     let mut last = None;
     for p in parts(sql) {
         let cur = Some(p);
+        if matches!(p, Part::Keep(b";")) {
+            (first, second, words) = (None, None, 0);
+        } else if words < 2 && matches!(p, Part::Word(_)) && !(words == 1 && (word(&cur, "or") || word(&cur, "replace"))) {
+            if words == 0 {
+                first = cur;
+            } else {
+                second = cur;
+            }
+            words += 1;
+            let pair = |(a, b): &(&str, &str)| word(&first, a) && word(&second, b);
+            if word(&first, "grant") || leading.iter().any(pair) || servers.iter().any(pair) {
+                return true;
+            }
+        }
         if word(&cur, "identified") || (matches!(p, Part::Keep(b"(")) && (word(&last, "password") || word(&last, "old_password"))) {
             return true;
         }
         last = cur;
     }
-    false
+    // A string that is itself a statement (it begins with one's verb) and carries a secret.
+    strings && quoted_strings(sql).any(|inner| names_a_secret_word(&inner) && begins_statement(&inner) && secret_in(&inner, false))
+}
+
+/// Whether `sql` begins with the verb of a statement.
+fn begins_statement(sql: &[u8]) -> bool {
+    const VERBS: &[&str] = &["select", "create", "alter", "set", "grant", "change", "insert", "update", "replace", "do", "call", "with"];
+    matches!(crate::digest::parts(sql).next(), Some(crate::digest::Part::Word(w)) if VERBS.iter().any(|v| w.eq_ignore_ascii_case(v.as_bytes())))
+}
+
+/// The contents of the quoted strings of `sql`, unquoted.
+fn quoted_strings(sql: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    let mut lex = lexer::Lexer::new(sql);
+    std::iter::from_fn(move || {
+        loop {
+            let t = lex.next()?;
+            if t.kind == Kind::Quoted
+                && let Some(inner) = lexer::unquote(t.text(sql))
+            {
+                return Some(inner);
+            }
+        }
+    })
+}
+
+/// The name of the statement `EXECUTE name [USING ...]` runs (not `EXECUTE IMMEDIATE`),
+/// lowercased as sluice keys SQL-prepared statements.
+pub fn executed_name(sql: &[u8]) -> Option<String> {
+    use crate::digest::{Part, parts};
+    let mut it = parts(sql);
+    let (Some(Part::Word(first)), Some(second)) = (it.next(), it.next()) else { return None };
+    if !first.eq_ignore_ascii_case(b"execute") {
+        return None;
+    }
+    let name = match second {
+        Part::Word(w) if !w.eq_ignore_ascii_case(b"immediate") => w.to_vec(),
+        Part::Keep(q) if q.len() >= 2 && q[0] == b'`' => lexer::unquote(q)?,
+        _ => return None,
+    };
+    Some(String::from_utf8_lossy(&name).to_ascii_lowercase())
 }
 
 /// Whether `sql` contains one of the words that a statement carrying a secret names, in any
-/// case. Eight bytes at a time: a byte that may begin one (i, p or g in either case) is looked
-/// at closely; most words of most statements have none.
+/// case. Eight bytes at a time: a byte that may begin one (i, p, g or s in either case) is
+/// looked at closely; most words of most statements have few.
 fn names_a_secret_word(sql: &[u8]) -> bool {
-    const WORDS: [&[u8]; 3] = [b"identified", b"password", b"grant"];
+    const WORDS: [&[u8]; 4] = [b"identified", b"password", b"grant", b"server"];
     const ONES: u64 = u64::from_le_bytes([1; 8]);
     // (`| 0x20` maps an ASCII capital to its small letter, and no other byte to i, p or g.)
     let begins_one = |i: usize| {
         let c = sql[i] | 0x20;
-        (c == b'i' || c == b'p' || c == b'g')
+        (c == b'i' || c == b'p' || c == b'g' || c == b's')
             && WORDS.iter().any(|w| w[0] == c && sql.get(i..i + w.len()).is_some_and(|x| x.eq_ignore_ascii_case(w)))
     };
     // The high bit of each byte of `y` that is zero (and maybe of some above one that is).
@@ -438,7 +493,10 @@ fn names_a_secret_word(sql: &[u8]) -> bool {
     let mut at = 0;
     for eight in sql.chunks_exact(8) {
         let x = u64::from_le_bytes(eight.try_into().expect("eight bytes")) | (ONES * 0x20);
-        let mut m = zeros(x ^ (ONES * u64::from(b'i'))) | zeros(x ^ (ONES * u64::from(b'p'))) | zeros(x ^ (ONES * u64::from(b'g')));
+        let mut m = zeros(x ^ (ONES * u64::from(b'i')))
+            | zeros(x ^ (ONES * u64::from(b'p')))
+            | zeros(x ^ (ONES * u64::from(b'g')))
+            | zeros(x ^ (ONES * u64::from(b's')));
         while m != 0 {
             if begins_one(at + (m.trailing_zeros() / 8) as usize) {
                 return true;
@@ -503,6 +561,14 @@ mod tests {
             "select PassWord ('pw')",
             "SELECT 1; ALTER USER u IdEnTiFiEd BY 'pw'",
             &format!("GrAnT ALL ON *.* TO u /* {} */", "x".repeat(300)),
+            "CREATE SERVER s FOREIGN DATA WRAPPER mysql OPTIONS (USER 'u', PASSWORD 'pw')",
+            "create or replace server s foreign data wrapper mysql options (password 'pw')",
+            "ALTER SERVER s OPTIONS (PASSWORD 'pw')",
+            "SELECT 1; CREATE SERVER s FOREIGN DATA WRAPPER mysql OPTIONS (PASSWORD 'pw')",
+            "PREPARE s FROM 'ALTER USER u IDENTIFIED BY ''pw'''",
+            "EXECUTE IMMEDIATE 'CREATE USER u IDENTIFIED BY \\'pw\\''",
+            "SET @q = 'SET PASSWORD FOR u = PASSWORD(''pw'')'",
+            "CREATE OR REPLACE USER u IDENTIFIED BY 'pw'",
         ] {
             assert!(carries_secret(sql.as_bytes()), "{sql}");
         }
@@ -513,6 +579,8 @@ mod tests {
             "SELECT `password` (1)",
             "SET @user = 'create user'",
             "SELECT c FROM t WHERE id = 5 GROUP BY c",
+            "SELECT @@server_id, 'the server'",
+            "SELECT 'server password'",
             "CREATE USER u@'%'",
             &format!("SELECT '{}' FROM t WHERE id = 5", "x".repeat(300)),
             "",

@@ -2,7 +2,8 @@
 //! `/health`, `/metrics`, `/backends`, `/sessions`, `/digests` (`DELETE` forgets them),
 //! `/rules`; `POST /backends/{name}/drain` and
 //! `/undrain`, `POST /sessions/{id}/move[?to=backend]`. With `admin.token` set, every request
-//! needs `Authorization: Bearer <token>` (compared in constant time).
+//! but `/health` and the dashboard's page needs `Authorization: Bearer <token>` (compared in
+//! constant time). Requests a browser could be made to send by another site are refused.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -21,7 +22,6 @@ use crate::metrics::MoveReason;
 
 pub fn router(ctx: Arc<Ctx>) -> Router {
     Router::new()
-        .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/backends", get(backends).post(add_backend))
         .route("/backends/{name}", axum::routing::delete(remove_backend))
@@ -42,19 +42,79 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/backends/{name}/undrain", post(undrain))
         .route("/backends/{name}/weight", post(set_weight))
         .layer(middleware::from_fn_with_state(ctx.clone(), require_token))
-        // The dashboard's page holds no data: it asks the API (with the token) for all of it.
+        // Open to whoever reaches the port: health (for load balancers and orchestrators), and
+        // the dashboard's page and code, which hold no data (it asks the API, with the token).
+        .route("/health", get(health))
         .route("/", get(dashboard))
+        .route("/dashboard.js", get(|| asset("text/javascript; charset=utf-8", include_str!("../assets/dashboard.js"))))
+        .route("/dashboard.css", get(|| asset("text/css; charset=utf-8", include_str!("../assets/dashboard.css"))))
+        .layer(middleware::from_fn_with_state(ctx.clone(), same_site_only))
         .with_state(ctx)
 }
 
+/// The page's policy: its own script and style only, in no frame.
+const CSP: &str = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
+
 /// The web dashboard: one page, embedded in the binary, that fetches nothing but this API.
 async fn dashboard() -> Response {
-    let csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:";
-    (
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CONTENT_SECURITY_POLICY, csp), (header::CACHE_CONTROL, "no-store")],
-        include_str!("../assets/dashboard.html"),
-    )
-        .into_response()
+    asset("text/html; charset=utf-8", include_str!("../assets/dashboard.html")).await
+}
+
+async fn asset(kind: &'static str, body: &'static str) -> Response {
+    let headers = [
+        (header::CONTENT_TYPE, kind),
+        (header::CONTENT_SECURITY_POLICY, CSP),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::CACHE_CONTROL, "no-store"),
+    ];
+    (headers, body).into_response()
+}
+
+/// What a browser can be made to send by a page of another site is refused: a `Host` that is
+/// not an address, `localhost` or a name of `[admin] hosts` (DNS rebinding), an `Origin` that is
+/// not the API's own, a cross-site fetch, and a mutation whose body is not JSON (a form or
+/// `text/plain` POST needs no preflight; JSON does).
+async fn same_site_only(State(ctx): State<Arc<Ctx>>, req: Request, next: Next) -> Response {
+    let h = req.headers();
+    let text = |name| h.get(name).map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    let host = text(header::HOST);
+    if let Some(host) = host
+        && !host_allowed(host, &ctx.config().admin.hosts)
+    {
+        return refuse(StatusCode::MISDIRECTED_REQUEST, "this Host is not one the admin API answers to ([admin] hosts)");
+    }
+    if let Some(origin) = text(header::ORIGIN)
+        && host.is_none_or(|host| origin.strip_prefix("http://").or(origin.strip_prefix("https://")) != Some(host))
+    {
+        return refuse(StatusCode::FORBIDDEN, "a request from another origin");
+    }
+    if text(header::HeaderName::from_static("sec-fetch-site")).is_some_and(|s| s == "cross-site" || s == "same-site") {
+        return refuse(StatusCode::FORBIDDEN, "a request from another site");
+    }
+    let mutation = !matches!(*req.method(), axum::http::Method::GET | axum::http::Method::HEAD);
+    if mutation
+        && !text(header::CONTENT_TYPE)
+            .is_some_and(|t| t.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")))
+    {
+        return refuse(StatusCode::UNSUPPORTED_MEDIA_TYPE, "a request that changes anything must be JSON (Content-Type: application/json)");
+    }
+    next.run(req).await
+}
+
+/// A `Host` header the API answers to: an IP address, `localhost`, or one of `names`.
+fn host_allowed(host: &str, names: &[String]) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => return v6.split_once(']').is_some_and(|(a, _)| a.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => host.rsplit_once(':').map_or(host, |(n, _)| n),
+    };
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || names.iter().any(|n| n.eq_ignore_ascii_case(name))
+}
+
+fn refuse(code: StatusCode, why: &str) -> Response {
+    (code, Json(serde_json::json!({ "error": why }))).into_response()
 }
 
 async fn require_token(State(ctx): State<Arc<Ctx>>, req: Request, next: Next) -> Response {
@@ -490,5 +550,41 @@ async fn capture_open(State(ctx): State<Arc<Ctx>>) -> Response {
     match ctx.capture.open() {
         Ok(()) => Json(ctx.capture.status()).into_response(),
         Err(e) => (StatusCode::CONFLICT, Json(serde_json::json!({ "error": e }))).into_response(),
+    }
+}
+
+/// Serves the admin API on `l` until `stop` resolves: at most `[admin] max_connections` at once
+/// (more wait in the backlog), one request per connection, its head within `request_timeout`
+/// and the whole exchange within 12 times that, so that idle or slow connections cannot hold
+/// descriptors or the API.
+pub async fn serve(ctx: Arc<Ctx>, l: tokio::net::TcpListener, stop: impl std::future::Future<Output = ()>) {
+    let app = router(ctx.clone());
+    let (max, timeout) = (ctx.config().admin.max_connections.max(1), ctx.config().admin.request_timeout);
+    let slots = Arc::new(tokio::sync::Semaphore::new(max));
+    let mut backoff = crate::net::AcceptBackoff::default();
+    tokio::pin!(stop);
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let (stream, _) = tokio::select! {
+            r = l.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    backoff.failed(&e, &ctx.metrics.accept_errors).await;
+                    continue;
+                }
+            },
+            _ = &mut stop => return,
+        };
+        backoff.succeeded();
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(timeout)
+                .keep_alive(false)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(timeout * 12, conn).await;
+            drop(slot);
+        });
     }
 }

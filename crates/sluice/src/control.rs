@@ -11,6 +11,7 @@ use crate::metrics::MoveReason;
 
 /// Adds a backend (its name must be new: checked by the caller) and starts its health checks.
 pub fn add_backend(ctx: &Arc<Ctx>, c: &BackendConfig) -> Result<Arc<Backend>, String> {
+    c.check_names()?;
     let name = c.display_name();
     let config = ctx.config();
     let b = Arc::new(Backend::from_config(ctx.backends.next_index(), c, ctx.metrics.backend(&name), &config.proxy, config.lanes())?);

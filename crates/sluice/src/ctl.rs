@@ -136,10 +136,11 @@ fn request(admin: &str, token: Option<&str>, call: &Call) -> Result<(u16, String
     let addr = admin.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("no address")?;
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(120))).map_err(|e| e.to_string())?;
-    let body = call.body.as_ref().map(Value::to_string).unwrap_or_default();
+    // (The API takes a mutation only as JSON: `{}` when there is nothing to say.)
+    let body = call.body.as_ref().map(Value::to_string).unwrap_or_else(|| if call.method == "GET" { String::new() } else { "{}".into() });
     let mut head =
         format!("{} {} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\nContent-Length: {}\r\n", call.method, call.path, body.len());
-    if call.body.is_some() {
+    if call.method != "GET" {
         head.push_str("Content-Type: application/json\r\n");
     }
     if let Some(t) = token {

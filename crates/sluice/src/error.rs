@@ -64,6 +64,23 @@ impl Error {
     }
 
     /// The connection to a backend could not be made; nothing was sent.
+    /// A connection to a backend could not be made for want of sluice's own resources (out
+    /// of descriptors or memory): sluice's fault, not the backend's, and safe to retry.
+    pub fn local_resources(message: impl Into<String>) -> Error {
+        Error { retry: Retry::Safe, ..Error::new(Side::Proxy, code::OUT_OF_RESOURCES, message).state(b"HY000") }
+    }
+
+    /// A connect's failure: [`Error::local_resources`] when the error is sluice's own (out of
+    /// descriptors, buffers or memory), else the backend's ([`Error::connect`]).
+    pub fn from_connect(e: &std::io::Error) -> Error {
+        match e.raw_os_error() {
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+                Error::local_resources(format!("sluice is out of descriptors or memory: {e}"))
+            }
+            _ => Error::connect(format!("connect: {e}")),
+        }
+    }
+
     pub fn connect(message: impl Into<String>) -> Error {
         Error { retry: Retry::Safe, ..Error::new(Side::Backend, code::NO_BACKEND, message).state(b"08S01") }
     }

@@ -52,6 +52,7 @@ fn main() {
     };
     let files = raise_open_files_limit();
     tracing::debug!(limit = files, "open files limit");
+    check_descriptor_reserve(&config, files);
     // A reload reads the file again, with the same flags on top.
     let with_file = cli.config.is_some();
     let cli = std::sync::Arc::new(cli);
@@ -116,6 +117,22 @@ fn replay(r: &sluice::cli::ReplayArgs) -> i32 {
             eprintln!("sluice replay: {e}");
             2
         }
+    }
+}
+
+/// Says at start when the open-files limit is below what the configured caps may take: two
+/// descriptors per client connection (its own and its backend's), those of both admin
+/// listeners, and a reserve for pools, health checks, captures and logs. Past it, accepts fail
+/// (counted, backed off) and backend connections fail as sluice's fault, never the backend's.
+fn check_descriptor_reserve(config: &sluice::config::Config, limit: u64) {
+    const RESERVE: u64 = 256;
+    let need = 2 * config.proxy.max_connections as u64 + 2 * config.admin.max_connections as u64 + RESERVE;
+    if limit != 0 && limit < need {
+        tracing::warn!(
+            limit,
+            need,
+            "the open-files limit is below what proxy.max_connections and the admin listeners may take: raise it (LimitNOFILE, ulimit -n) or lower max_connections"
+        );
     }
 }
 

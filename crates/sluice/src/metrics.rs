@@ -327,6 +327,8 @@ pub struct Metrics {
     pub config_reloads: Counter,
     pub capture_dropped: Counter,
     pub client_connections_total: Counter,
+    /// Accepts that failed (most often: out of descriptors) on any listener.
+    pub accept_errors: Counter,
     rejected: Vec<Counter>,
     /// Indexed by command byte.
     commands: Vec<ShardedCounter>,
@@ -519,6 +521,12 @@ impl Metrics {
         );
         let client_connections_total = Counter::default();
         registry.register("client_connections_accepted", "Client connections accepted", client_connections_total.clone());
+        let accept_errors = Counter::default();
+        registry.register(
+            "accept_errors",
+            "Accepts that failed on any listener, most often for want of descriptors (the listener backs off)",
+            accept_errors.clone(),
+        );
 
         let rejected_family = Family::<Labels, Counter>::default();
         registry.register("rejected_connections", "Client connections refused, by reason", rejected_family.clone());
@@ -608,6 +616,7 @@ impl Metrics {
             config_reloads,
             capture_dropped,
             client_connections_total,
+            accept_errors,
             rejected,
             commands,
             bytes_from_clients,

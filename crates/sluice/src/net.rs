@@ -625,3 +625,26 @@ mod tests {
         assert!(got == data, "the client read other bytes than were written");
     }
 }
+
+/// Accepts that failed in a row on one listener, and the wait before the next try.
+#[derive(Default)]
+pub struct AcceptBackoff {
+    in_a_row: u32,
+}
+
+impl AcceptBackoff {
+    /// An accept that failed: counted and logged (sluice's own fault: most often it is out of
+    /// descriptors), then the listener waits before it tries again, longer each time in a row
+    /// (10 ms doubling up to 1 s), so that a process out of descriptors does not spin.
+    pub async fn failed(&mut self, e: &io::Error, errors: &prometheus_client::metrics::counter::Counter) {
+        errors.inc();
+        let wait = std::time::Duration::from_millis(10u64 << self.in_a_row.min(7)).min(std::time::Duration::from_secs(1));
+        self.in_a_row += 1;
+        tracing::warn!(side = "sluice", error = %e, in_a_row = self.in_a_row, wait_ms = wait.as_millis() as u64, "accept failed");
+        tokio::time::sleep(wait).await;
+    }
+
+    pub fn succeeded(&mut self) {
+        self.in_a_row = 0;
+    }
+}

@@ -326,14 +326,16 @@ fn start_accept(ctx: Arc<Ctx>, b: Sock, info: Arc<Listener>, stop: watch::Receiv
                         Ok(l) => l,
                         Err(e) => return tracing::error!(error = %e, "listener"),
                     };
+                    let mut backoff = crate::net::AcceptBackoff::default();
                     loop {
                         tokio::select! {
                             r = l.accept() => match r {
                                 Ok((s, peer)) => {
+                                    backoff.succeeded();
                                     // TCP_NODELAY and keepalive come from the listener.
                                     tokio::spawn(frontend::serve(ctx.clone(), Stream::Tcp(s), peer.to_string(), info.clone()));
                                 }
-                                Err(e) => accept_error(e).await,
+                                Err(e) => backoff.failed(&e, &ctx.metrics.accept_errors).await,
                             },
                             _ = stop.changed() => return,
                         }
@@ -349,13 +351,15 @@ fn start_accept(ctx: Arc<Ctx>, b: Sock, info: Arc<Listener>, stop: watch::Receiv
                     Err(e) => return tracing::error!(error = %e, "listener"),
                 };
                 let peer = format!("unix:{}", path.display());
+                let mut backoff = crate::net::AcceptBackoff::default();
                 loop {
                     tokio::select! {
                         r = l.accept() => match r {
                             Ok((s, _)) => {
+                                backoff.succeeded();
                                 tokio::spawn(frontend::serve(ctx.clone(), Stream::Unix(s), peer.clone(), info.clone()));
                             }
-                            Err(e) => accept_error(e).await,
+                            Err(e) => backoff.failed(&e, &ctx.metrics.accept_errors).await,
                         },
                         _ = stop.changed() => return,
                     }
@@ -363,12 +367,6 @@ fn start_accept(ctx: Arc<Ctx>, b: Sock, info: Arc<Listener>, stop: watch::Receiv
             });
         }
     }
-}
-
-/// Out of file descriptors and similar: log, back off briefly, keep serving.
-async fn accept_error(e: std::io::Error) {
-    tracing::warn!(side = "sluice", error = %e, "accept failed");
-    tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
 fn spawn_control(
@@ -416,18 +414,13 @@ fn spawn_control(
                 if let Some(l) = admin {
                     match tokio::net::TcpListener::from_std(l) {
                         Ok(l) => {
-                            let app = crate::admin::router(ctx.clone());
                             // (It stops when the sockets are handed over to a new process; while
                             // draining it goes on, to say so.)
                             let mut stop = over_tx.subscribe();
-                            tokio::spawn(async move {
-                                let stopped = async move {
-                                    let _ = stop.changed().await;
-                                };
-                                if let Err(e) = axum::serve(l, app).with_graceful_shutdown(stopped).await {
-                                    tracing::error!(error = %e, "admin API stopped");
-                                }
-                            });
+                            let stopped = async move {
+                                let _ = stop.changed().await;
+                            };
+                            tokio::spawn(crate::admin::serve(ctx.clone(), l, stopped));
                         }
                         Err(e) => tracing::error!(error = %e, "admin listener"),
                     }

@@ -24,10 +24,17 @@ const STATEMENTS: &str = "SELECT columns FROM table [WHERE column = 'value'] [LI
 UNDRAIN BACKEND 'name', RELOAD CONFIG, KILL SESSION id";
 
 /// Accepts admin connections until the process ends.
+/// Serves the SQL admin listener: at most `[admin] max_connections` sessions at once (more
+/// wait in the backlog), each logged in within `request_timeout` and closed after 60 times that
+/// without a statement.
 pub async fn serve(ctx: Arc<Ctx>, l: tokio::net::TcpListener) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(ctx.config().admin.max_connections.max(1)));
+    let mut backoff = crate::net::AcceptBackoff::default();
     loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
         match l.accept().await {
             Ok((s, peer)) => {
+                backoff.succeeded();
                 let ctx = ctx.clone();
                 tokio::spawn(async move {
                     // (The users in force now: a reload changes them.)
@@ -35,12 +42,10 @@ pub async fn serve(ctx: Arc<Ctx>, l: tokio::net::TcpListener) {
                     if let Err(e) = session(&ctx, PacketConn::new(Stream::Tcp(s)), &users).await {
                         tracing::info!(client = %peer, error = %e, "SQL admin session ended");
                     }
+                    drop(slot);
                 });
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "SQL admin accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
+            Err(e) => backoff.failed(&e, &ctx.metrics.accept_errors).await,
         }
     }
 }
@@ -50,6 +55,33 @@ fn io(e: std::io::Error) -> String {
 }
 
 async fn session(ctx: &Arc<Ctx>, mut c: PacketConn, users: &Users) -> Result<(), String> {
+    let limit = ctx.config().admin.request_timeout;
+    tokio::time::timeout(limit, login(&mut c, users)).await.map_err(|_| format!("no login within {limit:?}"))??;
+    loop {
+        let Ok(cmd) = tokio::time::timeout(limit * 60, read_command(&mut c)).await else {
+            return Err(format!("no statement for {:?}", limit * 60));
+        };
+        let cmd = cmd?;
+        match cmd.first() {
+            Some(&com::QUIT) | None => return Ok(()),
+            Some(&com::QUERY) => {
+                let sql = String::from_utf8_lossy(&cmd[1..]).into_owned();
+                let answer = run(ctx, &sql).await;
+                tokio::time::timeout(limit * 12, reply(&mut c, answer))
+                    .await
+                    .map_err(|_| "the client did not read the answer".to_string())??;
+            }
+            Some(&com::PING) | Some(&com::INIT_DB) => write_ok(&mut c, 1, "").await?,
+            Some(_) => {
+                reply(&mut c, Answer::Error(1047, "this admin listener answers COM_QUERY, COM_PING and COM_QUIT only".into())).await?
+            }
+        }
+    }
+}
+
+/// The login: a greeting, the client's answer, its check (an auth switch to the native plugin
+/// when needed).
+async fn login(c: &mut PacketConn, users: &Users) -> Result<(), String> {
     let scramble = auth::make_scramble(random());
     let caps = cap::LONG_PASSWORD
         | cap::LONG_FLAG
@@ -102,23 +134,9 @@ async fn session(ctx: &Arc<Ctx>, mut c: PacketConn, users: &Users) -> Result<(),
         c.write_packet(&p, seq).await.map_err(io)?;
         return Err(format!("access denied for {name}"));
     }
-    write_ok(&mut c, seq, "").await?;
+    write_ok(c, seq, "").await?;
     tracing::info!(user = %name, "SQL admin session began");
-    loop {
-        let cmd = read_command(&mut c).await?;
-        match cmd.first() {
-            Some(&com::QUIT) | None => return Ok(()),
-            Some(&com::QUERY) => {
-                let sql = String::from_utf8_lossy(&cmd[1..]).into_owned();
-                let answer = run(ctx, &sql).await;
-                reply(&mut c, answer).await?;
-            }
-            Some(&com::PING) | Some(&com::INIT_DB) => write_ok(&mut c, 1, "").await?,
-            Some(_) => {
-                reply(&mut c, Answer::Error(1047, "this admin listener answers COM_QUERY, COM_PING and COM_QUIT only".into())).await?
-            }
-        }
-    }
+    Ok(())
 }
 
 /// The next command; a statement larger than any this listener answers gets an error the

@@ -56,7 +56,7 @@ impl EtcdServer {
         let mut s = std::net::TcpStream::connect(&self.client).map_err(|e| e.to_string())?;
         write!(
             s,
-            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
         .map_err(|e| e.to_string())?;

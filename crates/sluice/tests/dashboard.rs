@@ -72,6 +72,9 @@ async fn the_dashboard_shows_live_figures_and_drains_from_its_button() {
         assert!(r.as_str().unwrap().starts_with(&url), "the page fetched {r}");
     }
     assert_eq!(seen["after_drain"], "draining");
+    // Its code and style come from files of its own, under a policy that allows no other.
+    assert_eq!((seen["inline_scripts"].as_u64(), seen["csp_violations"].as_u64()), (Some(0), Some(0)), "{seen}");
+    assert_eq!(seen["csp_reports"], serde_json::json!([]), "{seen}");
     let backends: serde_json::Value = serde_json::from_str(&admin_get(&s, "/backends", Some("dash-secret")).1).unwrap();
     let left = backends.as_array().unwrap().iter().find(|b| b["name"] == "left").unwrap();
     assert_eq!(left["draining"], true, "the drain from the page took effect: {left}");

@@ -169,7 +169,7 @@ fn add_backend(s: &SluiceProc, body: &str) -> (u16, String) {
     let mut t = std::net::TcpStream::connect(s.admin.as_ref().unwrap()).unwrap();
     write!(
         t,
-        "POST /backends HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /backends HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -182,7 +182,11 @@ fn add_backend(s: &SluiceProc, body: &str) -> (u16, String) {
 fn admin_delete(s: &SluiceProc, path: &str) -> u16 {
     use std::io::{Read, Write};
     let mut t = std::net::TcpStream::connect(s.admin.as_ref().unwrap()).unwrap();
-    write!(t, "DELETE {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        t,
+        "DELETE {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+    )
+    .unwrap();
     let mut out = String::new();
     t.read_to_string(&mut out).unwrap();
     out.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)

@@ -89,11 +89,11 @@ async fn open_once(b: &Backend, timeout: Duration, origin: Origin) -> Result<(Pa
     let res = tokio::time::timeout(timeout, async {
         let stream = match &b.address {
             Address::Tcp(a) => {
-                let s = TcpStream::connect(a).await.map_err(|e| Error::connect(format!("connect: {e}")))?;
+                let s = TcpStream::connect(a).await.map_err(|e| Error::from_connect(&e))?;
                 tune_tcp(socket2::SockRef::from(&s));
                 Stream::Tcp(s)
             }
-            Address::Unix(p) => Stream::Unix(UnixStream::connect(p).await.map_err(|e| Error::connect(format!("connect: {e}")))?),
+            Address::Unix(p) => Stream::Unix(UnixStream::connect(p).await.map_err(|e| Error::from_connect(&e))?),
         };
         let mut conn = PacketConn::new(stream);
         if let Some(header) = proxy_header(b, origin) {

@@ -55,14 +55,27 @@ async fn check_loop(b: &Backend, config: &Live) {
         let now = crate::metrics::mono_ns() / 1_000_000;
         let passive = b.is_up() && monitor.is_none() && b.activity.since_ms(now) < cfg.interval.as_millis() as u64;
         let result = if passive { Ok(()) } else { probe(b, cfg, monitor.as_ref(), max_lag).await };
+        // Sluice's own want of descriptors or memory says nothing of the backend.
+        if let Err(why) = &result
+            && let Some(why) = why.strip_prefix(LOCAL)
+        {
+            tracing::warn!(side = "sluice", backend = %b.name, error = %why, "health check not made: the backend's state stays as it was");
+            continue;
+        }
         apply(b, cfg, result);
     }
 }
 
+/// Begins a probe's error that is sluice's own fault (out of descriptors), not the backend's.
+const LOCAL: &str = "(sluice) ";
+
 /// One probe; Err carries the reason for logs, errors and the admin API.
 pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Credential)>, max_lag: Duration) -> Result<(), String> {
     let work = async {
-        let (conn, g) = bconn::open(b, cfg.timeout, bconn::Origin::Sluice).await.map_err(|e| e.message)?;
+        let (conn, g) = bconn::open(b, cfg.timeout, bconn::Origin::Sluice).await.map_err(|e| match e.side {
+            crate::error::Side::Proxy => format!("{LOCAL}{}", e.message),
+            _ => e.message,
+        })?;
         // As for a TLS client's session: a backend with backend_tls "on" that does not offer
         // TLS cannot serve anyone, and a monitor login is encrypted whenever sessions may be.
         let tls = b.tls.decide(true, &g).map_err(|e| e.message)?;

@@ -190,6 +190,7 @@ impl Backend {
 
     /// `lanes`: how many workers own connections apart ([`crate::config::Config::lanes`]).
     pub fn from_config(index: usize, c: &BackendConfig, metrics: BackendMetrics, p: &ProxyConfig, lanes: usize) -> Result<Backend, String> {
+        c.check_names()?;
         let address = parse_address(c.address.get_ref())?;
         let tls = BackendTls::new(c, c.tls_mode(p), &address)?;
         metrics.up.set(1);

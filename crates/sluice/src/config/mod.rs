@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
+mod admin;
 mod capture;
 mod cluster;
 mod live;
@@ -14,6 +15,7 @@ mod routing;
 mod rules;
 mod show;
 mod tls;
+pub use admin::AdminConfig;
 pub use capture::CaptureConfig;
 pub use cluster::{ClusterConfig, Shared};
 pub use live::{Live, Source, fixed_changes};
@@ -291,6 +293,30 @@ impl BackendConfig {
     pub fn display_name(&self) -> String {
         self.name.clone().unwrap_or_else(|| self.address.get_ref().clone())
     }
+
+    /// Its name and group follow [`check_name`]; an address that names it (no name given) is
+    /// at most 255 bytes of `A-Z a-z 0-9 . _ : - / [ ]`.
+    pub fn check_names(&self) -> Result<(), String> {
+        if let Some(n) = &self.name {
+            check_name("backends.name", n)?;
+        }
+        if let Some(g) = &self.group {
+            check_name("backends.group", g)?;
+        }
+        let a = self.address.get_ref();
+        let plain = a.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-/[]".contains(&b));
+        if !(1..=255).contains(&a.len()) || !plain {
+            return Err("backends.address: 1 to 255 of A-Z a-z 0-9 . _ : - / [ ]".into());
+        }
+        Ok(())
+    }
+}
+
+/// One rule for the names of backends, groups and rules: 1 to 64 of `A-Z a-z 0-9 . _ : -`
+/// (no blank, control, bidi or markup character; short enough for every label and URL).
+pub fn check_name(what: &str, name: &str) -> Result<(), String> {
+    let ok = (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+    if ok { Ok(()) } else { Err(format!("{what}: a name is 1 to 64 of A-Z a-z 0-9 . _ : -")) }
 }
 
 fn one() -> u32 {
@@ -379,23 +405,6 @@ impl Default for HealthConfig {
     fn default() -> Self {
         HealthConfig { interval: Duration::from_secs(2), timeout: Duration::from_secs(1), rise: 2, fall: 3, user: None, password: None }
     }
-}
-
-#[derive(Debug, Clone, Deserialize, serde::Serialize, Default, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct AdminConfig {
-    /// `HOST:PORT` of the admin HTTP API; unset disables it.
-    pub listen: Option<Spanned<String>>,
-    /// Bearer token required on every admin request when set.
-    #[serde(serialize_with = "show::masked")]
-    pub token: Option<String>,
-    /// `HOST:PORT` of the SQL admin listener (the mysql client's way in); unset disables it.
-    #[serde(default)]
-    pub sql_listen: Option<Spanned<String>>,
-    /// Who may log in to the SQL admin listener (as `[[users]]`: name, password or
-    /// password_hash).
-    #[serde(default)]
-    pub sql_users: Vec<UserConfig>,
 }
 
 /// The longest duration a setting takes: a year. Longer ones would overflow the clock
@@ -579,6 +588,7 @@ impl Config {
             }
         }
         for b in &self.backends {
+            b.check_names().map_err(|m| at(b.address.span(), m))?;
             parse_address(b.address.get_ref()).map_err(|m| at(b.address.span(), format!("backends.address: {m}")))?;
             if b.weight == 0 {
                 return Err(at(b.address.span(), "backends.weight must be at least 1".into()));

@@ -137,6 +137,9 @@ impl RuleConfig {
             line: span.map(|s| super::line_of(text, s.start)).or(line),
             message: format!("rules {name:?}: {m}"),
         };
+        if let Some(n) = &self.name {
+            super::check_name("rules.name", n).map_err(|m| err(None, m))?;
+        }
         if let Some(c) = &self.client {
             Network::parse(c.get_ref()).map_err(|m| err(Some(c.span()), format!("client: {m}")))?;
         }

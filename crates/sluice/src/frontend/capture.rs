@@ -83,7 +83,11 @@ impl Session {
         let Some(body) = self.client.rbuf.get(HEADER..HEADER + h.len.min(INSPECT_LIMIT)).filter(|b| !b.is_empty()) else {
             return false;
         };
-        let secret_execute = matches!(cmd, com::STMT_EXECUTE | com::STMT_SEND_LONG_DATA) && self.executes_secret(body);
+        let secret_execute = match cmd {
+            com::STMT_EXECUTE | com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE => self.executes_secret(body),
+            com::QUERY => self.executes_secret_sql(&body[1..]),
+            _ => false,
+        };
         let mark = self.capture.as_mut().expect("checked above");
         let out = &mut mark.payload;
         out.clear();
@@ -99,9 +103,14 @@ impl Session {
                 out.push(cmd);
                 sluice_proto::digest::normalize(&body[1..], out, usize::MAX);
             }
+            com::QUERY if secret_execute => {
+                mark.flags |= flag::REDACTED;
+                out.push(cmd);
+                sluice_proto::digest::normalize(&body[1..], out, usize::MAX);
+            }
             _ if secret_execute => {
                 mark.flags |= flag::REDACTED;
-                out.extend_from_slice(&body[..5]);
+                out.extend_from_slice(&body[..body.len().min(5)]);
             }
             _ => out.extend_from_slice(body),
         }
@@ -113,18 +122,35 @@ impl Session {
         true
     }
 
-    /// Whether the statement an execute (or its long data) names was recorded redacted.
+    /// Whether the statement an execute (or its long data, or a bulk execute) names was
+    /// recorded redacted. MariaDB's id 0xFFFFFFFF names the statement prepared last (the
+    /// highest id); a command too short to name one is taken for a secret's.
     fn executes_secret(&self, body: &[u8]) -> bool {
-        let Some(id) = body.get(1..5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])) else { return false };
+        let Some(id) = body.get(1..5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])) else { return true };
+        let id = if id == u32::MAX { self.state.prepared.keys().copied().max().unwrap_or(id) } else { id };
         self.state.prepared.get(&id).is_some_and(|p| p.secret)
+    }
+
+    /// Whether `EXECUTE name USING ...` runs an SQL-prepared statement that may carry a
+    /// password (its parameters may be it).
+    fn executes_secret_sql(&self, sql: &[u8]) -> bool {
+        // (Most queries are not EXECUTEs: a look at the first byte first.)
+        let first = sql.iter().find(|b| !b.is_ascii_whitespace()).map(|b| b | 0x20);
+        first == Some(b'e')
+            && sluice_proto::sql::executed_name(sql)
+                .and_then(|name| self.state.sql_prepared.get(&name).map(|q| sluice_proto::sql::carries_secret(q.as_bytes())))
+                .unwrap_or(false)
     }
 
     /// The session's state as the capture first sees it; false when the capture ended.
     fn capture_begin(&mut self, generation: u64) -> bool {
         let s = &self.state;
         let pairs = |v: &crate::vars::Vars| v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        // (The texts of statements that may carry a password are kept normalized, as their
+        // prepares are recorded.)
+        let shown = |t: &str| crate::session::shown_text(t).into_owned();
         let mut prepared: Vec<(u32, Vec<u8>, Vec<u8>)> =
-            s.prepared.iter().map(|(id, p)| (*id, p.sql.as_bytes().to_vec(), p.param_types.clone())).collect();
+            s.prepared.iter().map(|(id, p)| (*id, shown(&p.sql).into_bytes(), p.param_types.clone())).collect();
         prepared.sort_by_key(|p| p.0);
         let begin = Begin {
             user: s.user.to_string(),
@@ -135,7 +161,7 @@ impl Session {
             in_transaction: s.in_transaction(),
             variables: pairs(&s.variables),
             prepared,
-            sql_prepared: pairs(&s.sql_prepared),
+            sql_prepared: s.sql_prepared.iter().map(|(k, v)| (k.to_string(), shown(v))).collect(),
             user_variables: pairs(&s.user_variables),
             backend: self.guard.name.clone(),
         };

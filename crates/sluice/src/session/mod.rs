@@ -25,6 +25,8 @@ pub use parcel::StateParcel;
 pub struct Prepared {
     /// The id the backend knows it by (the client's id, unless the session moved).
     pub backend_id: u32,
+    /// (Shown with its literals taken out when it may carry a password.)
+    #[serde(serialize_with = "redacted")]
     pub sql: String,
     pub params: u16,
     pub columns: u16,
@@ -149,6 +151,25 @@ pub const HIDDEN_STATE: u16 = 1 << 14;
 /// session stays on its connection.
 pub const MAX_USER_VARIABLES: usize = 64;
 
+/// Statement text as `/sessions` and the SQL admin show it: normalized (literals taken out)
+/// when it may carry a password, as a capture records it.
+pub fn shown_text(sql: &str) -> std::borrow::Cow<'_, str> {
+    if !sluice_proto::sql::carries_secret(sql.as_bytes()) {
+        return sql.into();
+    }
+    let mut out = Vec::with_capacity(sql.len());
+    sluice_proto::digest::normalize(sql.as_bytes(), &mut out, usize::MAX);
+    String::from_utf8_lossy(&out).into_owned().into()
+}
+
+fn redacted<S: serde::Serializer>(sql: &str, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&shown_text(sql))
+}
+
+fn redacted_values<S: serde::Serializer>(m: &Vars, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_map(m.iter().map(|(k, v)| (k, shown_text(v))))
+}
+
 /// Serializes a map's keys only (user variables: their values may be secrets).
 fn names_only<S: serde::Serializer>(m: &Vars, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.collect_seq(m.keys())
@@ -183,7 +204,9 @@ pub struct SessionState {
     /// restore elsewhere.
     pub last_gtid: String,
     /// Statements prepared with SQL `PREPARE name FROM '...'`, by lowercased name: the query
-    /// that prepared each, which prepares it again on another connection.
+    /// that prepared each, which prepares it again on another connection. (Shown with the
+    /// literals of those that may carry a password taken out.)
+    #[serde(serialize_with = "redacted_values")]
     pub sql_prepared: Vars,
     /// User variables by lowercased name, each as the SQL literal that sets its value again
     /// (read back from the connection at a safe point). Only the names are shown.

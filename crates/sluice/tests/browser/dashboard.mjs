@@ -2,7 +2,8 @@
 //   node dashboard.mjs URL TOKEN BACKEND SCREENSHOT
 // Loads the page, gives it the admin token, waits for the charts to take several points under
 // the load the test runs, drains BACKEND with the page's button, takes a screenshot, and prints
-// what it saw as one JSON line.
+// what it saw as one JSON line, with the page's inline scripts (none: the CSP forbids them) and
+// the CSP violations it caused.
 import { chromium } from "playwright-core";
 
 const [url, token, backend, screenshot] = process.argv.slice(2);
@@ -17,8 +18,15 @@ try {
   // Every request the page makes, to show that it fetches nothing from elsewhere.
   page.on("request", r => out.requests.push(r.url()));
   page.on("pageerror", e => { out.page_error = String(e); });
+  // Every CSP violation from the very start of the page (an init script is not subject to the
+  // CSP), where dashboard.js's own counter (window.__cspViolations) only starts once it runs.
+  await page.addInitScript(() => {
+    window.__cspReports = [];
+    document.addEventListener("securitypolicyviolation", e => window.__cspReports.push(e.violatedDirective + " " + e.blockedURI));
+  });
   await page.goto(url);
   out.title = await page.title();
+  out.inline_scripts = await page.evaluate(() => [...document.scripts].filter(s => !s.src).length);
   // Without the token the API refuses, and the page says so.
   await page.waitForFunction(() => document.getElementById("message").textContent.includes("token"), null, { timeout: 20000 });
   out.without_token = await page.textContent("#message");
@@ -38,6 +46,9 @@ try {
   await page.click(`${row} button.drain`);
   await page.waitForFunction(sel => document.querySelector(sel + " td.draining") !== null, row, { timeout: 20000 });
   out.after_drain = await page.textContent(`${row} td:nth-child(3)`);
+  // After the drain, so that a blocked inline handler of the button would count too.
+  out.csp_violations = await page.evaluate(() => window.__cspViolations || 0);
+  out.csp_reports = await page.evaluate(() => window.__cspReports || []);
   await page.screenshot({ path: screenshot, fullPage: true });
 } catch (e) {
   out.error = String(e);

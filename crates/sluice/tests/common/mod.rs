@@ -226,11 +226,13 @@ fn admin_send(s: &SluiceProc, method: &str, path: &str, token: Option<&str>, jso
     let addr = s.admin.as_ref().expect("admin API enabled");
     let mut t = std::net::TcpStream::connect(addr).expect("admin connect");
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    // (The API takes a mutation only as JSON.)
     let (kind, body) = match json {
         Some(b) => ("Content-Type: application/json\r\n", b),
+        None if method != "GET" => ("Content-Type: application/json\r\n", "{}"),
         None => ("", ""),
     };
-    write!(t, "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}{kind}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+    write!(t, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}{kind}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
         .expect("admin write");
     let mut out = String::new();
     t.read_to_string(&mut out).expect("admin read");
