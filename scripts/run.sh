@@ -32,7 +32,8 @@ if [ "$have_backend" = no ]; then
   has --listen || args+=(--listen 127.0.0.1:6033)
   has --admin || args+=(--admin 127.0.0.1:6034)
   # The monitor user (made by the harness on every server) tells primary from replica.
-  if [ -n "$replicas" ] && ! has --monitor; then args+=(--monitor monitor:monitorpw); fi
+  # (Its password in the environment, not on the command line that every local user sees.)
+  if [ -n "$replicas" ] && ! has --monitor; then args+=(--monitor monitor); export SLUICE_MONITOR_PASSWORD=monitorpw; fi
 fi
 target/release/sluice "${args[@]}" &
 sluice_pid=$!

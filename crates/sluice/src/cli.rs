@@ -24,10 +24,15 @@ pub struct Cli {
     /// Admin HTTP API address, e.g. 127.0.0.1:6034.
     #[arg(long)]
     pub admin: Option<String>,
-    /// The health checks' monitor user, USER:PASSWORD: checks log in as it, and with it they
-    /// read each backend's replication role and lag (`[health] user`/`password`).
-    #[arg(long, value_name = "USER:PASSWORD")]
+    /// The health checks' monitor user: checks log in as it, and with it they read each
+    /// backend's replication role and lag (`[health] user`/`password`). Its password comes from
+    /// `--monitor-password-file` or the SLUICE_MONITOR_PASSWORD environment variable (USER:PASSWORD
+    /// is still taken, and shows the password to every local user in the process list).
+    #[arg(long, value_name = "USER")]
     pub monitor: Option<String>,
+    /// A file holding the monitor user's password (a regular file; one trailing newline is cut).
+    #[arg(long, value_name = "FILE")]
+    pub monitor_password_file: Option<PathBuf>,
     /// Runtime flavour: per-core or multi.
     #[arg(long, value_parser = parse_flavor)]
     pub runtime: Option<RuntimeFlavor>,
@@ -172,19 +177,43 @@ fn parse_flavor(s: &str) -> Result<RuntimeFlavor, String> {
     }
 }
 
+fn flag_err(m: String) -> ConfigError {
+    ConfigError { file: None, line: None, message: m }
+}
+
 fn spanned(s: &str) -> toml::Spanned<String> {
     // Values from flags have no position in a file.
     toml::Spanned::new(0..0, s.to_string())
 }
 
 impl Cli {
+    /// The monitor user and its password: from `--monitor-password-file`, else from
+    /// SLUICE_MONITOR_PASSWORD, else from `--monitor USER:PASSWORD` (with a warning).
+    fn monitor_login(&self, m: &str) -> Result<(String, String), ConfigError> {
+        if let Some(f) = &self.monitor_password_file {
+            let raw = crate::sys::read_regular(f, 4096).map_err(|e| flag_err(format!("--monitor-password-file: {e}")))?;
+            let text = String::from_utf8(raw).map_err(|_| flag_err("--monitor-password-file: not UTF-8".into()))?;
+            let password = text.strip_suffix('\n').unwrap_or(&text);
+            return Ok((m.to_string(), password.strip_suffix('\r').unwrap_or(password).to_string()));
+        }
+        if let Ok(p) = std::env::var("SLUICE_MONITOR_PASSWORD") {
+            return Ok((m.to_string(), p));
+        }
+        let (user, password) = m.split_once(':').ok_or_else(|| {
+            flag_err("--monitor: give the password in --monitor-password-file or SLUICE_MONITOR_PASSWORD (or USER:PASSWORD)".into())
+        })?;
+        tracing::warn!(
+            "--monitor USER:PASSWORD shows the password to every local user in the process list: use --monitor-password-file or SLUICE_MONITOR_PASSWORD"
+        );
+        Ok((user.to_string(), password.to_string()))
+    }
+
     /// The configuration: the file (if any) with the flags applied on top.
     pub fn config(&self) -> Result<Config, ConfigError> {
         let mut cfg = match &self.config {
             Some(p) => Config::load(p)?,
             None => Config::default(),
         };
-        let flag_err = |m: String| ConfigError { file: None, line: None, message: m };
         if !self.listen.is_empty() {
             cfg.listeners = self
                 .listen
@@ -224,9 +253,9 @@ impl Cli {
             cfg.proxy.runtime = r;
         }
         if let Some(m) = &self.monitor {
-            let (user, password) = m.split_once(':').ok_or_else(|| flag_err("--monitor: expected USER:PASSWORD".into()))?;
-            cfg.health.user = Some(user.to_string());
-            cfg.health.password = Some(password.to_string());
+            let (user, password) = self.monitor_login(m)?;
+            cfg.health.user = Some(user);
+            cfg.health.password = Some(password);
         }
         if let Some(a) = &self.admin {
             cfg.admin.listen = Some(spanned(a));

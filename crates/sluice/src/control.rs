@@ -14,7 +14,13 @@ pub fn add_backend(ctx: &Arc<Ctx>, c: &BackendConfig) -> Result<Arc<Backend>, St
     c.check_names()?;
     let name = c.display_name();
     let config = ctx.config();
-    let b = Arc::new(Backend::from_config(ctx.backends.next_index(), c, ctx.metrics.backend(&name), &config.proxy, config.lanes())?);
+    if let Ok(a) = crate::config::parse_address(c.address.get_ref())
+        && ctx.own.is_listener(&a)
+    {
+        return Err(format!("backend {name} at {a} is sluice's own listener: every login would connect to sluice again"));
+    }
+    let b = Backend::from_config(ctx.backends.next_index(), c, ctx.metrics.backend(&name), &config.proxy, config.lanes())?;
+    let b = Arc::new(b.noting_to(ctx.own.clone()));
     ctx.backends.add(b.clone());
     crate::backend::health::spawn(std::slice::from_ref(&b), &ctx.config);
     tracing::info!(backend = %name, address = %b.address, "backend added");

@@ -11,6 +11,8 @@ use crate::metrics::Metrics;
 use crate::session::Registry;
 
 pub struct Ctx {
+    /// Sluice's own addresses (listeners, recent backend connections): a loop is refused.
+    pub own: Arc<crate::net::Own>,
     /// The configuration in force (swapped whole by a reload): [`Ctx::config`].
     pub config: Arc<Live>,
     pub backends: Backends,
@@ -87,18 +89,23 @@ impl Ctx {
     pub fn with_source(config: Config, source: Option<Source>) -> Result<Arc<Ctx>, String> {
         let names: Vec<String> = config.backends.iter().map(|b| b.display_name()).collect();
         let metrics = Metrics::new(&names);
+        let own = Arc::new(crate::net::Own::default());
         let list = config
             .backends
             .iter()
             .enumerate()
-            .map(|(i, b)| Backend::from_config(i, b, metrics.backends[i].clone(), &config.proxy, config.lanes()))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|(i, b)| {
+                let b = Backend::from_config(i, b, metrics.backends[i].clone(), &config.proxy, config.lanes())?;
+                Ok(b.noting_to(own.clone()))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
         let tls = crate::tls::ClientTls::from_config(&config.tls, std::time::SystemTime::now())?;
         let rsa = if config.users.is_empty() { None } else { Some(crate::auth::RsaKey::generate()?) };
         let shards = config.workers() + 1;
         let rules = crate::rules::Rules::new(&config.rules, &config.backends, shards, &metrics)?;
         let rules_mirror_targets: Vec<usize> = rules.list.iter().filter_map(|r| r.action.mirror).collect();
         Ok(Arc::new(Ctx {
+            own,
             rsa,
             digests: crate::digest::Digests::new(&config.digests, shards, metrics.digest_evictions.clone()),
             rules,

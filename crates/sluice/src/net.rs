@@ -648,3 +648,96 @@ impl AcceptBackoff {
         self.in_a_row = 0;
     }
 }
+
+/// Sluice's own addresses, to know a backend or a login that is sluice itself (a backend
+/// configured at sluice's own listener, directly or under another name, which would make every
+/// login open another connection to sluice, without end).
+#[derive(Default)]
+pub struct Own {
+    /// The TCP addresses and socket paths sluice listens on (set once they are bound).
+    listening: parking_lot::Mutex<(Vec<std::net::SocketAddr>, Vec<std::path::PathBuf>)>,
+    /// Its recent connections to backends (local and remote address), with when they were made
+    /// (and those in the order they were made, to forget the old ones).
+    recent: parking_lot::Mutex<(std::collections::HashMap<Pair, std::time::Instant>, std::collections::VecDeque<Pair>)>,
+}
+
+/// A connection's two ends: (local, remote).
+type Pair = (std::net::SocketAddr, std::net::SocketAddr);
+
+/// How many of sluice's recent backend connections are remembered, and how long.
+const OWN_RECENT: usize = 4096;
+const OWN_RECENT_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Own {
+    pub fn set_listening(&self, tcp: Vec<std::net::SocketAddr>, unix: Vec<std::path::PathBuf>) {
+        *self.listening.lock() = (tcp, unix);
+    }
+
+    /// Whether a backend at `a` would be sluice's own listener: the same socket path, the same
+    /// port on the same address, or on a loopback address where sluice listens on every
+    /// address or a loopback one.
+    pub fn is_listener(&self, a: &crate::config::Address) -> bool {
+        let l = self.listening.lock();
+        match a {
+            crate::config::Address::Unix(p) => {
+                let real = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+                l.1.iter().any(|q| q == p || real(q) == real(p))
+            }
+            crate::config::Address::Tcp(a) => l.0.iter().any(|l| {
+                l.port() == a.port() && (l.ip() == a.ip() || ((l.ip().is_unspecified() || l.ip().is_loopback()) && a.ip().is_loopback()))
+            }),
+        }
+    }
+
+    /// Notes the ends of a connection sluice just made to a backend.
+    pub fn note(&self, local: std::net::SocketAddr, remote: std::net::SocketAddr) {
+        let pair = (local, remote);
+        let now = std::time::Instant::now();
+        let mut guard = self.recent.lock();
+        let (at, order) = &mut *guard;
+        while let Some(old) = order.front().copied() {
+            let stale = at.get(&old).is_none_or(|t| now.duration_since(*t) > OWN_RECENT_FOR);
+            if !stale && order.len() < OWN_RECENT {
+                break;
+            }
+            order.pop_front();
+            at.remove(&old);
+        }
+        if at.insert(pair, now).is_none() {
+            order.push_back(pair);
+        }
+    }
+
+    /// Whether a client at `peer`, connected to sluice's `local`, is one of sluice's own recent
+    /// backend connections (the same two ends: a port alone may serve connections to several
+    /// places at once).
+    pub fn is_own_connection(&self, peer: std::net::SocketAddr, local: std::net::SocketAddr) -> bool {
+        self.recent.lock().0.get(&(peer, local)).is_some_and(|t| t.elapsed() <= OWN_RECENT_FOR)
+    }
+}
+
+#[cfg(test)]
+mod own_tests {
+    use super::Own;
+
+    #[test]
+    fn own_listeners_and_recent_connections_are_known() {
+        let own = Own::default();
+        let any: std::net::SocketAddr = "0.0.0.0:6033".parse().unwrap();
+        own.set_listening(vec![any], vec!["/run/sluice.sock".into()]);
+        let tcp = |s: &str| crate::config::Address::Tcp(s.parse().unwrap());
+        assert!(own.is_listener(&tcp("127.0.0.1:6033")) && own.is_listener(&tcp("0.0.0.0:6033")));
+        assert!(!own.is_listener(&tcp("127.0.0.1:3306")) && !own.is_listener(&tcp("10.0.0.9:6033")));
+        assert!(own.is_listener(&crate::config::Address::Unix("/run/sluice.sock".into())));
+        let (a, to): (std::net::SocketAddr, std::net::SocketAddr) = ("10.1.2.3:40000".parse().unwrap(), "10.1.2.3:6033".parse().unwrap());
+        assert!(!own.is_own_connection(a, to));
+        own.note(a, to);
+        assert!(own.is_own_connection(a, to));
+        assert!(!own.is_own_connection(a, "10.1.2.3:6034".parse().unwrap()), "the same port to another place");
+        for p in 0..super::OWN_RECENT as u16 {
+            own.note(std::net::SocketAddr::from(([127, 0, 0, 1], 1000 + p)), to);
+        }
+        assert!(!own.is_own_connection(a, to), "the oldest is forgotten past the bound");
+        assert_eq!(own.recent.lock().0.len(), super::OWN_RECENT);
+    }
+}

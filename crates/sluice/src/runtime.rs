@@ -76,6 +76,7 @@ pub fn run(ctx: Arc<Ctx>, mut inherited: Option<Inherited>) -> Result<(), String
         tracing::info!(address = %l.local_addr().map_err(|e| e.to_string())?, "SQL admin listener");
     }
     let admin_name = admin.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_else(|| "none".into());
+    refuse_loops(&ctx, &bound, [&admin, &sql_admin])?;
     for (l, _) in &bound {
         if let Sock::Tcp(_, a) = l
             && !a.ip().is_loopback()
@@ -313,6 +314,22 @@ async fn sweep_pool(ctx: &Ctx) {
             }
         }
     }
+}
+
+/// Notes sluice's own listening addresses, and refuses to start when a backend is one of them
+/// (every login would connect to sluice again, without end).
+fn refuse_loops(ctx: &Ctx, bound: &[Bound], admin: [&Option<std::net::TcpListener>; 2]) -> Result<(), String> {
+    let mut tcp: Vec<std::net::SocketAddr> =
+        bound.iter().filter_map(|(l, _)| if let Sock::Tcp(_, a) = l { Some(*a) } else { None }).collect();
+    tcp.extend(admin.iter().filter_map(|l| l.as_ref()?.local_addr().ok()));
+    let unix = bound.iter().filter_map(|(l, _)| if let Sock::Unix(_, p) = l { Some(p.clone()) } else { None }).collect();
+    ctx.own.set_listening(tcp, unix);
+    for b in ctx.backends.list().iter() {
+        if ctx.own.is_listener(&b.address) {
+            return Err(format!("backend {} at {} is sluice's own listener: every login would connect to sluice again", b.name, b.address));
+        }
+    }
+    Ok(())
 }
 
 /// Starts accept loops on the current runtime for a bound listener.

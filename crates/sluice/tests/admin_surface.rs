@@ -105,3 +105,41 @@ fn names_are_validated_wherever_they_come_from() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("backends.name") && err.contains(".toml:2:"), "{err}");
 }
+
+/// A backend that is sluice itself: refused at start and from the API when it is one of its
+/// listeners, and at run time when a login comes from sluice's own backend connection (here, a
+/// second name of its Unix socket that no path comparison can see through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_is_sluice_itself_is_refused() {
+    let db = shared_db();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let path = config_path("loop");
+    std::fs::write(&path, format!("[[listeners]]\naddress = \"127.0.0.1:{port}\"\n[[backends]]\naddress = \"127.0.0.1:{port}\"\n"))
+        .unwrap();
+    let out = std::process::Command::new(bin()).arg("--config").arg(&path).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("sluice's own listener"), "{err}");
+
+    let sock = sluice_testkit::mariadb::work_root().join(format!("loop-{}-{}.sock", std::process::id(), sluice_testkit::unique_id()));
+    let s = TestConfig::new()
+        .listener(&format!("[[listeners]]\naddress = \"{}\"\n", sock.display()))
+        .backend_with(&db.addr(), "name = \"real\"\n")
+        .start();
+    for own in [s.listen.clone(), s.admin.clone().unwrap(), format!("unix:{}", sock.display())] {
+        let (code, out) = admin_post_json(&s, "/backends", &serde_json::json!({ "address": own, "name": "me" }));
+        assert_eq!(code, 400, "{own}: {out}");
+        assert!(out.contains("own listener"), "{out}");
+    }
+    let alias = sock.with_extension("alias");
+    std::fs::hard_link(&sock, &alias).unwrap();
+    let (code, out) =
+        admin_post_json(&s, "/backends", &serde_json::json!({ "address": format!("unix:{}", alias.display()), "name": "alias" }));
+    assert_eq!(code, 201, "{out}");
+    let (code, out) = admin_post(&s, "/backends/real/drain");
+    assert_eq!(code, 202, "{out}");
+    let e = mysql_async::Conn::new(opts(&s.listen, "app", "apppw")).await.expect_err("a login through the loop");
+    assert!(e.to_string().contains("a loop"), "{e}");
+    assert!(s.log_text().contains("refusing a login from sluice's own backend connection"));
+    let sessions = json(&admin_get(&s, "/sessions", None).1);
+    assert!(sessions.as_array().unwrap().len() <= 2, "no sessions pile up: {sessions}");
+}

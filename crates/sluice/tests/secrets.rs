@@ -138,3 +138,21 @@ fn no_secret_of_the_corpus_reaches_captures_digests_sessions_or_logs() {
     c.query("DROP USER IF EXISTS sec_u, sec_v");
     c.query("DROP SERVER IF EXISTS sec_srv");
 }
+
+/// The monitor user's password comes from a file (or the environment), never the command line
+/// that every local user reads in the process list.
+#[test]
+fn the_monitor_password_stays_off_the_command_line() {
+    let db = shared_db();
+    let file = sluice_testkit::mariadb::work_root().join(format!("monitor-pw-{}-{}", std::process::id(), sluice_testkit::unique_id()));
+    std::fs::write(&file, "monitorpw\n").unwrap();
+    let s = start_sluice(&[db], &["--monitor", "monitor", "--monitor-password-file", file.to_str().unwrap()]);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", s.pid())).unwrap();
+    assert!(!String::from_utf8_lossy(&cmdline).contains("monitorpw"));
+    // The checks log in with it: they read the backend's replication state.
+    wait_for("the monitor reads the backend", || {
+        let b = json(&admin_get(&s, "/backends", None).1);
+        b[0]["replication"]["read_only"].is_boolean()
+    });
+    assert!(!s.log_text().contains("monitorpw"));
+}

@@ -90,6 +90,9 @@ async fn open_once(b: &Backend, timeout: Duration, origin: Origin) -> Result<(Pa
         let stream = match &b.address {
             Address::Tcp(a) => {
                 let s = TcpStream::connect(a).await.map_err(|e| Error::from_connect(&e))?;
+                if let (Ok(local), Ok(remote)) = (s.local_addr(), s.peer_addr()) {
+                    b.own.note(local, remote);
+                }
                 tune_tcp(socket2::SockRef::from(&s));
                 Stream::Tcp(s)
             }

@@ -107,6 +107,8 @@ impl Activity {
 }
 
 pub struct Backend {
+    /// Sluice's own addresses: connections to this backend note theirs (`net::Own`).
+    pub own: Arc<crate::net::Own>,
     pub index: usize,
     pub name: String,
     pub address: Address,
@@ -188,6 +190,12 @@ impl Backend {
         (before != role as u8).then_some(role)
     }
 
+    /// The backend, its connections noting their local addresses in `own`.
+    pub fn noting_to(mut self, own: Arc<crate::net::Own>) -> Backend {
+        self.own = own;
+        self
+    }
+
     /// `lanes`: how many workers own connections apart ([`crate::config::Config::lanes`]).
     pub fn from_config(index: usize, c: &BackendConfig, metrics: BackendMetrics, p: &ProxyConfig, lanes: usize) -> Result<Backend, String> {
         c.check_names()?;
@@ -198,6 +206,7 @@ impl Backend {
         metrics.replica_lag.set(-1);
         metrics.serving_reads.set(i64::from(c.role == Role::Replica));
         Ok(Backend {
+            own: Arc::default(),
             index,
             name: c.display_name(),
             address,

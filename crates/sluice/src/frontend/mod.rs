@@ -130,6 +130,16 @@ async fn admit(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Listen
         refuse_early(stream, code::SERVER_SHUTDOWN, "sluice is shutting down").await;
         return None;
     }
+    if is_own_connection(&ctx, &peer, &stream).await {
+        tracing::error!(client = %peer, "refusing a login from sluice's own backend connection: a backend leads back to sluice (a loop)");
+        refuse_early(
+            stream,
+            code::NO_BACKEND,
+            "sluice: this login comes from sluice's own backend connection: a backend leads back to sluice (a loop)",
+        )
+        .await;
+        return None;
+    }
     if open >= ctx.config().proxy.max_connections {
         ctx.metrics.reject(Reject::MaxConnections);
         tracing::warn!(client = %peer, limit = ctx.config().proxy.max_connections, "refusing client: max_connections reached");
@@ -143,6 +153,22 @@ async fn admit(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Listen
     admission.registered = Some(id);
     let session = start(ctx, stream, handle, &listener, &peer).await?;
     Some((session, admission))
+}
+
+/// Whether the client is one of sluice's own backend connections. (The connection is noted as
+/// soon as its connect returns, in another task: a second look after a yield catches one
+/// accepted before that.)
+async fn is_own_connection(ctx: &Ctx, peer: &str, stream: &Stream) -> bool {
+    // Over a Unix socket the peer's process says it.
+    if let Stream::Unix(u) = stream {
+        return u.peer_cred().is_ok_and(|c| c.pid() == Some(std::process::id() as i32));
+    }
+    let (Ok(peer), Some(local)) = (peer.parse::<std::net::SocketAddr>(), stream.local_addr()) else { return false };
+    if ctx.own.is_own_connection(peer, local) {
+        return true;
+    }
+    tokio::task::yield_now().await;
+    ctx.own.is_own_connection(peer, local)
 }
 
 /// Serves the session's commands until it ends (then ends it) or parks (`idle.rs`).
