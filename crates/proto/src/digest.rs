@@ -10,7 +10,7 @@
 //! normalized tokens, so spacing does not change it, and it is computed without allocating.
 //! Normalizing the normalized text gives it back unchanged (a fuzzed property).
 
-use crate::lexer::{Kind, Lexer, Token};
+use crate::lexer::{Kind, Lexer, Mode, Token};
 
 /// One token of a statement's normalized form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +27,12 @@ pub enum Part<'a> {
 
 /// The normalized tokens of SQL text.
 pub fn parts(sql: &[u8]) -> Parts<'_> {
-    Parts { sql, lex: Lexer::new(sql), last: None, before_last: None }
+    parts_in(sql, Mode::DEFAULT)
+}
+
+/// [`parts`] of text a session in `mode` sent.
+pub fn parts_in(sql: &[u8], mode: Mode) -> Parts<'_> {
+    Parts { sql, lex: Lexer::with_mode(sql, mode), last: None, before_last: None }
 }
 
 pub struct Parts<'a> {
@@ -89,7 +94,7 @@ impl<'a> Parts<'a> {
                 }
                 true
             }
-            Kind::Quoted => t.text(sql)[0] != b'`',
+            Kind::Quoted => lex.mode().is_string_quote(t.text(sql)[0]),
             Kind::Word => {
                 // A charset introducer or a hex, bit or national string: `_utf8mb4'a'`, `x'0f'`.
                 let w = t.text(sql);
@@ -203,9 +208,14 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// The digest of SQL text: a hash of its normalized tokens (never 0).
 pub fn digest(sql: &[u8]) -> u64 {
+    digest_in(sql, Mode::DEFAULT)
+}
+
+/// [`digest`] of text a session in `mode` sent.
+pub fn digest_in(sql: &[u8], mode: Mode) -> u64 {
     let mut h = FNV_OFFSET;
     let mut byte = |b: u8| h = (h ^ u64::from(b)).wrapping_mul(FNV_PRIME);
-    for p in parts(sql) {
+    for p in parts_in(sql, mode) {
         match p {
             Part::Word(w) => w.iter().for_each(|b| byte(b.to_ascii_lowercase())),
             Part::Keep(k) => k.iter().for_each(|&b| byte(b)),
@@ -220,9 +230,14 @@ pub fn digest(sql: &[u8]) -> u64 {
 /// The normalized text of SQL text, appended to `out`, at most `limit` bytes of it (whole
 /// tokens; a cut text ends with `...`).
 pub fn normalize(sql: &[u8], out: &mut Vec<u8>, limit: usize) {
+    normalize_in(sql, Mode::DEFAULT, out, limit)
+}
+
+/// [`normalize`] of text a session in `mode` sent.
+pub fn normalize_in(sql: &[u8], mode: Mode, out: &mut Vec<u8>, limit: usize) {
     let start = out.len();
     let mut last: Option<Part> = None;
-    for p in parts(sql) {
+    for p in parts_in(sql, mode) {
         let bytes: &[u8] = match p {
             Part::Word(w) | Part::Keep(w) => w,
             Part::Value => b"?",

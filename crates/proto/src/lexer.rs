@@ -42,6 +42,55 @@ impl Token {
     }
 }
 
+/// How the server reads quoted text under a session's `sql_mode`: whether `\` escapes in
+/// strings (not under `NO_BACKSLASH_ESCAPES`) and whether `"` quotes an identifier
+/// (`ANSI_QUOTES`, which `ANSI` implies). A `\` decides where a string ends, so the same text
+/// can be one statement to one mode and two to the other: every reader of a statement lexes it
+/// in its session's mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Mode {
+    pub no_backslash_escapes: bool,
+    pub ansi_quotes: bool,
+}
+
+impl Mode {
+    /// The server's default.
+    pub const DEFAULT: Mode = Mode { no_backslash_escapes: false, ansi_quotes: false };
+
+    /// The mode of a `sql_mode` value (a comma-separated list of names, in any case).
+    pub fn from_sql_mode(value: &[u8]) -> Mode {
+        let mut m = Mode::DEFAULT;
+        for name in value.split(|&b| b == b',').map(|n| n.trim_ascii()) {
+            m.no_backslash_escapes |= name.eq_ignore_ascii_case(b"NO_BACKSLASH_ESCAPES");
+            m.ansi_quotes |= name.eq_ignore_ascii_case(b"ANSI_QUOTES") || name.eq_ignore_ascii_case(b"ANSI");
+        }
+        m
+    }
+
+    /// Whether `\` escapes the next byte in text quoted with `q`.
+    #[inline]
+    pub fn escapes(self, q: u8) -> bool {
+        q != b'`' && !self.no_backslash_escapes && !(q == b'"' && self.ansi_quotes)
+    }
+
+    /// Whether text quoted with `q` is a string (else an identifier).
+    #[inline]
+    pub fn is_string_quote(self, q: u8) -> bool {
+        q == b'\'' || (q == b'"' && !self.ansi_quotes)
+    }
+
+    /// The mode `sql` must be lexed in: the default whenever the modes cannot differ on it (it
+    /// has no `\`, and no `"` under ANSI_QUOTES), so callers may keep to the default's readers.
+    #[inline]
+    pub fn for_text(self, sql: &[u8]) -> Mode {
+        if self == Mode::DEFAULT || (memchr::memchr(b'\\', sql).is_none() && !(self.ansi_quotes && memchr::memchr(b'"', sql).is_some())) {
+            Mode::DEFAULT
+        } else {
+            self
+        }
+    }
+}
+
 /// Iterates over the tokens of SQL text.
 #[derive(Debug, Clone)]
 pub struct Lexer<'a> {
@@ -49,11 +98,21 @@ pub struct Lexer<'a> {
     pos: usize,
     /// Inside an executable comment: its `*/` is skipped.
     executable: bool,
+    mode: Mode,
 }
 
 impl<'a> Lexer<'a> {
     pub fn new(sql: &'a [u8]) -> Self {
-        Lexer { sql, pos: 0, executable: false }
+        Lexer::with_mode(sql, Mode::DEFAULT)
+    }
+
+    /// A lexer of text as a session in `mode` sends it.
+    pub fn with_mode(sql: &'a [u8], mode: Mode) -> Self {
+        Lexer { sql, pos: 0, executable: false, mode }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// Skips whitespace, comments, and the markers of executable comments.
@@ -113,7 +172,7 @@ impl Iterator for Lexer<'_> {
         } else {
             match c {
                 b'\'' | b'"' | b'`' => {
-                    self.pos = skip_quoted(s, start + 1, c);
+                    self.pos = skip_quoted_in(s, start + 1, c, self.mode);
                     Kind::Quoted
                 }
                 b'@' => {
@@ -122,7 +181,7 @@ impl Iterator for Lexer<'_> {
                         self.pos += 1;
                     }
                     match s.get(self.pos) {
-                        Some(&q @ (b'\'' | b'"' | b'`')) => self.pos = skip_quoted(s, self.pos + 1, q),
+                        Some(&q @ (b'\'' | b'"' | b'`')) => self.pos = skip_quoted_in(s, self.pos + 1, q, self.mode),
                         _ => self.pos = end_of(s, self.pos, WORD | DOT),
                     }
                     Kind::Variable
@@ -182,10 +241,16 @@ pub fn is_word_byte(c: u8) -> bool {
 
 /// The index after a quoted string or identifier whose body starts at `from` and whose quote
 /// is `q`; a doubled quote or (outside backquotes) a backslash escape does not end it.
-pub fn skip_quoted(s: &[u8], mut from: usize, q: u8) -> usize {
+pub fn skip_quoted(s: &[u8], from: usize, q: u8) -> usize {
+    skip_quoted_in(s, from, q, Mode::DEFAULT)
+}
+
+/// [`skip_quoted`] in `mode` (where a backslash may escape nothing).
+pub fn skip_quoted_in(s: &[u8], mut from: usize, q: u8, mode: Mode) -> usize {
+    let escapes = mode.escapes(q);
     while from < s.len() {
         match s[from] {
-            b'\\' if q != b'`' => from += 2,
+            b'\\' if escapes => from += 2,
             c if c == q && s.get(from + 1) == Some(&q) => from += 2,
             c if c == q => return from + 1,
             _ => from += 1,
@@ -197,16 +262,23 @@ pub fn skip_quoted(s: &[u8], mut from: usize, q: u8) -> usize {
 /// The value of a quoted string token (quotes removed, escapes resolved); None when the token
 /// is not a string in single or double quotes.
 pub fn unquote(raw: &[u8]) -> Option<Vec<u8>> {
+    unquote_in(raw, Mode::DEFAULT)
+}
+
+/// [`unquote`] in `mode`: under ANSI_QUOTES `"..."` is no string, under NO_BACKSLASH_ESCAPES a
+/// backslash is itself.
+pub fn unquote_in(raw: &[u8], mode: Mode) -> Option<Vec<u8>> {
     let (&q, body) = raw.split_first()?;
-    if !matches!(q, b'\'' | b'"') {
+    if !mode.is_string_quote(q) {
         return None;
     }
+    let escapes = mode.escapes(q);
     let body = body.strip_suffix(&[q]).unwrap_or(body);
     let mut out = Vec::with_capacity(body.len());
     let mut i = 0;
     while i < body.len() {
         match body[i] {
-            b'\\' if i + 1 < body.len() => {
+            b'\\' if escapes && i + 1 < body.len() => {
                 out.push(match body[i + 1] {
                     b'n' => b'\n',
                     b't' => b'\t',
@@ -256,7 +328,12 @@ pub fn name(raw: &[u8]) -> Vec<u8> {
 /// own whose extent only a grammar knows: it is taken to run to the end of the text, so the
 /// statements of a body are never taken for statements of the query.
 pub fn statements(sql: &[u8]) -> Statements<'_> {
-    Statements { sql, lexer: Lexer::new(sql) }
+    statements_in(sql, Mode::DEFAULT)
+}
+
+/// [`statements`] of text in `mode`.
+pub fn statements_in(sql: &[u8], mode: Mode) -> Statements<'_> {
+    Statements { sql, lexer: Lexer::with_mode(sql, mode) }
 }
 
 pub struct Statements<'a> {
@@ -358,6 +435,24 @@ mod tests {
         assert_eq!(texts(b"'unterminated"), vec![(Quoted, &b"'unterminated"[..])]);
         assert_eq!(texts(b"--"), vec![]);
         assert_eq!(texts(b"a--b"), vec![(Word, &b"a"[..]), (Punct, b"-"), (Punct, b"-"), (Word, b"b")]);
+    }
+
+    #[test]
+    fn modes_decide_where_strings_end() {
+        let nbe = Mode::from_sql_mode(b"STRICT_TRANS_TABLES,no_backslash_escapes");
+        let ansi = Mode::from_sql_mode(b"REAL_AS_FLOAT,PIPES_AS_CONCAT,ANSI_QUOTES,IGNORE_SPACE,ANSI");
+        assert_eq!((nbe.no_backslash_escapes, nbe.ansi_quotes, ansi.ansi_quotes, ansi.no_backslash_escapes), (true, false, true, false));
+        assert_eq!(Mode::from_sql_mode(b"ANSI"), Mode { no_backslash_escapes: false, ansi_quotes: true });
+        let sql = b"SELECT 'a\\'; KILL 5 -- '";
+        let split_in = |m| statements_in(sql, m).count();
+        assert_eq!((split_in(Mode::DEFAULT), split_in(nbe)), (1, 2));
+        let dq = b"SELECT \"a\\\"; KILL 5 -- \"";
+        assert_eq!((statements_in(dq, Mode::DEFAULT).count(), statements_in(dq, ansi).count()), (1, 2));
+        assert_eq!(unquote_in(b"'a\\n'", nbe).as_deref(), Some(&b"a\\n"[..]));
+        assert_eq!(unquote_in(b"\"col\"", ansi), None);
+        assert_eq!(nbe.for_text(b"SELECT 1"), Mode::DEFAULT);
+        assert_eq!(nbe.for_text(b"SELECT '\\'"), nbe);
+        assert_eq!(ansi.for_text(b"SELECT \"x\""), ansi);
     }
 
     #[test]

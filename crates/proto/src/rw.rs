@@ -57,7 +57,12 @@ type Tokens<'a> = Peekable<Lexer<'a>>;
 
 /// Classifies a query (one statement, or several separated by `;`: reads only if all are).
 pub fn classify(sql: &[u8]) -> Class {
-    let mut tokens = Lexer::new(sql).peekable();
+    classify_in(sql, crate::lexer::Mode::DEFAULT)
+}
+
+/// [`classify`] of text a session in `mode` sent.
+pub fn classify_in(sql: &[u8], mode: crate::lexer::Mode) -> Class {
+    let mut tokens = Lexer::with_mode(sql, mode).peekable();
     let mut found: Option<Class> = None;
     while tokens.peek().is_some() {
         let Some(c) = statement(sql, &mut tokens) else { continue };

@@ -57,16 +57,21 @@ pub struct Kills {
 /// first is looked at. Cheap when there is nothing to find: a look at the first word, and with
 /// `multi` a vectorised search for `;`.
 pub fn find_kills(sql: &[u8], multi: bool) -> Option<Kills> {
+    find_kills_in(sql, multi, lexer::Mode::DEFAULT)
+}
+
+/// [`find_kills`] of text a session in `mode` sent.
+pub fn find_kills_in(sql: &[u8], multi: bool, mode: lexer::Mode) -> Option<Kills> {
     if !(may_lead(sql) || (multi && memchr::memchr(b';', sql).is_some() && may_contain_kill(sql))) {
         return None;
     }
     let mut kills = Kills::default();
-    for st in lexer::statements(sql).take(if multi { usize::MAX } else { 1 }) {
+    for st in lexer::statements_in(sql, mode).take(if multi { usize::MAX } else { 1 }) {
         kills.statements += 1;
         if let Some(target) = kill_statement(sql, &st) {
             kills.found.push(Found { target, quoted: false, statement: span(&st) });
-        } else if let Some(text) = prepared_text(sql, &st) {
-            for inner in lexer::statements(&text).take(1) {
+        } else if let Some(text) = prepared_text(sql, &st, mode) {
+            for inner in lexer::statements_in(&text, mode).take(1) {
                 if let Some(target) = kill_statement(&text, &inner) {
                     kills.found.push(Found { target, quoted: true, statement: span(&inner) });
                 }
@@ -161,13 +166,13 @@ fn kill_statement(sql: &[u8], st: &[Token]) -> Option<KillTarget> {
 }
 
 /// The literal text of `PREPARE name FROM '...'` or `EXECUTE IMMEDIATE '...'`.
-fn prepared_text(sql: &[u8], st: &[Token]) -> Option<Vec<u8>> {
+fn prepared_text(sql: &[u8], st: &[Token], mode: lexer::Mode) -> Option<Vec<u8>> {
     let literal = match st {
         [p, _, f, lit] if p.is_word(sql, "PREPARE") && f.is_word(sql, "FROM") => lit,
         [e, i, lit, ..] if e.is_word(sql, "EXECUTE") && i.is_word(sql, "IMMEDIATE") => lit,
         _ => return None,
     };
-    lexer::unquote(literal.text(sql))
+    lexer::unquote_in(literal.text(sql), mode)
 }
 
 /// What a query does to a statement prepared with SQL, when sluice can follow it: a
@@ -283,17 +288,22 @@ pub mod hazard {
 /// text that `EXECUTE IMMEDIATE` or `PREPARE ... FROM` is given literally. It errs towards
 /// reporting (a hazard only stops a session from moving to another backend connection).
 pub fn hazards(sql: &[u8]) -> u16 {
+    hazards_in(sql, lexer::Mode::DEFAULT)
+}
+
+/// [`hazards`] of text a session in `mode` sent.
+pub fn hazards_in(sql: &[u8], mode: lexer::Mode) -> u16 {
     let mut found = 0;
     let mut prev = Prev::default();
     // Where the token before is (looked at only after the rare words that need it).
     let mut before = 0..0;
-    for t in lexer::Lexer::new(sql) {
+    for t in lexer::Lexer::with_mode(sql, mode) {
         let text = t.text(sql);
         match t.kind {
             Kind::Variable if text.len() > 1 && text[1] != b'@' => found |= hazard::USER_VARIABLE,
             Kind::Quoted if prev.code_next => {
-                if let Some(inner) = lexer::unquote(text) {
-                    found |= hazards(&inner);
+                if let Some(inner) = lexer::unquote_in(text, mode) {
+                    found |= hazards_in(&inner, mode);
                 }
             }
             Kind::Word => {
@@ -398,22 +408,27 @@ fn collect_user_variables(sql: &[u8], names: &mut Vec<String>) {
 /// `password` that is called like a function is taken for one. Cheap for the statements that
 /// name none of `identified`, `password`, `grant` and `server` (in any case): they are not lexed.
 pub fn carries_secret(sql: &[u8]) -> bool {
+    carries_secret_in(sql, lexer::Mode::DEFAULT)
+}
+
+/// [`carries_secret`] of text a session in `mode` sent.
+pub fn carries_secret_in(sql: &[u8], mode: lexer::Mode) -> bool {
     // A statement that carries a secret names one of these words: most statements are done
     // here, without lexing. (CREATE/ALTER USER and CHANGE MASTER without any of them carry
     // none.)
-    names_a_secret_word(sql) && secret_in(sql, true)
+    names_a_secret_word(sql) && secret_in(sql, true, mode)
 }
 
 /// [`carries_secret`] past its quick look; `strings`: look into quoted strings too.
-fn secret_in(sql: &[u8], strings: bool) -> bool {
-    use crate::digest::{Part, parts};
+fn secret_in(sql: &[u8], strings: bool, mode: lexer::Mode) -> bool {
+    use crate::digest::{Part, parts_in};
     let word = |p: &Option<Part>, w: &str| matches!(p, Some(Part::Word(x)) if x.eq_ignore_ascii_case(w.as_bytes()));
     let leading = [("create", "user"), ("alter", "user"), ("set", "password"), ("change", "master"), ("change", "replication")];
     let servers = [("create", "server"), ("alter", "server")];
     // The first two words of each statement (`CREATE OR REPLACE X` counts as `CREATE X`).
     let (mut first, mut second, mut words) = (None, None, 0);
     let mut last = None;
-    for p in parts(sql) {
+    for p in parts_in(sql, mode) {
         let cur = Some(p);
         if matches!(p, Part::Keep(b";")) {
             (first, second, words) = (None, None, 0);
@@ -435,23 +450,25 @@ fn secret_in(sql: &[u8], strings: bool) -> bool {
         last = cur;
     }
     // A string that is itself a statement (it begins with one's verb) and carries a secret.
-    strings && quoted_strings(sql).any(|inner| names_a_secret_word(&inner) && begins_statement(&inner) && secret_in(&inner, false))
+    strings
+        && quoted_strings(sql, mode)
+            .any(|inner| names_a_secret_word(&inner) && begins_statement(&inner, mode) && secret_in(&inner, false, mode))
 }
 
 /// Whether `sql` begins with the verb of a statement.
-fn begins_statement(sql: &[u8]) -> bool {
+fn begins_statement(sql: &[u8], mode: lexer::Mode) -> bool {
     const VERBS: &[&str] = &["select", "create", "alter", "set", "grant", "change", "insert", "update", "replace", "do", "call", "with"];
-    matches!(crate::digest::parts(sql).next(), Some(crate::digest::Part::Word(w)) if VERBS.iter().any(|v| w.eq_ignore_ascii_case(v.as_bytes())))
+    matches!(crate::digest::parts_in(sql, mode).next(), Some(crate::digest::Part::Word(w)) if VERBS.iter().any(|v| w.eq_ignore_ascii_case(v.as_bytes())))
 }
 
 /// The contents of the quoted strings of `sql`, unquoted.
-fn quoted_strings(sql: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
-    let mut lex = lexer::Lexer::new(sql);
+fn quoted_strings(sql: &[u8], mode: lexer::Mode) -> impl Iterator<Item = Vec<u8>> + '_ {
+    let mut lex = lexer::Lexer::with_mode(sql, mode);
     std::iter::from_fn(move || {
         loop {
             let t = lex.next()?;
             if t.kind == Kind::Quoted
-                && let Some(inner) = lexer::unquote(t.text(sql))
+                && let Some(inner) = lexer::unquote_in(t.text(sql), mode)
             {
                 return Some(inner);
             }
@@ -461,16 +478,16 @@ fn quoted_strings(sql: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
 
 /// The name of the statement `EXECUTE name [USING ...]` runs (not `EXECUTE IMMEDIATE`),
 /// lowercased as sluice keys SQL-prepared statements.
-pub fn executed_name(sql: &[u8]) -> Option<String> {
-    use crate::digest::{Part, parts};
-    let mut it = parts(sql);
+pub fn executed_name(sql: &[u8], mode: lexer::Mode) -> Option<String> {
+    use crate::digest::{Part, parts_in};
+    let mut it = parts_in(sql, mode);
     let (Some(Part::Word(first)), Some(second)) = (it.next(), it.next()) else { return None };
     if !first.eq_ignore_ascii_case(b"execute") {
         return None;
     }
     let name = match second {
         Part::Word(w) if !w.eq_ignore_ascii_case(b"immediate") => w.to_vec(),
-        Part::Keep(q) if q.len() >= 2 && q[0] == b'`' => lexer::unquote(q)?,
+        Part::Keep(q) if q.len() >= 2 && q[0] == b'`' => lexer::name(q),
         _ => return None,
     };
     Some(String::from_utf8_lossy(&name).to_ascii_lowercase())

@@ -22,6 +22,8 @@ pub struct Statement<'a> {
     /// Its text (normalized only when the digest is new here).
     pub text: &'a [u8],
     pub schema: Option<&'a str>,
+    /// How the text is read (its session's `sql_mode`).
+    pub mode: sluice_proto::lexer::Mode,
 }
 
 /// How one statement went.
@@ -157,7 +159,7 @@ impl Digests {
             self.evict(&mut t);
         }
         let mut text = Vec::with_capacity(s.text.len().min(self.text_limit) + 4);
-        sluice_proto::digest::normalize(s.text, &mut text, self.text_limit);
+        sluice_proto::digest::normalize_in(s.text, s.mode, &mut text, self.text_limit);
         let now = crate::metrics::mono_ns();
         let entry = Entry {
             text: String::from_utf8_lossy(&text).into(),
@@ -312,7 +314,12 @@ mod tests {
     }
 
     fn run(d: &Digests, sql: &str, us: u64, at: u64) {
-        let s = Statement { digest: sluice_proto::digest::digest(sql.as_bytes()), text: sql.as_bytes(), schema: Some("app") };
+        let s = Statement {
+            digest: sluice_proto::digest::digest(sql.as_bytes()),
+            text: sql.as_bytes(),
+            schema: Some("app"),
+            mode: sluice_proto::lexer::Mode::DEFAULT,
+        };
         d.begin(&s);
         // (`at`: seconds after the table began.)
         let at = d.epoch.0 + at * 1_000_000_000;

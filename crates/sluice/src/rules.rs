@@ -56,6 +56,9 @@ pub struct Who<'a> {
     pub user: &'a str,
     pub schema: Option<&'a str>,
     pub client: Option<IpAddr>,
+    /// How its statement's text is read (its session's `sql_mode`): patterns match the text
+    /// normalized in that reading.
+    pub mode: sluice_proto::lexer::Mode,
 }
 
 /// Per worker: which patterns each digest's normalized text matches (bits by pattern).
@@ -165,7 +168,7 @@ impl Rules {
             return None;
         }
         let mut found = None;
-        self.with_matches(digest, text, |matched| {
+        self.with_matches(digest, text, who.mode, |matched| {
             // The candidates in order: rules without a pattern, and those whose pattern matched
             // (patterns are numbered in the order of their rules).
             let mut plain = self.unpatterned.iter().copied().peekable();
@@ -194,7 +197,7 @@ impl Rules {
     }
 
     /// Calls `f` with the patterns the digest's text matches (None: there are no patterns).
-    fn with_matches(&self, digest: u64, text: &[u8], f: impl FnOnce(Option<&[u64]>)) {
+    fn with_matches(&self, digest: u64, text: &[u8], mode: sluice_proto::lexer::Mode, f: impl FnOnce(Option<&[u64]>)) {
         if self.patterns.is_empty() {
             return f(None);
         }
@@ -204,7 +207,7 @@ impl Rules {
                 m.clear();
             }
             let mut normalized = Vec::with_capacity(text.len());
-            sluice_proto::digest::normalize(text, &mut normalized, usize::MAX);
+            sluice_proto::digest::normalize_in(text, mode, &mut normalized, usize::MAX);
             let mut bits = vec![0u64; self.patterns.len().div_ceil(64)].into_boxed_slice();
             for (i, p) in self.patterns.iter().enumerate() {
                 if p.is_match(&normalized) {
@@ -243,7 +246,7 @@ mod tests {
     }
 
     fn who(user: &str) -> Who<'_> {
-        Who { user, schema: Some("shop"), client: Some("10.1.2.3".parse().unwrap()) }
+        Who { user, schema: Some("shop"), client: Some("10.1.2.3".parse().unwrap()), mode: Default::default() }
     }
 
     fn find(r: &Rules, user: &str, sql: &str) -> Option<String> {
@@ -276,7 +279,7 @@ timeout = "1s"
         assert_eq!(find(&r, "app", "DROP TABLE t").as_deref(), Some("no-drop"));
         assert_eq!(find(&r, "analyst", "SELECT * FROM orders WHERE id = 1").as_deref(), Some("reports"));
         assert_eq!(find(&r, "app", "SELECT * FROM orders WHERE id = 1").as_deref(), Some("net"));
-        let far = Who { user: "app", schema: Some("shop"), client: Some("192.168.1.1".parse().unwrap()) };
+        let far = Who { user: "app", schema: Some("shop"), client: Some("192.168.1.1".parse().unwrap()), mode: Default::default() };
         assert_eq!(
             r.find(&far, sluice_proto::digest::digest(b"select sleep(1)"), b"select sleep(1)").map(|i| r.list[i].name.as_str()),
             Some("rule-4")

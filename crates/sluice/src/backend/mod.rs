@@ -145,6 +145,9 @@ pub struct Backend {
     /// What a session's own settings track on this server until it changes them (its
     /// `session_track_*` defaults, read at each users-mode login that set up tracking).
     pub tracking: Mutex<Option<sluice_proto::basic::Tracked>>,
+    /// How a new session's `sql_mode` on this server has quoted text read (read with
+    /// `tracking`).
+    pub lex_default: Mutex<Option<sluice_proto::lexer::Mode>>,
     /// Idle logged-in connections kept for reuse.
     pool: pool::Pool,
     /// Connections multiplexed sessions share, and the cap on connections to this backend.
@@ -234,6 +237,7 @@ impl Backend {
             }),
             info: Mutex::new(None),
             tracking: Mutex::new(None),
+            lex_default: Mutex::new(None),
             pool: pool::Pool::new(p.pool_idle_max, p.pool_idle_timeout),
             shared: shared::Lanes::new(
                 p.max_backend_connections,

@@ -83,11 +83,18 @@ impl Session {
         let Some(body) = self.client.rbuf.get(HEADER..HEADER + h.len.min(INSPECT_LIMIT)).filter(|b| !b.is_empty()) else {
             return false;
         };
+        // The reading of a statement's text in which it carries a secret (in the session's
+        // sql_mode, or in either mode where sluice does not know it).
+        let secret_text = match cmd {
+            com::QUERY | com::STMT_PREPARE => self.state.secret_reading(&body[1..]),
+            _ => None,
+        };
         let secret_execute = match cmd {
             com::STMT_EXECUTE | com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE => self.executes_secret(body),
             com::QUERY => self.executes_secret_sql(&body[1..]),
             _ => false,
         };
+        let mode = secret_text.unwrap_or_else(|| self.state.mode_for(&body[1..]));
         let mark = self.capture.as_mut().expect("checked above");
         let out = &mut mark.payload;
         out.clear();
@@ -98,15 +105,10 @@ impl Session {
                 out.push(cmd);
                 out.extend_from_slice(body[1..].split(|&b| b == 0).next().unwrap_or_default());
             }
-            com::QUERY | com::STMT_PREPARE if sluice_proto::sql::carries_secret(&body[1..]) => {
+            com::QUERY | com::STMT_PREPARE if secret_text.is_some() || (cmd == com::QUERY && secret_execute) => {
                 mark.flags |= flag::REDACTED;
                 out.push(cmd);
-                sluice_proto::digest::normalize(&body[1..], out, usize::MAX);
-            }
-            com::QUERY if secret_execute => {
-                mark.flags |= flag::REDACTED;
-                out.push(cmd);
-                sluice_proto::digest::normalize(&body[1..], out, usize::MAX);
+                sluice_proto::digest::normalize_in(&body[1..], mode, out, usize::MAX);
             }
             _ if secret_execute => {
                 mark.flags |= flag::REDACTED;
@@ -137,9 +139,11 @@ impl Session {
         // (Most queries are not EXECUTEs: a look at the first byte first.)
         let first = sql.iter().find(|b| !b.is_ascii_whitespace()).map(|b| b | 0x20);
         first == Some(b'e')
-            && sluice_proto::sql::executed_name(sql)
-                .and_then(|name| self.state.sql_prepared.get(&name).map(|q| sluice_proto::sql::carries_secret(q.as_bytes())))
-                .unwrap_or(false)
+            && self.state.readings(sql).iter().any(|m| {
+                sluice_proto::sql::executed_name(sql, m)
+                    .and_then(|name| self.state.sql_prepared.get(&name).map(|q| self.state.secret_reading(q.as_bytes()).is_some()))
+                    .unwrap_or(false)
+            })
     }
 
     /// The session's state as the capture first sees it; false when the capture ended.

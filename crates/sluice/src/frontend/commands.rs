@@ -73,7 +73,23 @@ impl Session {
             return Some(KillPlan::Single(Kill { query_only: false, id: u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64, hard: None }));
         }
         // A prepared statement is one statement.
-        let kills = sql::find_kills(payload, self.state.multi_statements && cmd == com::QUERY)?;
+        let multi = self.state.multi_statements && cmd == com::QUERY;
+        let readings = self.state.readings(payload);
+        let kills = sql::find_kills_in(payload, multi, readings.0);
+        // Where sluice does not know the session's sql_mode and the text reads two ways, a KILL
+        // in either reading is refused unless both agree: the server may see statements sluice
+        // would not.
+        if let Some(other) = readings.1
+            && sql::find_kills_in(payload, multi, other) != kills
+        {
+            return Some(KillPlan::Refuse {
+                code: code::NOT_SUPPORTED_YET,
+                msg: "sluice: this text is read differently with and without NO_BACKSLASH_ESCAPES, and sluice does not know this \
+                      session's sql_mode: the KILL in it cannot be mapped"
+                    .into(),
+            });
+        }
+        let kills = kills?;
         let mut ids = Vec::new();
         for f in &kills.found {
             let refuse = |msg: &str| Some(KillPlan::Refuse { code: code::NOT_SUPPORTED_YET, msg: format!("sluice: {msg}") });

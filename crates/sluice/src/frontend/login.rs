@@ -305,7 +305,8 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
     let profile = (listener.auth == AuthMode::Users).then(|| Profile::new(&hr));
     match result {
         Ok(b) => Ok(LoggedIn {
-            state: SessionState { tracked: tracked_by(&b, client_caps), ..state },
+            // (Users mode: the server's sql_mode for a new session; passthrough: unknown.)
+            state: SessionState { tracked: tracked_by(&b, client_caps), lex: lex_by(&b), ..state },
             fit: Fit { backend_tls: b.guard.tls.wanted(client_tls), ..fit },
             client,
             backend: b.backend,
@@ -333,6 +334,12 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
 
 /// What the client's own session tracks, where sluice's tracking on its behalf hides it (users
 /// mode, a client with CLIENT_SESSION_TRACK): the server's defaults at first.
+/// The lexer mode of a new session: its server's default sql_mode's in users mode, unknown in
+/// passthrough.
+fn lex_by(b: &Backed) -> Option<sluice_proto::lexer::Mode> {
+    b.credential.as_ref().and(*b.guard.lex_default.lock())
+}
+
 fn tracked_by(b: &Backed, client_caps: u32) -> Option<Box<sluice_proto::basic::Tracked>> {
     (b.credential.is_some() && client_caps & cap::SESSION_TRACK != 0).then(|| Box::new(b.guard.tracking.lock().clone().unwrap_or_default()))
 }
@@ -612,8 +619,9 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
         };
         // Without this, a session could not be recreated elsewhere with all its variables.
         let tracking = match crate::backend::restore::track_all(&mut conn, backend_caps, backend.connect_timeout).await {
-            Ok((defaults, _)) => {
+            Ok((defaults, sql_mode)) => {
                 *backend.tracking.lock() = Some(defaults);
+                *backend.lex_default.lock() = Some(sluice_proto::lexer::Mode::from_sql_mode(sql_mode.as_bytes()));
                 true
             }
             Err(e) => {

@@ -55,12 +55,13 @@ impl Session {
     pub(super) fn see(&self, cmd: u8, body_end: usize, len: usize) -> Seen {
         let Some(text) = self.statement_text(cmd, body_end, len) else { return Seen::default() };
         let rules = &self.ctx.rules;
-        let digest = if self.ctx.digests.enabled || !rules.is_empty() { sluice_proto::digest::digest(text) } else { 0 };
+        let mode = if self.ctx.digests.enabled || !rules.is_empty() { self.state.reading_shown(text) } else { Default::default() };
+        let digest = if self.ctx.digests.enabled || !rules.is_empty() { sluice_proto::digest::digest_in(text, mode) } else { 0 };
         let schema = self.state.schema.as_deref();
         if self.ctx.digests.enabled && cmd != com::STMT_PREPARE {
-            self.ctx.digests.begin(&Statement { digest, text, schema });
+            self.ctx.digests.begin(&Statement { digest, text, schema, mode });
         }
-        let who = Who { user: &self.state.user, schema, client: self.client_ip };
+        let who = Who { user: &self.state.user, schema, client: self.client_ip, mode };
         let rule = if rules.is_empty() { None } else { rules.find(&who, digest, text) };
         // (A route means something only to a session that takes a connection per statement.)
         let hinted =
@@ -120,10 +121,10 @@ impl Session {
     /// classifies it), outside a transaction, with autocommit on.
     fn cacheable(&self, len: usize) -> bool {
         let st = self.state.status;
-        st & status::IN_TRANS == 0
-            && st & status::AUTOCOMMIT != 0
-            && len < self.ctx.cache.largest()
-            && sluice_proto::rw::classify(&self.client.rbuf[HEADER + 1..HEADER + len]) == sluice_proto::rw::Class::Read
+        st & status::IN_TRANS == 0 && st & status::AUTOCOMMIT != 0 && len < self.ctx.cache.largest() && {
+            let text = &self.client.rbuf[HEADER + 1..HEADER + len];
+            sluice_proto::rw::classify_in(text, self.state.mode_for(text)) == sluice_proto::rw::Class::Read
+        }
     }
 
     fn cache_key<'k>(&'k self, text: &'k [u8]) -> Key<'k> {

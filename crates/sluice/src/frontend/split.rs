@@ -18,7 +18,7 @@
 
 use sluice_proto::consts::{com, status};
 use sluice_proto::packet::HEADER;
-use sluice_proto::rw::{Class, Why, classify};
+use sluice_proto::rw::{Class, Why};
 
 use sluice_proto::response::Expect;
 
@@ -67,7 +67,10 @@ impl Session {
         let class = match cmd {
             // A statement longer than what is read before forwarding is not seen whole.
             com::QUERY | com::STMT_PREPARE if body_end >= HEADER + super::relay::INSPECT_LIMIT => Class::Primary(Why::Write),
-            com::QUERY | com::STMT_PREPARE => classify(self.client.rbuf.get(HEADER + 1..body_end)?),
+            com::QUERY | com::STMT_PREPARE => {
+                let text = self.client.rbuf.get(HEADER + 1..body_end)?;
+                sluice_proto::rw::classify_in(text, self.state.mode_for(text))
+            }
             // (Classified once, when it was prepared.)
             com::STMT_EXECUTE | com::STMT_SEND_LONG_DATA | com::STMT_RESET => {
                 let id = self.client.rbuf.get(HEADER + 1..HEADER + 5)?;

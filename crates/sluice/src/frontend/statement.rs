@@ -80,7 +80,7 @@ impl Session {
     pub(super) fn note_query(&mut self, body_end: usize, done: &mut Done) {
         use sluice_proto::sql::{self, hazard};
         let text = &self.client.rbuf[HEADER + 1..body_end];
-        let mut found = sql::hazards(text);
+        let mut found = sql::hazards_in(text, self.state.mode_for(text));
         done.explained = found != 0;
         done.plain_set = !done.explained && is_plain_set(text);
         // (A SET alone, or one the lexer found something in: not every statement.)

@@ -120,6 +120,7 @@ impl Session {
                 // After a reset or a change of user the server's sql_mode replaces the one the
                 // login's capabilities gave (IGNORE_SPACE): another connection must be told.
                 if read == super::statement::TRACKS_VARIABLES | super::statement::TRACKS_STATE {
+                    self.state.lex = Some(sluice_proto::lexer::Mode::from_sql_mode(sql_mode.as_bytes()));
                     self.state.variables.insert("sql_mode".into(), sql_mode);
                     self.handle.publish(&self.state);
                 }

@@ -13,6 +13,7 @@ use crate::vars::Vars;
 use serde::Serialize;
 use sluice_proto::basic::{self, StateChange};
 use sluice_proto::consts::status;
+use sluice_proto::lexer::Mode;
 use sluice_proto::response::Sink;
 
 mod handle;
@@ -151,14 +152,61 @@ pub const HIDDEN_STATE: u16 = 1 << 14;
 /// session stays on its connection.
 pub const MAX_USER_VARIABLES: usize = 64;
 
+/// The ways the server may read a statement's text: one where sluice knows the session's
+/// `sql_mode` or where modes cannot differ on the text (it has no `\`, nor `"` under
+/// ANSI_QUOTES); else the default's and NO_BACKSLASH_ESCAPES's, both of which a reader that
+/// guards something (a KILL's mapping, a secret's redaction) must take into account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readings(pub Mode, pub Option<Mode>);
+
+impl Readings {
+    pub fn iter(self) -> impl Iterator<Item = Mode> {
+        std::iter::once(self.0).chain(self.1)
+    }
+}
+
+impl SessionState {
+    /// The mode to lex the session's statement `sql` in, where one reading is enough (routing,
+    /// pins, digests): the session's where known, else the default.
+    #[inline]
+    pub fn mode_for(&self, sql: &[u8]) -> Mode {
+        self.lex.map_or(Mode::DEFAULT, |m| m.for_text(sql))
+    }
+
+    /// The ways the server may read the session's statement `sql` ([`Readings`]).
+    pub fn readings(&self, sql: &[u8]) -> Readings {
+        match self.lex {
+            Some(m) => Readings(m.for_text(sql), None),
+            None if memchr::memchr(b'\\', sql).is_some() => {
+                Readings(Mode::DEFAULT, Some(Mode { no_backslash_escapes: true, ansi_quotes: false }))
+            }
+            None => Readings(Mode::DEFAULT, None),
+        }
+    }
+
+    /// The reading a digest and its text take: the one mode where there is one, else the one in
+    /// which the text carries a secret (its normalized text then takes the secret out).
+    pub fn reading_shown(&self, sql: &[u8]) -> Mode {
+        match self.readings(sql) {
+            Readings(m, None) => m,
+            r => self.secret_reading(sql).unwrap_or(r.0),
+        }
+    }
+
+    /// The reading in which the session's statement `sql` may carry a password, if one does.
+    pub fn secret_reading(&self, sql: &[u8]) -> Option<Mode> {
+        self.readings(sql).iter().find(|&m| sluice_proto::sql::carries_secret_in(sql, m))
+    }
+}
+
 /// Statement text as `/sessions` and the SQL admin show it: normalized (literals taken out)
 /// when it may carry a password, as a capture records it.
+/// Either reading of the text counts (the mode the session had is not kept with it).
 pub fn shown_text(sql: &str) -> std::borrow::Cow<'_, str> {
-    if !sluice_proto::sql::carries_secret(sql.as_bytes()) {
-        return sql.into();
-    }
+    let unknown = SessionState::default();
+    let Some(mode) = unknown.secret_reading(sql.as_bytes()) else { return sql.into() };
     let mut out = Vec::with_capacity(sql.len());
-    sluice_proto::digest::normalize(sql.as_bytes(), &mut out, usize::MAX);
+    sluice_proto::digest::normalize_in(sql.as_bytes(), mode, &mut out, usize::MAX);
     String::from_utf8_lossy(&out).into_owned().into()
 }
 
@@ -189,6 +237,11 @@ pub struct SessionState {
     pub prepared: HashMap<u32, Prepared, rustc_hash::FxBuildHasher>,
     pub multi_statements: bool,
     pub passthrough: bool,
+    /// How the session's `sql_mode` has the server read quoted text (`lexer::Mode`), where
+    /// sluice knows it: read at a users-mode login, then followed through session tracking.
+    /// None: unknown (passthrough, until an OK reports a `sql_mode`): see [`SessionState::readings`].
+    #[serde(skip)]
+    pub lex: Option<Mode>,
     /// State the session's statements left on its backend connection that sluice cannot
     /// recreate elsewhere (`sluice_proto::sql::hazard::LASTING` bits), until the next reset.
     pub hazards: u16,
@@ -325,6 +378,9 @@ impl SessionState {
                 }
                 StateChange::SystemVariable { name, value } => {
                     r.variables = true;
+                    if name.eq_ignore_ascii_case(b"sql_mode") {
+                        self.lex = Some(Mode::from_sql_mode(value));
+                    }
                     charset |= name.eq_ignore_ascii_case(b"character_set_connection");
                     collation |= name.eq_ignore_ascii_case(b"collation_connection");
                     self.variables.insert(String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned());
@@ -343,6 +399,8 @@ impl SessionState {
 
     /// Forgets what COM_RESET_CONNECTION or COM_CHANGE_USER resets on the server.
     pub fn reset(&mut self) {
+        // (The server's default sql_mode again: users mode reads it back, `switch.rs`.)
+        self.lex = None;
         self.prepared.clear();
         self.variables.clear();
         self.hazards = 0;
@@ -485,9 +543,10 @@ impl Sink for StateSink<'_> {
             id
         };
         // (Only a session that may change connections acts on them.)
-        let hazards = if self.state.passthrough { 0 } else { sluice_proto::sql::hazards(sql.as_bytes()) };
-        let class = sluice_proto::rw::classify(sql.as_bytes());
-        let secret = sluice_proto::sql::carries_secret(sql.as_bytes());
+        let mode = self.state.mode_for(sql.as_bytes());
+        let hazards = if self.state.passthrough { 0 } else { sluice_proto::sql::hazards_in(sql.as_bytes(), mode) };
+        let class = sluice_proto::rw::classify_in(sql.as_bytes(), mode);
+        let secret = self.state.secret_reading(sql.as_bytes()).is_some();
         let p = Prepared {
             backend_id: id,
             sql,

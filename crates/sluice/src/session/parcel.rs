@@ -30,6 +30,9 @@ pub struct StateParcel {
     tracked: Option<(Vec<u8>, bool)>,
     #[serde(default)]
     open_transaction: bool,
+    /// The session's lexer mode where known: (NO_BACKSLASH_ESCAPES, ANSI_QUOTES).
+    #[serde(default)]
+    lex: Option<(bool, bool)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -88,6 +91,7 @@ impl From<&SessionState> for StateParcel {
             next_stmt_id: s.next_stmt_id,
             tracked: s.tracked.as_ref().map(|t| (t.variables.to_vec(), t.state_change)),
             open_transaction: s.open_transaction,
+            lex: s.lex.map(|m| (m.no_backslash_escapes, m.ansi_quotes)),
         }
     }
 }
@@ -141,6 +145,7 @@ impl From<StateParcel> for SessionState {
                 .tracked
                 .map(|(variables, state_change)| Box::new(sluice_proto::basic::Tracked { variables: variables.into(), state_change })),
             open_transaction: p.open_transaction,
+            lex: p.lex.map(|(no_backslash_escapes, ansi_quotes)| sluice_proto::lexer::Mode { no_backslash_escapes, ansi_quotes }),
         }
     }
 }
