@@ -21,20 +21,74 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A CA, etcd's certificate (for 127.0.0.1) and a client certificate, in PEM files.
+struct Pki {
+    ca: std::path::PathBuf,
+    server: (std::path::PathBuf, std::path::PathBuf),
+    client: (std::path::PathBuf, std::path::PathBuf),
+}
+
+impl Pki {
+    fn make() -> Pki {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+        let dir = sluice_testkit::mariadb::work_root().join(format!("pki-{}-{}", std::process::id(), sluice_testkit::unique_id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        ca.distinguished_name.push(DnType::CommonName, "sluice test CA");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let leaf = |name: &str, sans: Vec<String>, usages: Vec<ExtendedKeyUsagePurpose>| {
+            let key = KeyPair::generate().unwrap();
+            let mut p = CertificateParams::new(sans).unwrap();
+            // (etcd's gateway refuses a client certificate with a common name once its
+            // authentication is on: the client's has only an organization.)
+            p.distinguished_name = rcgen::DistinguishedName::new();
+            p.distinguished_name.push(if name == "etcd" { DnType::CommonName } else { DnType::OrganizationName }, name);
+            p.extended_key_usages = usages;
+            let cert = p.signed_by(&key, &issuer).unwrap();
+            let (c, k) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}-key.pem")));
+            std::fs::write(&c, cert.pem()).unwrap();
+            std::fs::write(&k, key.serialize_pem()).unwrap();
+            (c, k)
+        };
+        use ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+        let server = leaf("etcd", vec!["127.0.0.1".into(), "localhost".into()], vec![ServerAuth, ClientAuth]);
+        let client = leaf("sluice-client", vec![], vec![ClientAuth]);
+        let ca_path = dir.join("ca.pem");
+        std::fs::write(&ca_path, ca_cert.pem()).unwrap();
+        Pki { ca: ca_path, server, client }
+    }
+}
+
 impl EtcdServer {
     fn start() -> EtcdServer {
+        EtcdServer::start_with(None)
+    }
+
+    /// With TLS on its client port (and client certificates required) when `pki` is given.
+    fn start_with(pki: Option<&Pki>) -> EtcdServer {
         let scripts = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/setup.sh");
         assert!(Command::new("bash").arg(scripts).arg("etcd-server").status().unwrap().success(), "install etcd-server");
         let dir = sluice_testkit::mariadb::work_root().join(format!("etcd-{}-{}", std::process::id(), sluice_testkit::unique_id()));
         let (client, peer) = (free_port(), free_port());
         let log = std::fs::File::create(dir.with_extension("log")).unwrap();
-        let child = Command::new("etcd")
+        let scheme = if pki.is_some() { "https" } else { "http" };
+        let mut cmd = Command::new("etcd");
+        if let Some(p) = pki {
+            let path = |p: &std::path::Path| p.display().to_string();
+            cmd.args(["--cert-file", &path(&p.server.0), "--key-file", &path(&p.server.1), "--trusted-ca-file", &path(&p.ca)])
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .args(["--data-dir", &dir.display().to_string(), "--name", "t"])
             .args([
                 "--listen-client-urls",
-                &format!("http://127.0.0.1:{client}"),
+                &format!("{scheme}://127.0.0.1:{client}"),
                 "--advertise-client-urls",
-                &format!("http://127.0.0.1:{client}"),
+                &format!("{scheme}://127.0.0.1:{client}"),
             ])
             .args([
                 "--listen-peer-urls",
@@ -48,7 +102,9 @@ impl EtcdServer {
             .spawn()
             .expect("start etcd");
         let e = EtcdServer { child, client: format!("127.0.0.1:{client}") };
-        wait_for("etcd answers", || e.call("/v3/kv/range", r#"{"key": "AA=="}"#).is_ok());
+        if pki.is_none() {
+            wait_for("etcd answers", || e.call("/v3/kv/range", r#"{"key": "AA=="}"#).is_ok());
+        }
         e
     }
 
@@ -174,4 +230,68 @@ async fn three_instances_follow_the_store_and_drain_together() {
     drop(i2);
     wait_for("i2's registration expired", || instances(&i3) == ["i1", "i3"]);
     held.disconnect().await.unwrap();
+}
+
+/// A store that only TLS clients with a certificate its CA signed reach, and with etcd's
+/// authentication on: sluice follows it with `tls_ca`, `tls_cert`/`tls_key`, `user` and
+/// `password`; without its certificate or with a wrong password it takes nothing from it, and
+/// says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_behind_tls_client_certificates_and_authentication() {
+    use sluice::cluster::etcd::{Etcd, b64};
+    use sluice::config::ClusterConfig;
+    let db = shared_db();
+    let pki = Pki::make();
+    let etcd = EtcdServer::start_with(Some(&pki));
+    let url = format!("https://{}", etcd.client);
+    let tls = ClusterConfig {
+        etcd: vec![url.clone()],
+        tls_ca: Some(pki.ca.clone()),
+        tls_cert: Some(pki.client.0.clone()),
+        tls_key: Some(pki.client.1.clone()),
+        ..ClusterConfig::default()
+    };
+    let open = Etcd::new(&tls).unwrap();
+    let mut ready = false;
+    for _ in 0..200 {
+        if open.call("/v3/kv/range", &serde_json::json!({ "key": "AA==" })).await.is_ok() {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(ready, "etcd answers over TLS");
+    for (path, body) in [
+        ("/v3/auth/user/add", serde_json::json!({ "name": "root", "password": "rootpw" })),
+        ("/v3/auth/user/grant", serde_json::json!({ "user": "root", "role": "root" })),
+        ("/v3/auth/enable", serde_json::json!({})),
+    ] {
+        open.call(path, &body).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+    }
+    let root = ClusterConfig { user: Some("root".into()), password: Some("rootpw".into()), ..tls.clone() };
+    let prefix = format!("/t{}/", sluice_testkit::unique_id());
+    let put = serde_json::json!({ "key": b64(format!("{prefix}backends/a").as_bytes()), "value": b64(format!(r#"{{"address": "{}"}}"#, db.addr()).as_bytes()) });
+    Etcd::new(&root).unwrap().call("/v3/kv/put", &put).await.unwrap();
+
+    let start = |extra: &str| {
+        let keys = format!("etcd = [\"{url}\"]\nprefix = \"{prefix}\"\ntls_ca = \"{}\"\nlease_ttl = \"2s\"\n{extra}", pki.ca.display());
+        TestConfig::new().app_users().table("cluster", &keys).start()
+    };
+    let cert = format!("tls_cert = \"{}\"\ntls_key = \"{}\"\n", pki.client.0.display(), pki.client.1.display());
+    let s = start(&format!("{cert}user = \"root\"\npassword = \"rootpw\"\n"));
+    wait_for("the store's backend", || backends(&s) == [("a".into(), 1, false)]);
+    let mut c = app(&s).await;
+    assert_eq!(c.query_first::<u32, _>("SELECT 1").await.unwrap(), Some(1));
+    c.disconnect().await.unwrap();
+    assert!(!s.log_text().contains("rootpw"), "the password is never logged");
+
+    for (extra, why) in [
+        (format!("user = \"root\"\npassword = \"rootpw\"\n"), "no client certificate"),
+        (format!("{cert}user = \"root\"\npassword = \"wrong\"\n"), "a wrong password"),
+    ] {
+        let s = start(&extra);
+        wait_for(why, || s.log_text().lines().any(|l| l.contains("etcd") && (l.contains("WARN") || l.contains("ERROR"))));
+        assert!(backends(&s).is_empty(), "{why}: nothing taken from the store");
+        assert!(!s.log_text().contains("rootpw") && !s.log_text().contains("wrong\""), "{why}: no password in the log");
+    }
 }

@@ -1,13 +1,19 @@
 //! A small client of etcd's v3 JSON API (its gRPC gateway, `POST /v3/...`): calls, and the
-//! streams of watch and lease keep-alive, over plain HTTP/1.1. Keys and values travel in
+//! streams of watch and lease keep-alive, over HTTP/1.1, in TLS (`https://`, verified against
+//! `[cluster] tls_ca`, with a client certificate when one is given) or plain. With `[cluster]
+//! user`, it authenticates (`/v3/auth/authenticate`) and sends the token with every request,
+//! authenticating again when etcd says the token is no longer good. Keys and values travel in
 //! base64, as the gateway wants them.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::config::ClusterConfig;
 
 /// How long a call (or the start of a stream) may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -15,7 +21,17 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Etcd {
     /// `HOST:PORT` of each endpoint, tried in turn.
     endpoints: Vec<String>,
+    /// For `https://` endpoints: the TLS client and the name etcd's certificate must carry
+    /// (the endpoint's host).
+    tls: Option<Arc<rustls::ClientConfig>>,
+    /// etcd's user and password, and the token last given for them.
+    login: Option<(String, String)>,
+    token: parking_lot::Mutex<Option<String>>,
 }
+
+/// A connection to etcd, plain or TLS.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 pub fn b64(s: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(s)
@@ -38,18 +54,33 @@ pub fn range_end(prefix: &str) -> Vec<u8> {
 }
 
 impl Etcd {
-    pub fn new(urls: &[String]) -> Result<Etcd, String> {
-        let endpoints: Vec<String> = urls
+    pub fn new(c: &ClusterConfig) -> Result<Etcd, String> {
+        let mut tls_wanted = None;
+        let endpoints: Vec<String> = c
+            .etcd
             .iter()
             .map(|u| {
-                let hostport = u.strip_prefix("http://").ok_or_else(|| format!("cluster.etcd: {u:?}: only http:// endpoints"))?;
+                let (tls, hostport) = match (u.strip_prefix("https://"), u.strip_prefix("http://")) {
+                    (Some(h), _) => (true, h),
+                    (None, Some(h)) => (false, h),
+                    _ => return Err(format!("cluster.etcd: {u:?}: an https:// or http:// endpoint")),
+                };
+                if tls_wanted.replace(tls).is_some_and(|t| t != tls) {
+                    return Err("cluster.etcd: all endpoints https://, or all http://".into());
+                }
                 Ok(hostport.trim_end_matches('/').to_string())
             })
             .collect::<Result<_, String>>()?;
         if endpoints.is_empty() {
             return Err("cluster.etcd names no endpoint".into());
         }
-        Ok(Etcd { endpoints })
+        let tls = if tls_wanted == Some(true) { Some(client_config(c)?) } else { None };
+        let login = match (&c.user, &c.password) {
+            (Some(u), Some(p)) => Some((u.clone(), p.clone())),
+            (None, None) => None,
+            _ => return Err("cluster.user and cluster.password go together".into()),
+        };
+        Ok(Etcd { endpoints, tls, login, token: parking_lot::Mutex::new(None) })
     }
 
     /// One call; its JSON answer.
@@ -61,17 +92,61 @@ impl Etcd {
             .ok_or_else(|| format!("etcd {path}: empty answer"))
     }
 
-    /// A request whose answer is a stream of JSON messages (or one).
+    /// A request whose answer is a stream of JSON messages (or one). With a user, it carries
+    /// a token (asked for first, and again once if etcd refuses the one it has).
     pub async fn stream(&self, path: &str, body: &Value) -> Result<Stream, String> {
+        if self.login.is_none() {
+            return self.send(path, body, None).await;
+        }
+        for again in [false, true] {
+            let token = self.token(again).await?;
+            match self.send(path, body, Some(&token)).await {
+                Err(e) if !again && e.contains("auth") => continue,
+                r => return r,
+            }
+        }
+        unreachable!("the second try returns")
+    }
+
+    /// The token to send: the one held, or a new one (`fresh`, or none held yet).
+    async fn token(&self, fresh: bool) -> Result<String, String> {
+        if !fresh && let Some(t) = self.token.lock().clone() {
+            return Ok(t);
+        }
+        let (user, password) = self.login.as_ref().expect("called with a login");
+        let mut s = self.send("/v3/auth/authenticate", &serde_json::json!({ "name": user, "password": password }), None).await?;
+        let answer = tokio::time::timeout(CALL_TIMEOUT, s.next()).await.map_err(|_| "etcd authentication timed out".to_string())??;
+        let token = answer.as_ref().and_then(|a| a["token"].as_str()).ok_or("etcd authentication: no token in the answer")?.to_string();
+        *self.token.lock() = Some(token.clone());
+        Ok(token)
+    }
+
+    /// Sends the request to each endpoint in turn until one answers it.
+    async fn send(&self, path: &str, body: &Value, token: Option<&str>) -> Result<Stream, String> {
         let mut last = String::new();
         for e in &self.endpoints {
-            match tokio::time::timeout(CALL_TIMEOUT, Stream::open(e, path, body)).await {
+            match tokio::time::timeout(CALL_TIMEOUT, self.open(e, path, body, token)).await {
                 Ok(Ok(s)) => return Ok(s),
+                // (etcd's answer says what went wrong; the password is never in it.)
                 Ok(Err(err)) => last = format!("etcd {e}{path}: {err}"),
                 Err(_) => last = format!("etcd {e}{path}: timed out"),
             }
         }
         Err(last)
+    }
+
+    async fn open(&self, endpoint: &str, path: &str, body: &Value, token: Option<&str>) -> Result<Stream, String> {
+        let tcp = TcpStream::connect(endpoint).await.map_err(|e| e.to_string())?;
+        let conn: Box<dyn Io> = match &self.tls {
+            None => Box::new(tcp),
+            Some(config) => {
+                let host = endpoint.rsplit_once(':').map_or(endpoint, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+                let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| format!("TLS name {host:?}: {e}"))?;
+                let tls = tokio_rustls::TlsConnector::from(config.clone()).connect(name, tcp).await.map_err(|e| format!("TLS: {e}"))?;
+                Box::new(tls)
+            }
+        };
+        Stream::open(conn, endpoint, path, body, token).await
     }
 
     /// The keys that begin with `prefix`: the store's revision, and each (key, value).
@@ -84,9 +159,31 @@ impl Etcd {
     }
 }
 
+/// The TLS client of `https://` endpoints: etcd's certificate verified against `tls_ca`, and
+/// sluice's client certificate presented when one is given.
+fn client_config(c: &ClusterConfig) -> Result<Arc<rustls::ClientConfig>, String> {
+    let ca = c.tls_ca.as_ref().ok_or("cluster.etcd: https:// endpoints need cluster.tls_ca (etcd's certificate is verified)")?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in crate::config::load_certs(ca)? {
+        roots.add(cert).map_err(|e| format!("cluster.tls_ca: {e}"))?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_root_certificates(roots);
+    let config = match (&c.tls_cert, &c.tls_key) {
+        (Some(cert), Some(key)) => builder
+            .with_client_auth_cert(crate::config::load_certs(cert)?, crate::config::load_key(key)?)
+            .map_err(|e| format!("cluster.tls_cert: {e}"))?,
+        (None, None) => builder.with_no_client_auth(),
+        _ => return Err("cluster.tls_cert and cluster.tls_key go together".into()),
+    };
+    Ok(Arc::new(config))
+}
+
 /// The answer of a streaming call, message by message.
 pub struct Stream {
-    conn: TcpStream,
+    conn: Box<dyn Io>,
     /// Bytes read and not yet taken apart.
     raw: Vec<u8>,
     /// The body so far (chunks joined), not yet split into messages.
@@ -97,11 +194,11 @@ pub struct Stream {
 }
 
 impl Stream {
-    async fn open(endpoint: &str, path: &str, body: &Value) -> Result<Stream, String> {
-        let mut conn = TcpStream::connect(endpoint).await.map_err(|e| e.to_string())?;
+    async fn open(mut conn: Box<dyn Io>, endpoint: &str, path: &str, body: &Value, token: Option<&str>) -> Result<Stream, String> {
         let body = body.to_string();
+        let auth = token.map(|t| format!("Authorization: {t}\r\n")).unwrap_or_default();
         let req = format!(
-            "POST {path} HTTP/1.1\r\nHost: {endpoint}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nHost: {endpoint}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
         conn.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
@@ -188,8 +285,14 @@ mod tests {
     fn ranges_and_endpoints() {
         assert_eq!(range_end("/sluice/"), b"/sluice0");
         assert_eq!(range_end("a\u{7f}"), b"a\x80");
-        assert!(Etcd::new(&["https://x:1".into()]).is_err());
-        assert_eq!(Etcd::new(&["http://127.0.0.1:2379/".into()]).unwrap().endpoints, ["127.0.0.1:2379"]);
+        let with = |urls: &[&str]| ClusterConfig { etcd: urls.iter().map(|u| u.to_string()).collect(), ..ClusterConfig::default() };
+        let e = Etcd::new(&with(&["https://x:1"])).err().unwrap();
+        assert!(e.contains("tls_ca"), "{e}");
+        assert!(Etcd::new(&with(&["ftp://x:1"])).is_err());
+        assert!(Etcd::new(&with(&["http://x:1", "https://y:1"])).is_err());
+        assert_eq!(Etcd::new(&with(&["http://127.0.0.1:2379/"])).unwrap().endpoints, ["127.0.0.1:2379"]);
+        let half = ClusterConfig { user: Some("u".into()), ..with(&["http://x:1"]) };
+        assert!(Etcd::new(&half).is_err());
         assert_eq!(unb64(&Value::String(b64(b"key"))), b"key");
     }
 }

@@ -41,7 +41,7 @@ pub struct Instance {
 /// Runs for as long as the process: registration, and the store applied as it changes.
 pub async fn run(ctx: Arc<Ctx>, me: Instance) {
     let c = ctx.config().cluster.clone();
-    let etcd = match Etcd::new(&c.etcd) {
+    let etcd = match Etcd::new(&c) {
         Ok(e) => Arc::new(e),
         Err(e) => return tracing::error!(error = %e, "cluster: not joining"),
     };
@@ -168,7 +168,7 @@ async fn keep_registered(etcd: &Etcd, key: &str, value: &str, ttl: Duration, eve
 /// The instances registered in the cluster now.
 pub async fn instances(ctx: &Ctx) -> Result<Vec<Value>, String> {
     let c = ctx.config().cluster.clone();
-    let etcd = Etcd::new(&c.etcd)?;
+    let etcd = Etcd::new(&c)?;
     let (_, kvs) = etcd.range(&format!("{}instances/", c.prefix)).await?;
     Ok(kvs.iter().filter_map(|(_, v)| serde_json::from_slice(v).ok()).collect())
 }

@@ -1,6 +1,7 @@
 //! `[cluster]`: several sluice instances that share their backends, users and drains through
 //! etcd (`crate::cluster`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -10,8 +11,19 @@ use super::{BackendConfig, UserConfig, duration};
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
-    /// etcd endpoints, `http://HOST:PORT` (its v3 JSON API); none: no cluster.
+    /// etcd endpoints, `https://HOST:PORT` or `http://HOST:PORT` (its v3 JSON API); none: no
+    /// cluster. Whoever can write the store can add backends and users: protect it as the
+    /// configuration file (TLS with a client certificate, and etcd's authentication).
     pub etcd: Vec<String>,
+    /// The CA bundle that etcd's certificate must chain to (`https://` endpoints need it).
+    pub tls_ca: Option<PathBuf>,
+    /// The client certificate and key sluice presents to etcd (its `--client-cert-auth`).
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// etcd's user and password (its `auth enable`): sluice authenticates and sends the token.
+    pub user: Option<String>,
+    #[serde(serialize_with = "super::show::masked")]
+    pub password: Option<String>,
     /// The keys of this cluster begin with this.
     pub prefix: String,
     /// This instance's name in `{prefix}instances/`; default: its admin address, else its pid.
@@ -23,7 +35,17 @@ pub struct ClusterConfig {
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        ClusterConfig { etcd: Vec::new(), prefix: "/sluice/".into(), name: None, lease_ttl: Duration::from_secs(10) }
+        ClusterConfig {
+            etcd: Vec::new(),
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            user: None,
+            password: None,
+            prefix: "/sluice/".into(),
+            name: None,
+            lease_ttl: Duration::from_secs(10),
+        }
     }
 }
 
