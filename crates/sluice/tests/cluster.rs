@@ -286,7 +286,7 @@ async fn a_store_behind_tls_client_certificates_and_authentication() {
     assert!(!s.log_text().contains("rootpw"), "the password is never logged");
 
     for (extra, why) in [
-        (format!("user = \"root\"\npassword = \"rootpw\"\n"), "no client certificate"),
+        ("user = \"root\"\npassword = \"rootpw\"\n".to_string(), "no client certificate"),
         (format!("{cert}user = \"root\"\npassword = \"wrong\"\n"), "a wrong password"),
     ] {
         let s = start(&extra);
