@@ -10,20 +10,6 @@ use std::net::TcpStream;
 use common::*;
 use mysql_async::prelude::*;
 
-fn sql_admin_addr(s: &SluiceProc) -> String {
-    let mut found = None;
-    wait_for("the SQL admin listener", || {
-        found = s
-            .log_text()
-            .lines()
-            .find(|l| l.contains("SQL admin listener"))
-            .and_then(|l| l.split("address=").nth(1))
-            .map(|a| a.trim().to_string());
-        found.is_some()
-    });
-    found.unwrap()
-}
-
 fn backend_up(s: &SluiceProc) -> bool {
     json(&admin_get(s, "/backends", None).1).as_array().unwrap().iter().all(|b| b["up"] == true)
 }

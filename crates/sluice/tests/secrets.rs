@@ -15,20 +15,6 @@ use sluice_testkit::raw::Raw;
 /// Every secret of the corpus starts with this: one search finds them all.
 const MARK: &str = "corpus-secret";
 
-fn sql_admin_addr(s: &SluiceProc) -> String {
-    let mut found = None;
-    wait_for("the SQL admin listener", || {
-        found = s
-            .log_text()
-            .lines()
-            .find(|l| l.contains("SQL admin listener"))
-            .and_then(|l| l.split("address=").nth(1))
-            .map(|a| a.trim().to_string());
-        found.is_some()
-    });
-    found.unwrap()
-}
-
 /// A record with its byte strings as text.
 fn record_text(r: &Record) -> String {
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();

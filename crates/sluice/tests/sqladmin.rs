@@ -7,21 +7,6 @@ mod common;
 use common::*;
 use mysql_async::prelude::*;
 
-/// The SQL admin listener's address, from the log.
-fn sql_admin(s: &SluiceProc) -> String {
-    let mut found = None;
-    wait_for("the SQL admin listener", || {
-        found = s
-            .log_text()
-            .lines()
-            .find(|l| l.contains("SQL admin listener"))
-            .and_then(|l| l.split("address=").nth(1))
-            .map(|a| a.trim().to_string());
-        found.is_some()
-    });
-    found.unwrap()
-}
-
 fn admin_cli(addr: &str, user: &str, pass: &str, sql: &str) -> Result<String, String> {
     let port: u16 = addr.rsplit_once(':').unwrap().1.parse().unwrap();
     cli(port, user, pass, &[], sql)
@@ -39,7 +24,7 @@ async fn operators_read_and_act_through_sql() {
         .table("digests", "enabled = true\n");
     std::fs::write(&path, cfg.text()).unwrap();
     let s = start_sluice_file(&path);
-    let addr = sql_admin(&s);
+    let addr = sql_admin_addr(&s);
     let mut app = app(&s).await;
     let _: Option<u32> = app.query_first("SELECT 41 + 1").await.unwrap();
 
@@ -106,7 +91,7 @@ async fn small_answers_are_right() {
         .app_users()
         .backend(&db.addr())
         .start();
-    let addr = sql_admin(&s);
+    let addr = sql_admin_addr(&s);
     let mut ops = connect(&addr, "ops", "opspw").await;
     // No session: the columns a session has, and no row.
     let rows = ops.query_iter("SELECT * FROM sessions").await.unwrap();

@@ -473,3 +473,18 @@ pub fn compare_behaviours(seen: impl Fn(&str) -> Seen) {
     differences("the read/write split", &direct, &seen(&s.listen), &mut problems);
     assert!(problems.is_empty(), "{} scenarios differ:\n{}", problems.len(), problems.join("\n"));
 }
+
+/// The SQL admin listener's address, from the log.
+pub fn sql_admin_addr(s: &SluiceProc) -> String {
+    let mut found = None;
+    wait_for("the SQL admin listener", || {
+        found = s
+            .log_text()
+            .lines()
+            .find(|l| l.contains("SQL admin listener"))
+            .and_then(|l| l.split("address=").nth(1))
+            .map(|a| a.trim().to_string());
+        found.is_some()
+    });
+    found.unwrap()
+}
