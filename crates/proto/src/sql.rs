@@ -62,7 +62,7 @@ pub fn find_kills(sql: &[u8], multi: bool) -> Option<Kills> {
 
 /// [`find_kills`] of text a session in `mode` sent.
 pub fn find_kills_in(sql: &[u8], multi: bool, mode: lexer::Mode) -> Option<Kills> {
-    if !(may_lead(sql) || (multi && memchr::memchr(b';', sql).is_some() && may_contain_kill(sql))) {
+    if !may_name_kill(sql, multi) {
         return None;
     }
     let mut kills = Kills::default();
@@ -79,6 +79,13 @@ pub fn find_kills_in(sql: &[u8], multi: bool, mode: lexer::Mode) -> Option<Kills
         }
     }
     (!kills.found.is_empty()).then_some(kills)
+}
+
+/// Whether `sql` may hold a KILL at all, in any mode (a look at the first word, and with `multi`
+/// a vectorised search for `;` and then `kill`): most statements end here.
+#[inline]
+pub fn may_name_kill(sql: &[u8], multi: bool) -> bool {
+    may_lead(sql) || (multi && memchr::memchr(b';', sql).is_some() && may_contain_kill(sql))
 }
 
 /// The collation a `SET NAMES charset COLLATE collation` gives the connection (lowercased), which
@@ -406,7 +413,7 @@ fn collect_user_variables(sql: &[u8], names: &mut Vec<String>) {
 /// of a multi-statement, and a quoted string that holds such a statement (`PREPARE s FROM
 /// '...'`, `EXECUTE IMMEDIATE '...'`, `SET @q = '...'`). Conservative: a column named
 /// `password` that is called like a function is taken for one. Cheap for the statements that
-/// name none of `identified`, `password`, `grant` and `server` (in any case): they are not lexed.
+/// name none of `identified`, `password` and `grant` (in any case): they are not lexed.
 pub fn carries_secret(sql: &[u8]) -> bool {
     carries_secret_in(sql, lexer::Mode::DEFAULT)
 }
@@ -494,15 +501,16 @@ pub fn executed_name(sql: &[u8], mode: lexer::Mode) -> Option<String> {
 }
 
 /// Whether `sql` contains one of the words that a statement carrying a secret names, in any
-/// case. Eight bytes at a time: a byte that may begin one (i, p, g or s in either case) is
-/// looked at closely; most words of most statements have few.
+/// case. Eight bytes at a time: a byte that may begin one (i, p or g in either case) is looked
+/// at closely; most words of most statements have none.
 fn names_a_secret_word(sql: &[u8]) -> bool {
-    const WORDS: [&[u8]; 4] = [b"identified", b"password", b"grant", b"server"];
+    // (`CREATE SERVER` carries a secret only in its `PASSWORD` option: `password` finds it.)
+    const WORDS: [&[u8]; 3] = [b"identified", b"password", b"grant"];
     const ONES: u64 = u64::from_le_bytes([1; 8]);
     // (`| 0x20` maps an ASCII capital to its small letter, and no other byte to i, p or g.)
     let begins_one = |i: usize| {
         let c = sql[i] | 0x20;
-        (c == b'i' || c == b'p' || c == b'g' || c == b's')
+        (c == b'i' || c == b'p' || c == b'g')
             && WORDS.iter().any(|w| w[0] == c && sql.get(i..i + w.len()).is_some_and(|x| x.eq_ignore_ascii_case(w)))
     };
     // The high bit of each byte of `y` that is zero (and maybe of some above one that is).
@@ -510,10 +518,7 @@ fn names_a_secret_word(sql: &[u8]) -> bool {
     let mut at = 0;
     for eight in sql.chunks_exact(8) {
         let x = u64::from_le_bytes(eight.try_into().expect("eight bytes")) | (ONES * 0x20);
-        let mut m = zeros(x ^ (ONES * u64::from(b'i')))
-            | zeros(x ^ (ONES * u64::from(b'p')))
-            | zeros(x ^ (ONES * u64::from(b'g')))
-            | zeros(x ^ (ONES * u64::from(b's')));
+        let mut m = zeros(x ^ (ONES * u64::from(b'i'))) | zeros(x ^ (ONES * u64::from(b'p'))) | zeros(x ^ (ONES * u64::from(b'g')));
         while m != 0 {
             if begins_one(at + (m.trailing_zeros() / 8) as usize) {
                 return true;

@@ -74,6 +74,9 @@ impl Session {
         }
         // A prepared statement is one statement.
         let multi = self.state.multi_statements && cmd == com::QUERY;
+        if !sql::may_name_kill(payload, multi) {
+            return None;
+        }
         let readings = self.state.readings(payload);
         let kills = sql::find_kills_in(payload, multi, readings.0);
         // Where sluice does not know the session's sql_mode and the text reads two ways, a KILL

@@ -194,8 +194,13 @@ impl SessionState {
     }
 
     /// The reading in which the session's statement `sql` may carry a password, if one does.
+    #[inline]
     pub fn secret_reading(&self, sql: &[u8]) -> Option<Mode> {
-        self.readings(sql).iter().find(|&m| sluice_proto::sql::carries_secret_in(sql, m))
+        let r = self.readings(sql);
+        if sluice_proto::sql::carries_secret_in(sql, r.0) {
+            return Some(r.0);
+        }
+        r.1.filter(|&m| sluice_proto::sql::carries_secret_in(sql, m))
     }
 }
 
