@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
+mod address;
 mod admin;
 mod capture;
 mod cluster;
@@ -15,6 +16,7 @@ mod routing;
 mod rules;
 mod show;
 mod tls;
+pub use address::{Address, parse_address};
 pub use admin::AdminConfig;
 pub use capture::CaptureConfig;
 pub use cluster::{ClusterConfig, Shared};
@@ -493,38 +495,6 @@ impl std::fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
-
-/// Where a backend or listener lives.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Address {
-    Tcp(std::net::SocketAddr),
-    Unix(PathBuf),
-}
-
-impl std::fmt::Display for Address {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Address::Tcp(a) => write!(f, "{a}"),
-            Address::Unix(p) => write!(f, "unix:{}", p.display()),
-        }
-    }
-}
-
-/// Parses `HOST:PORT` (resolving names such as `localhost`) or an absolute socket path.
-pub fn parse_address(s: &str) -> Result<Address, String> {
-    if let Some(p) = s.strip_prefix("unix:") {
-        return Ok(Address::Unix(PathBuf::from(p)));
-    }
-    if s.starts_with('/') {
-        return Ok(Address::Unix(PathBuf::from(s)));
-    }
-    use std::net::ToSocketAddrs;
-    s.to_socket_addrs()
-        .map_err(|e| format!("invalid address {s:?}: {e}"))?
-        .next()
-        .map(Address::Tcp)
-        .ok_or_else(|| format!("address {s:?} resolves to nothing"))
-}
 
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
