@@ -35,8 +35,8 @@ async fn idle_connections_to_the_admin_listeners_are_capped_and_timed_out() {
             }
         }
     }
-    // Sluice took at most 8 of each (and a few for its own work).
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Sluice takes 8 of each and no more (and a few for its own work).
+    wait_for("sluice takes its share of the idle connections", || fd_count(&s) >= before + 2 * 8);
     let during = fd_count(&s);
     assert!(during <= before + 2 * 8 + 8, "descriptors went from {before} to {during} with 80 idle admin connections");
     let mut c = app(&s).await;

@@ -55,27 +55,35 @@ async fn check_loop(b: &Backend, config: &Live) {
         let now = crate::metrics::mono_ns() / 1_000_000;
         let passive = b.is_up() && monitor.is_none() && b.activity.since_ms(now) < cfg.interval.as_millis() as u64;
         let result = if passive { Ok(()) } else { probe(b, cfg, monitor.as_ref(), max_lag).await };
-        // Sluice's own want of descriptors or memory says nothing of the backend.
-        if let Err(why) = &result
-            && let Some(why) = why.strip_prefix(LOCAL)
-        {
-            tracing::warn!(side = "sluice", backend = %b.name, error = %why, "health check not made: the backend's state stays as it was");
-            continue;
+        match result {
+            // Sluice's own want of descriptors or memory says nothing of the backend.
+            Err(Failure { reason, local: true }) => {
+                tracing::warn!(side = "sluice", backend = %b.name, error = %reason, "health check not made: the backend's state stays as it was");
+            }
+            r => apply(b, cfg, r.map_err(|f| f.reason)),
         }
-        apply(b, cfg, result);
     }
 }
 
-/// Begins a probe's error that is sluice's own fault (out of descriptors), not the backend's.
-const LOCAL: &str = "(sluice) ";
+/// Why a probe failed: the reason for logs, errors and the admin API, and whether it was
+/// sluice's own fault (out of descriptors or memory) rather than the backend's.
+pub struct Failure {
+    pub reason: String,
+    pub local: bool,
+}
 
-/// One probe; Err carries the reason for logs, errors and the admin API.
-pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Credential)>, max_lag: Duration) -> Result<(), String> {
+impl From<String> for Failure {
+    fn from(reason: String) -> Failure {
+        Failure { reason, local: false }
+    }
+}
+
+/// One probe.
+pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Credential)>, max_lag: Duration) -> Result<(), Failure> {
     let work = async {
-        let (conn, g) = bconn::open(b, cfg.timeout, bconn::Origin::Sluice).await.map_err(|e| match e.side {
-            crate::error::Side::Proxy => format!("{LOCAL}{}", e.message),
-            _ => e.message,
-        })?;
+        let (conn, g) = bconn::open(b, cfg.timeout, bconn::Origin::Sluice)
+            .await
+            .map_err(|e| Failure { local: e.side == crate::error::Side::Proxy, reason: e.message })?;
         // As for a TLS client's session: a backend with backend_tls "on" that does not offer
         // TLS cannot serve anyone, and a monitor login is encrypted whenever sessions may be.
         let tls = b.tls.decide(true, &g).map_err(|e| e.message)?;
@@ -95,7 +103,7 @@ pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Cr
         conn.write_packet(&[com::PING], 0).await.map_err(|e| format!("ping: {e}"))?;
         let (_, p) = conn.read_packet(1 << 16).await.map_err(|e| format!("ping: {e}"))?;
         if p.first() != Some(&0) {
-            return Err("ping was not answered with OK".to_string());
+            return Err("ping was not answered with OK".to_string().into());
         }
         let replication = observe(&mut conn, caps).await?;
         bconn::quit(conn).await;
@@ -106,7 +114,7 @@ pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Cr
     };
     match tokio::time::timeout(cfg.timeout + Duration::from_millis(100), work).await {
         Ok(r) => r,
-        Err(_) => Err(format!("no answer within {:?}", cfg.timeout)),
+        Err(_) => Err(format!("no answer within {:?}", cfg.timeout).into()),
     }
 }
 

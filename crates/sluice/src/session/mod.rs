@@ -160,8 +160,28 @@ pub const MAX_USER_VARIABLES: usize = 64;
 pub struct Readings(pub Mode, pub Option<Mode>);
 
 impl Readings {
+    /// The readings of `sql` by a session whose lexer mode is `lex` (None: unknown).
+    pub fn of(lex: Option<Mode>, sql: &[u8]) -> Readings {
+        match lex {
+            Some(m) => Readings(m.for_text(sql), None),
+            None if memchr::memchr(b'\\', sql).is_some() => {
+                Readings(Mode::DEFAULT, Some(Mode { no_backslash_escapes: true, ansi_quotes: false }))
+            }
+            None => Readings(Mode::DEFAULT, None),
+        }
+    }
+
     pub fn iter(self) -> impl Iterator<Item = Mode> {
         std::iter::once(self.0).chain(self.1)
+    }
+
+    /// The reading in which `sql` may carry a password, if one does.
+    #[inline]
+    pub fn secret(self, sql: &[u8]) -> Option<Mode> {
+        if sluice_proto::sql::carries_secret_in(sql, self.0) {
+            return Some(self.0);
+        }
+        self.1.filter(|&m| sluice_proto::sql::carries_secret_in(sql, m))
     }
 }
 
@@ -175,13 +195,7 @@ impl SessionState {
 
     /// The ways the server may read the session's statement `sql` ([`Readings`]).
     pub fn readings(&self, sql: &[u8]) -> Readings {
-        match self.lex {
-            Some(m) => Readings(m.for_text(sql), None),
-            None if memchr::memchr(b'\\', sql).is_some() => {
-                Readings(Mode::DEFAULT, Some(Mode { no_backslash_escapes: true, ansi_quotes: false }))
-            }
-            None => Readings(Mode::DEFAULT, None),
-        }
+        Readings::of(self.lex, sql)
     }
 
     /// The reading a digest and its text take: the one mode where there is one, else the one in
@@ -196,11 +210,7 @@ impl SessionState {
     /// The reading in which the session's statement `sql` may carry a password, if one does.
     #[inline]
     pub fn secret_reading(&self, sql: &[u8]) -> Option<Mode> {
-        let r = self.readings(sql);
-        if sluice_proto::sql::carries_secret_in(sql, r.0) {
-            return Some(r.0);
-        }
-        r.1.filter(|&m| sluice_proto::sql::carries_secret_in(sql, m))
+        self.readings(sql).secret(sql)
     }
 }
 
@@ -208,8 +218,7 @@ impl SessionState {
 /// when it may carry a password, as a capture records it.
 /// Either reading of the text counts (the mode the session had is not kept with it).
 pub fn shown_text(sql: &str) -> std::borrow::Cow<'_, str> {
-    let unknown = SessionState::default();
-    let Some(mode) = unknown.secret_reading(sql.as_bytes()) else { return sql.into() };
+    let Some(mode) = Readings::of(None, sql.as_bytes()).secret(sql.as_bytes()) else { return sql.into() };
     let mut out = Vec::with_capacity(sql.len());
     sluice_proto::digest::normalize_in(sql.as_bytes(), mode, &mut out, usize::MAX);
     String::from_utf8_lossy(&out).into_owned().into()
