@@ -39,9 +39,10 @@ pub const MAX_GATE_TIMEOUT: Duration = Duration::from_secs(60);
 const CHUNK: usize = 64 << 10;
 /// Buffers a worker keeps for reuse.
 const SPARE: usize = 4;
-/// Full buffers waiting for the writer, per capture (4 MiB of records: more than a second of
-/// sysbench at 30,000 queries a second); past it records are dropped.
-const QUEUE: usize = 64;
+/// Full buffers waiting for the writer, per capture (16 MiB of records: about 15 seconds of
+/// sysbench's oltp_read_write at 30,000 queries a second, for a disk that stalls the writer
+/// while the database flushes); past it records are dropped.
+const QUEUE: usize = 256;
 
 /// The largest `rotate_mib`.
 pub const MAX_ROTATE_MIB: u64 = 4096;
