@@ -21,7 +21,7 @@ pub struct Ctx {
     pub users: Users,
     /// TLS for client connections (its configuration is swapped when a generated certificate
     /// is renewed).
-    pub tls: crate::tls::ClientTls,
+    pub tls: crate::net::tls::ClientTls,
     /// For caching_sha2_password full authentication without TLS (users mode only).
     pub rsa: Option<crate::auth::RsaKey>,
     /// Set when SIGTERM arrives: no new sessions, idle ones close, /health says draining.
@@ -29,23 +29,23 @@ pub struct Ctx {
     /// Client connections open now (for max_connections).
     pub connections: AtomicUsize,
     /// The coarse clock of the response-timeout sweep.
-    pub clock: crate::deadline::Clock,
+    pub clock: crate::session::deadline::Clock,
     /// Statistics per statement digest.
-    pub digests: crate::digest::Digests,
+    pub digests: crate::route::digest::Digests,
     /// Query rules.
-    pub rules: crate::rules::Rules,
+    pub rules: crate::route::rules::Rules,
     /// The queues of shadow backends (rules that mirror).
     pub mirrors: crate::backend::mirror::Mirrors,
     /// The latest GTIDs written through sluice (`causal_reads = "global"`).
-    pub latest_writes: crate::gtid::LatestWrites,
+    pub latest_writes: crate::route::gtid::LatestWrites,
     /// Answers kept by rules with `cache_ttl`.
-    pub cache: crate::cache::ResultCache,
+    pub cache: crate::route::cache::ResultCache,
     /// Traffic capture (off until started through the admin API).
     pub capture: crate::capture::Capture,
     /// Upgrades asked through the admin API, for the control thread.
     pub upgrades: Upgrades,
     /// Once an upgrade succeeded: where sessions are handed over to the new process.
-    pub handoff: crate::fdpass::Outbox,
+    pub handoff: crate::sys::fdpass::Outbox,
     /// Statements clients of sessions that share connections hold open (multiplexing).
     pub open_statements: crate::backend::shared::OpenStatements,
     /// The listening sockets were handed over to a new process (an upgrade): this one no
@@ -99,18 +99,18 @@ impl Ctx {
                 Ok(b.noting_to(own.clone()))
             })
             .collect::<Result<Vec<_>, String>>()?;
-        let tls = crate::tls::ClientTls::from_config(&config.tls, std::time::SystemTime::now())?;
+        let tls = crate::net::tls::ClientTls::from_config(&config.tls, std::time::SystemTime::now())?;
         let rsa = if config.users.is_empty() { None } else { Some(crate::auth::RsaKey::generate()?) };
         let shards = config.workers() + 1;
-        let rules = crate::rules::Rules::new(&config.rules, &config.backends, shards, &metrics)?;
+        let rules = crate::route::rules::Rules::new(&config.rules, &config.backends, shards, &metrics)?;
         let rules_mirror_targets: Vec<usize> = rules.list.iter().filter_map(|r| r.action.mirror).collect();
         Ok(Arc::new(Ctx {
             own,
             rsa,
-            digests: crate::digest::Digests::new(&config.digests, shards, metrics.digest_evictions.clone()),
+            digests: crate::route::digest::Digests::new(&config.digests, shards, metrics.digest_evictions.clone()),
             rules,
             latest_writes: Default::default(),
-            cache: crate::cache::ResultCache::new(config.routing.cache_size, &metrics),
+            cache: crate::route::cache::ResultCache::new(config.routing.cache_size, &metrics),
             capture: crate::capture::Capture::new(shards, metrics.capture_records.clone(), metrics.capture_dropped.clone()),
             mirrors: crate::backend::mirror::Mirrors::new(rules_mirror_targets, config.routing.mirror_queue, &metrics),
             users: Users::from_config(&config.users, config.proxy.max_connections_per_user),
@@ -120,7 +120,7 @@ impl Ctx {
             tls,
             draining: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
-            clock: crate::deadline::Clock::new(config.proxy.response_timeout),
+            clock: crate::session::deadline::Clock::new(config.proxy.response_timeout),
             config: Arc::new(Live::new(config, source)),
             upgrades: Upgrades::new(),
             handoff: Default::default(),

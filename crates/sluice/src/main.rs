@@ -1,3 +1,5 @@
+#![deny(unsafe_code)]
+
 use clap::Parser;
 use sluice::cli::{CaptureCommand, Cli, Command};
 
@@ -27,7 +29,7 @@ fn main() {
         return;
     }
     if let Some(Command::Ctl(c)) = &cli.command {
-        std::process::exit(sluice::ctl::run(c));
+        std::process::exit(sluice::cli::admin_client::run(c));
     }
     if let Some(Command::Replay(r)) = &cli.command {
         std::process::exit(replay(r));
@@ -43,14 +45,14 @@ fn main() {
         }
     };
     // Started by an upgrade: the old process's listening sockets.
-    let inherited = match sluice::upgrade::Inherited::from_env() {
+    let inherited = match sluice::control::upgrade::Inherited::from_env() {
         Ok(i) => i,
         Err(e) => {
             eprintln!("sluice: upgrade: {e}");
             std::process::exit(2);
         }
     };
-    let files = raise_open_files_limit();
+    let files = sluice::sys::process::raise_open_files_limit();
     tracing::debug!(limit = files, "open files limit");
     check_descriptor_reserve(&config, files);
     // A reload reads the file again, with the same flags on top.
@@ -134,23 +136,4 @@ fn check_descriptor_reserve(config: &sluice::config::Config, limit: u64) {
             "the open-files limit is below what proxy.max_connections and the admin listeners may take: raise it (LimitNOFILE, ulimit -n) or lower max_connections"
         );
     }
-}
-
-/// Raises the soft limit on open files to the hard limit (every client and backend connection
-/// is a descriptor; the usual soft default of 1024 is far too low for a proxy). Returns it.
-fn raise_open_files_limit() -> u64 {
-    let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit read and write the struct passed by pointer, nothing else.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
-            return 0;
-        }
-        if l.rlim_cur < l.rlim_max {
-            let want = libc::rlimit { rlim_cur: l.rlim_max, rlim_max: l.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
-                l.rlim_cur = l.rlim_max;
-            }
-        }
-    }
-    l.rlim_cur
 }

@@ -698,15 +698,7 @@ impl Metrics {
     }
 }
 
-/// Nanoseconds of the monotonic clock (from an arbitrary origin). The relay reads it twice per
-/// command; it is one vDSO call and integer arithmetic, where `Instant` adds checked
-/// `timespec` conversions on each read and subtraction.
-pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
-}
+pub use crate::sys::process::mono_ns;
 
 #[cfg(test)]
 mod tests {

@@ -11,10 +11,10 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
 
 use crate::config::{Address, RuntimeFlavor, parse_address};
+use crate::control::upgrade::{self, Inherited, Listening};
 use crate::ctx::Ctx;
 use crate::frontend::{self, Listener};
 use crate::net::{Stream, tune_tcp};
-use crate::upgrade::{self, Inherited, Listening};
 
 /// A listener's sockets and what sessions need to know of it.
 type Bound = (Sock, Arc<Listener>);
@@ -88,7 +88,7 @@ pub fn run(ctx: Arc<Ctx>, mut inherited: Option<Inherited>) -> Result<(), String
     ctx.tls.log_in_use("using a");
     let (stop_tx, stop_rx) = watch::channel(false);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let me = crate::cluster::Instance {
+    let me = crate::control::cluster::Instance {
         name: ctx
             .config()
             .cluster
@@ -390,7 +390,7 @@ fn spawn_control(
     ctx: Arc<Ctx>,
     [admin, sql_admin]: [Option<std::net::TcpListener>; 2],
     listening: Arc<Listening>,
-    me: crate::cluster::Instance,
+    me: crate::control::cluster::Instance,
     stop_tx: watch::Sender<bool>,
     done_tx: std::sync::mpsc::Sender<()>,
 ) -> Result<(), String> {
@@ -407,26 +407,26 @@ fn spawn_control(
                     tokio::spawn(async move { crate::backend::mirror::run(&c.backends, index, rx, &c.mirrors.counts).await });
                 }
                 let c = ctx.clone();
-                tokio::spawn(async move { crate::deadline::sweep(&c.clock, &c.sessions).await });
+                tokio::spawn(async move { crate::session::deadline::sweep(&c.clock, &c.sessions).await });
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::frontend::idle::sweep(&c.sessions).await });
                 let c = ctx.clone();
-                tokio::spawn(async move { crate::tls::keep_renewed(&c.tls).await });
+                tokio::spawn(async move { crate::net::tls::keep_renewed(&c.tls).await });
                 let c = ctx.clone();
-                tokio::spawn(async move { crate::tls::watch_files(&c.tls, &c.config).await });
+                tokio::spawn(async move { crate::net::tls::watch_files(&c.tls, &c.config).await });
                 let c = ctx.clone();
-                tokio::spawn(async move { crate::rebalance::run(&c).await });
+                tokio::spawn(async move { crate::control::rebalance::run(&c).await });
                 if let Some(l) = sql_admin.and_then(|l| tokio::net::TcpListener::from_std(l).ok()) {
                     let (c, mut stop) = (ctx.clone(), over_tx.subscribe());
                     tokio::spawn(async move {
                         tokio::select! {
-                            _ = crate::sqladmin::serve(c, l) => {}
+                            _ = crate::control::sqladmin::serve(c, l) => {}
                             _ = stop.changed() => {}
                         }
                     });
                 }
                 if !ctx.config().cluster.etcd.is_empty() {
-                    tokio::spawn(crate::cluster::run(ctx.clone(), me));
+                    tokio::spawn(crate::control::cluster::run(ctx.clone(), me));
                 }
                 if let Some(l) = admin {
                     match tokio::net::TcpListener::from_std(l) {
@@ -437,7 +437,7 @@ fn spawn_control(
                             let stopped = async move {
                                 let _ = stop.changed().await;
                             };
-                            tokio::spawn(crate::admin::serve(ctx.clone(), l, stopped));
+                            tokio::spawn(crate::control::admin::serve(ctx.clone(), l, stopped));
                         }
                         Err(e) => tracing::error!(error = %e, "admin listener"),
                     }
@@ -464,26 +464,15 @@ async fn return_memory(ctx: Arc<Ctx>) {
         let now = ctx.connections.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(parked);
         peak = peak.max(now);
         if peak >= now + 64 && now <= peak / 2 {
-            trim_heap();
+            crate::sys::process::trim_heap();
             peak = now;
         }
     }
 }
 
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn trim_heap() {
-    // SAFETY: malloc_trim only returns free memory of the allocator's own arenas.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim_heap() {}
-
 /// Runs until SIGTERM or SIGINT, or, once an upgrade handed the sockets over, until the last
-/// session ended. Meanwhile SIGHUP reloads the configuration (`crate::reload`), and SIGUSR2 or
-/// `POST /upgrade` upgrades (`crate::upgrade`).
+/// session ended. Meanwhile SIGHUP reloads the configuration (`crate::control::reload`), and SIGUSR2 or
+/// `POST /upgrade` upgrades (`crate::control::upgrade`).
 /// `stop`: the accept loops' stop, and the admin listeners' (which stop only once handed over).
 async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop: [&watch::Sender<bool>; 2]) {
     use tokio::signal::unix::{SignalKind, signal};
@@ -506,7 +495,7 @@ async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop: [&watch::
             _ = int.recv() => return tracing::info!("SIGINT: draining"),
             _ = hup.recv() => {
                 tracing::info!("SIGHUP: reloading the configuration");
-                if let Err(errors) = crate::reload::reload(ctx) {
+                if let Err(errors) = crate::control::reload::reload(ctx) {
                     tracing::warn!(errors = ?errors, "configuration reload refused; the configuration in force stays");
                 }
             }

@@ -182,7 +182,7 @@ fn tls_hello_in_the_same_segment_as_the_ssl_request() {
         .with_safe_default_protocol_versions()
         .unwrap()
         .dangerous()
-        .with_custom_certificate_verifier(std::sync::Arc::new(sluice::tls::NoVerify))
+        .with_custom_certificate_verifier(std::sync::Arc::new(sluice::net::tls::NoVerify))
         .with_no_client_auth();
     let mut tls = rustls::ClientConnection::new(std::sync::Arc::new(config), "localhost".try_into().unwrap()).unwrap();
     // The SSL request and the TLS ClientHello leave in one write, as some drivers send them.

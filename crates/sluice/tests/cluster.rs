@@ -238,8 +238,8 @@ async fn three_instances_follow_the_store_and_drain_together() {
 /// says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_behind_tls_client_certificates_and_authentication() {
-    use sluice::cluster::etcd::{Etcd, b64};
     use sluice::config::ClusterConfig;
+    use sluice::control::cluster::etcd::{Etcd, b64};
     let db = shared_db();
     let pki = Pki::make();
     let etcd = EtcdServer::start_with(Some(&pki));

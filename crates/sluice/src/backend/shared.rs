@@ -87,7 +87,7 @@ impl OpenStatements {
 pub struct ConnState {
     pub schema: Option<std::sync::Arc<str>>,
     /// Session variables changed since its login, as the backend reported them.
-    pub variables: crate::vars::Vars,
+    pub variables: crate::session::vars::Vars,
     /// Statements prepared on it, by their text.
     pub stmts: rustc_hash::FxHashMap<String, OnConn>,
     /// Multi-statements are on (the capability, or COM_SET_OPTION).
@@ -97,10 +97,10 @@ pub struct ConnState {
     /// The id `LAST_INSERT_ID()` returns on it.
     pub last_insert_id: u64,
     /// Statements prepared on it with SQL `PREPARE` (as in `SessionState::sql_prepared`).
-    pub sql_prepared: crate::vars::Vars,
+    pub sql_prepared: crate::session::vars::Vars,
     /// User variables set on it, as in `SessionState::user_variables` (a session that takes it
     /// sets those it does not have to NULL).
-    pub user_variables: crate::vars::Vars,
+    pub user_variables: crate::session::vars::Vars,
     /// The thread id the backend gave it.
     pub thread_id: u32,
     /// The [`Key::attrs`] of the client it was opened for.

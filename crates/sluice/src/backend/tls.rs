@@ -37,7 +37,7 @@ impl BackendTls {
             None if mode == Mode::On && !c.tls_skip_verify => {
                 return Err("backends.tls = \"on\" needs tls_ca (or tls_skip_verify = true)".into());
             }
-            None => builder.dangerous().with_custom_certificate_verifier(Arc::new(crate::tls::NoVerify)).with_no_client_auth(),
+            None => builder.dangerous().with_custom_certificate_verifier(Arc::new(crate::net::tls::NoVerify)).with_no_client_auth(),
         };
         let host = match address {
             Address::Tcp(a) => a.ip().to_string(),

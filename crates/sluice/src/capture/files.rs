@@ -6,7 +6,6 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use super::Status;
@@ -143,10 +142,8 @@ impl Out {
     /// for it: `sync_file_range`, Linux's).
     fn write_back(&mut self) {
         let (from, len) = (self.written_back, self.size - self.written_back);
-        // SAFETY: the descriptor is this open file's; the call only reads its arguments.
-        let r = unsafe { libc::sync_file_range(self.file.as_raw_fd(), from as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE) };
-        if r != 0 {
-            tracing::debug!(error = %std::io::Error::last_os_error(), "sync_file_range on a capture file");
+        if let Err(e) = crate::sys::process::start_write_back(&self.file, from, len) {
+            tracing::debug!(error = %e, "sync_file_range on a capture file");
         }
         self.written_back = self.size;
     }

@@ -192,10 +192,7 @@ impl Writer {
 /// well under 1% of a core at 30,000 commands a second). If it did not, its queue would fill and
 /// records would be dropped and counted, never the relay slowed.
 fn lower_priority() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: pid 0 names the calling thread; the call only reads `param`.
-    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
-    if r != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "making the capture writer a batch thread");
+    if let Err(e) = crate::sys::process::make_thread_batch() {
+        tracing::debug!(error = %e, "making the capture writer a batch thread");
     }
 }

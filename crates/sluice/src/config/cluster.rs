@@ -1,5 +1,5 @@
 //! `[cluster]`: several sluice instances that share their backends, users and drains through
-//! etcd (`crate::cluster`).
+//! etcd (`crate::control::cluster`).
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The configuration in force. A reload (`crate::reload`) reads it again from where it came
+//! The configuration in force. A reload (`crate::control::reload`) reads it again from where it came
 //! from (the file, with the command line's flags on top) and swaps it whole; readers take a
 //! snapshot, and a session keeps the one it started with.
 

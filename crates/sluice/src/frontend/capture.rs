@@ -149,7 +149,7 @@ impl Session {
     /// The session's state as the capture first sees it; false when the capture ended.
     fn capture_begin(&mut self, generation: u64) -> bool {
         let s = &self.state;
-        let pairs = |v: &crate::vars::Vars| v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let pairs = |v: &crate::session::vars::Vars| v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         // (The texts of statements that may carry a password are kept normalized, as their
         // prepares are recorded.)
         let shown = |t: &str| crate::session::shown_text(t).into_owned();

@@ -197,7 +197,7 @@ impl Session {
         let limit = self.config.proxy.response_timeout;
         self.backend.stream.write_within(limit, &pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
         let mut sink = StateSink::new(&mut self.state);
-        let watch = crate::deadline::Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
+        let watch = crate::session::deadline::Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
         self.tracker.start(Expect::Results, 0);
         relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, &self.ctx, watch).await?;
         let changed = sink.changed;

@@ -1,4 +1,4 @@
-//! Sessions handed over to the process an upgrade started (`crate::upgrade`). Once the new
+//! Sessions handed over to the process an upgrade started (`crate::control::upgrade`). Once the new
 //! process accepts, each session of the old one, at its next wait for a command, sends its
 //! client socket, its backend socket (when it holds one) and its whole state to the new
 //! process in one message, and lets go of them without closing the connections; the new
@@ -105,7 +105,7 @@ impl Session {
         let mut fds: Vec<RawFd> = vec![client_fd];
         fds.extend(self.backend.stream.plain_fd());
         let text = match serde_json::to_vec(&self.parcel()) {
-            Ok(t) if t.len() <= crate::fdpass::MAX_MESSAGE => t,
+            Ok(t) if t.len() <= crate::sys::fdpass::MAX_MESSAGE => t,
             _ => {
                 tracing::debug!(session = self.handle.id, "upgrade: this session's state is too large to hand over; it stays");
                 return false;

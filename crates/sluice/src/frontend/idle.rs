@@ -1,5 +1,5 @@
 //! Between commands: the wait for the next one, and parked sessions. An idle multiplexed
-//! session, asked by the sweep (`crate::parking`), leaves its task, which is sized for a command
+//! session, asked by the sweep (`crate::session::parking`), leaves its task, which is sized for a command
 //! in flight, and waits for its client in a small one; its next command, a kill, a move or the
 //! drain starts a full task again.
 

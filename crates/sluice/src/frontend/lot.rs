@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Poll, Wake, Waker};
@@ -23,6 +23,7 @@ use super::Admission;
 use super::dormant::Dormant;
 use super::relay::Session;
 use crate::net::Stream;
+use crate::sys::epoll::Epoll;
 
 /// A client socket out of the reactor.
 enum Socket {
@@ -31,10 +32,10 @@ enum Socket {
 }
 
 impl Socket {
-    fn fd(&self) -> RawFd {
+    fn fd(&self) -> BorrowedFd<'_> {
         match self {
-            Socket::Tcp(s) => s.as_raw_fd(),
-            Socket::Unix(s) => s.as_raw_fd(),
+            Socket::Tcp(s) => s.as_fd(),
+            Socket::Unix(s) => s.as_fd(),
         }
     }
 }
@@ -63,7 +64,7 @@ struct Inner {
 }
 
 pub(super) struct Lot {
-    epoll: AsyncFd<OwnedFd>,
+    epoll: AsyncFd<Epoll>,
     inner: Mutex<Inner>,
     /// The next session's token.
     next: AtomicU64,
@@ -140,9 +141,7 @@ pub(super) fn park(mut session: Box<Session>, admission: Admission) -> Outcome {
     let handle = session.handle.clone();
     handle.wake.hand_to(Waker::from(Arc::new(Kick { lot: Arc::downgrade(&lot), token })));
     let mut i = lot.inner.lock();
-    let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, u64: token };
-    // SAFETY: both descriptors are open (owned by the lot and by `socket`); `ev` is valid.
-    if unsafe { libc::epoll_ctl(lot.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, socket.fd(), &mut ev) } != 0 {
+    if lot.epoll.get_ref().add(socket.fd(), token).is_err() {
         drop(i);
         return match resume_socket(session, socket) {
             Some(s) => Outcome::Back(s, admission),
@@ -185,15 +184,7 @@ fn resume_socket(session: Box<Dormant>, socket: Socket) -> Option<Box<Session>> 
 impl Lot {
     /// Makes this worker's lot and spawns its task (None: no epoll set could be made).
     fn start() -> Option<Arc<Lot>> {
-        // SAFETY: epoll_create1 returns a new descriptor or -1.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: `fd` was just made and is owned by nothing else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: the OwnedFd keeps its descriptor open, the same one, for the AsyncFd's life.
-        let epoll = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()?;
+        let epoll = Epoll::new().and_then(Epoll::register).ok()?;
         let lot = Arc::new(Lot { epoll, inner: Mutex::default(), next: AtomicU64::new(0) });
         LOT.with(|l| *l.borrow_mut() = Some(lot.clone()));
         tokio::spawn(lot.clone().run());
@@ -231,7 +222,7 @@ impl Lot {
             let next = self.inner.lock().deadlines.first().map(|(d, _)| *d);
             sleep.as_mut().reset(next.unwrap_or_else(|| Instant::now() + std::time::Duration::from_secs(3600)));
             for p in out {
-                let _ = libc_del(&self.epoll, &p.socket);
+                let _ = self.epoll.get_ref().delete(p.socket.fd());
                 let Parked { session, admission, socket, .. } = p;
                 super::idle::unparked(&session.handle, &session.ctx);
                 if let Some(session) = resume_socket(session, socket) {
@@ -243,12 +234,7 @@ impl Lot {
 
     /// Adds the tokens of up to `BATCH` ready sockets to `ready`; how many there were.
     fn ready_batch(&self, ready: &mut Vec<u64>) -> usize {
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; BATCH];
-        // SAFETY: the epoll descriptor is open; `events` has room for BATCH entries.
-        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), BATCH as i32, 0) };
-        let n = usize::try_from(n).unwrap_or(0);
-        ready.extend(events[..n].iter().map(|e| e.u64));
-        n
+        self.epoll.get_ref().ready::<BATCH>(ready)
     }
 
     /// Takes out the sessions to resume: the `ready` sockets', woken handles', and those whose
@@ -276,10 +262,4 @@ impl Lot {
         }
         out
     }
-}
-
-/// Takes the socket out of the epoll set.
-fn libc_del(epoll: &AsyncFd<OwnedFd>, socket: &Socket) -> i32 {
-    // SAFETY: both descriptors are open.
-    unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, socket.fd(), std::ptr::null_mut()) }
 }

@@ -19,11 +19,11 @@ use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
 use crate::backend::shared::{ConnState, Key, Slot};
 use crate::ctx::Ctx;
-use crate::deadline::Watch;
-use crate::digest::Outcome;
 use crate::error::{Error, Result, Side};
 use crate::metrics::{Split, mono_ns};
 use crate::net::{BUF_SIZE, LARGE_BUF_SIZE, PacketConn};
+use crate::route::digest::Outcome;
+use crate::session::deadline::Watch;
 use crate::session::{SessionHandle, SessionState, StateSink};
 use sluice_proto::sql::SqlPrepare;
 

@@ -1,5 +1,5 @@
-//! What query rules and digests do to a session's statements (`crate::rules`,
-//! `crate::digest`): before a statement runs, its digest is taken and the first rule that
+//! What query rules and digests do to a session's statements (`crate::route::rules`,
+//! `crate::route::digest`): before a statement runs, its digest is taken and the first rule that
 //! matches it is found; a blocked statement is answered here, a rewritten one is replaced in
 //! the request, a mirrored one is copied to the shadow backend's queue, a timed one is watched,
 //! a cached read is answered from the result cache (or its answer kept once it ran);
@@ -12,10 +12,10 @@ use sluice_proto::consts::{com, status};
 use sluice_proto::packet::{HEADER, Header};
 
 use super::relay::{Flow, INSPECT_LIMIT, Session};
-use crate::cache::Key;
-use crate::digest::{Outcome, Statement};
 use crate::error::{Error, Result, Side};
-use crate::rules::{RouteTo, Who};
+use crate::route::cache::Key;
+use crate::route::digest::{Outcome, Statement};
+use crate::route::rules::{RouteTo, Who};
 
 /// What is known of the statement about to run.
 #[derive(Debug, Default)]
@@ -65,7 +65,7 @@ impl Session {
         let rule = if rules.is_empty() { None } else { rules.find(&who, digest, text) };
         // (A route means something only to a session that takes a connection per statement.)
         let hinted =
-            if self.multiplex { crate::rules::hint(text).and_then(|t| rules.route_to(std::str::from_utf8(t).ok()?)) } else { None };
+            if self.multiplex { crate::route::rules::hint(text).and_then(|t| rules.route_to(std::str::from_utf8(t).ok()?)) } else { None };
         let route = hinted.or_else(|| rule.and_then(|i| rules.list[i].action.route));
         Seen { digest: if cmd == com::STMT_PREPARE { 0 } else { digest }, rule, route, cache: None }
     }
@@ -140,7 +140,7 @@ impl Session {
     /// Keeps the answer of a statement its rule caches (it succeeded, changed no session state).
     pub(super) fn keep_answer(&self, seen: &Seen, packets: Vec<u8>, rows: u64) {
         let (Some(text), Some(ttl)) = (&seen.cache, seen.rule.and_then(|i| self.ctx.rules.list[i].action.cache_ttl)) else { return };
-        let answer = crate::cache::Answer { packets: packets.into_boxed_slice(), rows };
+        let answer = crate::route::cache::Answer { packets: packets.into_boxed_slice(), rows };
         self.ctx.cache.put(&self.cache_key(text), answer, ttl, std::time::Instant::now());
     }
 

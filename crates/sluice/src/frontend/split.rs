@@ -10,7 +10,7 @@
 //! is preceded, in the same round trip, by `MASTER_GTID_WAIT` for the write's GTID (MariaDB
 //! reports it through session tracking as `last_gtid`); when the wait runs out the replica's
 //! answer is dropped and the read runs on the primary. With "global" the wait is for the
-//! latest GTID of each domain that any session wrote through sluice (`crate::gtid`).
+//! latest GTID of each domain that any session wrote through sluice (`crate::route::gtid`).
 //!
 //! A session that holds a connection (a transaction, a pin) runs its statements there; the
 //! transaction began on the primary. One held on a replica only until the next statement
@@ -28,7 +28,7 @@ use crate::backend::restore;
 use crate::config::{CausalReads, ReadOnlyTransactions, Role};
 use crate::error::{Error, Result, Side};
 use crate::metrics::Split;
-use crate::rules::RouteTo;
+use crate::route::rules::RouteTo;
 
 /// Causal reads (`causal_reads = "session"`): the session's last write, and the replicas known
 /// to have applied it.

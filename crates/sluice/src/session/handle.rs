@@ -91,7 +91,7 @@ pub struct SessionHandle {
     /// When it last moved (milliseconds of `metrics::mono_ns`; 0: never).
     pub moved_at_ms: AtomicU64,
     /// Whether it may park while idle, and was asked to.
-    pub parking: crate::parking::Parking,
+    pub parking: crate::session::parking::Parking,
     pub info: Mutex<Published>,
 }
 

@@ -9,15 +9,18 @@
 
 use std::collections::HashMap;
 
-use crate::vars::Vars;
+use crate::session::vars::Vars;
 use serde::Serialize;
 use sluice_proto::basic::{self, StateChange};
 use sluice_proto::consts::status;
 use sluice_proto::lexer::Mode;
 use sluice_proto::response::Sink;
 
+pub mod deadline;
 mod handle;
 mod parcel;
+pub mod parking;
+pub mod vars;
 pub use handle::{EXPIRED, MOVE_ANYWHERE, NO_MOVE, NOT_WAITING, Published, Registry, SessionHandle, SessionInfo, Wake};
 pub use parcel::StateParcel;
 

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Prepared, SessionState};
-use crate::vars::Vars;
+use crate::session::vars::Vars;
 
 #[derive(Serialize, Deserialize)]
 pub struct StateParcel {

@@ -35,6 +35,7 @@ struct Loop {
 impl Loop {
     fn ctl(&self, op: libc::c_int, fd: libc::c_int, events: u32, data: u64) -> Result<()> {
         let mut ev = libc::epoll_event { events, u64: data };
+        // SAFETY: `ev` is a valid event; an invalid descriptor is an error the call returns.
         check(unsafe { libc::epoll_ctl(self.ep, op, fd, &mut ev) }).map(drop)
     }
 
@@ -89,6 +90,7 @@ impl Loop {
             }
             if want != relay.interest[side] {
                 let mut ev = libc::epoll_event { events: want, u64: key(slot, generation, side) };
+                // SAFETY: `ev` is a valid event; the relay's descriptor is open while it is kept.
                 check(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_MOD, relay.pair.fd(side), &mut ev) })?;
                 relay.interest[side] = want;
             }
@@ -105,6 +107,7 @@ fn key(slot: usize, generation: u32, side: usize) -> u64 {
 /// is done (end of stream or an error).
 fn forward(relay: &mut Relay, d: usize) -> bool {
     let (src, buf) = (relay.pair.fd(d), &mut relay.pair.buf[d]);
+    // SAFETY: `buf` is writable memory of `buf.len()` bytes that outlives the call.
     let n = unsafe { libc::recv(src, buf.as_mut_ptr().cast(), buf.len(), 0) };
     if n < 0 {
         return Error::last_os_error().kind() == ErrorKind::WouldBlock;
@@ -124,6 +127,7 @@ fn flush(relay: &mut Relay, d: usize) -> bool {
     }
     let dst = relay.pair.fd(1 - d);
     let buf = &relay.pair.buf[d][start..end];
+    // SAFETY: `buf` is readable memory of `buf.len()` bytes that outlives the call.
     let n = unsafe { libc::send(dst, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
     if n < 0 {
         return Error::last_os_error().kind() == ErrorKind::WouldBlock;
@@ -134,12 +138,14 @@ fn flush(relay: &mut Relay, d: usize) -> bool {
 }
 
 pub fn run(listener: TcpListener, target: &Target) -> Result<()> {
+    // SAFETY: epoll_create1 only returns a new descriptor or -1.
     let ep = check(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
     let mut lp = Loop { ep, relays: Slab::new() };
     lp.ctl(libc::EPOLL_CTL_ADD, listener.as_raw_fd(), IN, LISTENER)?;
     super::announce(&listener);
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
     loop {
+        // SAFETY: `events` has room for `events.len()` entries, which the call writes at most.
         let n = unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as i32, -1) };
         if n < 0 {
             let e = Error::last_os_error();

@@ -92,6 +92,7 @@ impl Loop {
         if !c.closing {
             c.closing = true;
             for side in 0..2 {
+                // SAFETY: shutdown only reads its arguments; the pair's descriptors are open.
                 unsafe { libc::shutdown(c.pair.fd(side), libc::SHUT_RDWR) };
             }
         }

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -81,10 +81,10 @@ impl Listening {
     pub fn hand_over(&self, next_session_id: u32) -> Result<(u32, UnixStream), String> {
         let exe = self.exe.clone().ok_or("cannot tell which binary this process runs")?;
         let exe = strip_deleted(exe);
-        let (mine, theirs) = crate::fdpass::pair().map_err(|e| format!("socket pair: {e}"))?;
+        let (mine, theirs) = crate::sys::fdpass::pair().map_err(|e| format!("socket pair: {e}"))?;
         let fd = theirs.as_raw_fd();
         // The child's end outlives exec (the pair is made close-on-exec).
-        set_cloexec(fd, false)?;
+        crate::sys::process::set_cloexec(&theirs, false).map_err(|e| format!("fcntl: {e}"))?;
         let child = std::process::Command::new(&exe)
             .args(&self.args)
             .env(ENV, fd.to_string())
@@ -96,7 +96,7 @@ impl Listening {
         let offer = Offer { listeners, next_session_id };
         let fds: Vec<RawFd> = self.entries.iter().flat_map(|(_, f)| f.iter().map(AsRawFd::as_raw_fd)).collect();
         let text = serde_json::to_vec(&offer).map_err(|e| e.to_string())?;
-        crate::fdpass::send(&mine, &text, &fds, true).map_err(|e| format!("handing the sockets over: {e}"))?;
+        crate::sys::fdpass::send(&mine, &text, &fds, true).map_err(|e| format!("handing the sockets over: {e}"))?;
         mine.set_read_timeout(Some(READY_WITHIN)).map_err(|e| e.to_string())?;
         let mut answer = [0u8; 6];
         match (&mine).read_exact(&mut answer) {
@@ -126,16 +126,13 @@ pub struct Inherited {
 impl Inherited {
     /// The sockets handed over to this process, when it was started by an upgrade.
     pub fn from_env() -> Result<Option<Inherited>, String> {
-        let Ok(v) = std::env::var(ENV) else { return Ok(None) };
-        // SAFETY: the variable's only writer is `hand_over`, which gives the child the number
-        // of a descriptor it keeps open across exec for this process alone; nothing else in this
-        // process knows of or closes it.
-        unsafe { std::env::remove_var(ENV) };
-        let fd: RawFd = v.parse().map_err(|_| format!("{ENV}: not a descriptor: {v:?}"))?;
-        set_cloexec(fd, true)?;
-        // SAFETY: see above: the descriptor is open and owned by nobody else here.
-        let channel = unsafe { UnixStream::from_raw_fd(fd) };
-        let (text, mut fds) = crate::fdpass::recv(&channel).map_err(|e| format!("receiving the sockets: {e}"))?;
+        // The variable's only writer is `hand_over`, which gives the child the number of a
+        // descriptor it keeps open across exec for this process alone.
+        let Some(fd) = crate::sys::process::take_inherited_fd(ENV) else { return Ok(None) };
+        let fd = fd?;
+        crate::sys::process::set_cloexec(&fd, true).map_err(|e| format!("fcntl: {e}"))?;
+        let channel = UnixStream::from(fd);
+        let (text, mut fds) = crate::sys::fdpass::recv(&channel).map_err(|e| format!("receiving the sockets: {e}"))?;
         let offer: Offer = serde_json::from_slice(&text).map_err(|e| format!("the old process's offer: {e}"))?;
         let mut sockets = HashMap::new();
         for o in offer.listeners {
@@ -175,7 +172,7 @@ impl Inherited {
 /// its sockets, until the old process closes it (it ended). Blocks: run it on a thread.
 pub fn receive_sessions(channel: UnixStream, mut adopt: impl FnMut(Vec<u8>, Vec<OwnedFd>)) {
     loop {
-        match crate::fdpass::recv(&channel) {
+        match crate::sys::fdpass::recv(&channel) {
             Ok((text, fds)) if text.is_empty() && fds.is_empty() => {
                 return tracing::info!("upgrade: the old process closed the hand-over channel");
             }
@@ -184,12 +181,6 @@ pub fn receive_sessions(channel: UnixStream, mut adopt: impl FnMut(Vec<u8>, Vec<
             Err(e) => return tracing::warn!(error = %e, "upgrade: receiving sessions from the old process failed"),
         }
     }
-}
-
-fn set_cloexec(fd: RawFd, on: bool) -> Result<(), String> {
-    // SAFETY: fcntl on a descriptor this process owns; F_SETFD only changes its close-on-exec flag.
-    let r = unsafe { libc::fcntl(fd, libc::F_SETFD, if on { libc::FD_CLOEXEC } else { 0 }) };
-    if r < 0 { Err(format!("fcntl: {}", std::io::Error::last_os_error())) } else { Ok(()) }
 }
 
 #[cfg(test)]

@@ -118,7 +118,7 @@ fn apply(ctx: &Arc<Ctx>, prefix: &str, kvs: &[(String, Vec<u8>)], drained: &mut 
     let now = ctx.config.get();
     let new = shared.overlay((*now).clone());
     if new.backends != now.backends || new.users != now.users {
-        match crate::reload::apply(ctx, new) {
+        match crate::control::reload::apply(ctx, new) {
             Ok(out) => tracing::info!(outcome = ?out, "cluster: applied the store's configuration"),
             Err(errors) => tracing::warn!(errors = ?errors, "cluster: the store's configuration cannot be applied"),
         }

@@ -1,5 +1,7 @@
 //! Command line: `sluice [--config FILE] [quick-start flags]` and `sluice check-config FILE`.
 
+pub mod admin_client;
+
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};

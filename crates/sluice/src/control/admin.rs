@@ -46,8 +46,8 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         // the dashboard's page and code, which hold no data (it asks the API, with the token).
         .route("/health", get(health))
         .route("/", get(dashboard))
-        .route("/dashboard.js", get(|| asset("text/javascript; charset=utf-8", include_str!("../assets/dashboard.js"))))
-        .route("/dashboard.css", get(|| asset("text/css; charset=utf-8", include_str!("../assets/dashboard.css"))))
+        .route("/dashboard.js", get(|| asset("text/javascript; charset=utf-8", include_str!("../../assets/dashboard.js"))))
+        .route("/dashboard.css", get(|| asset("text/css; charset=utf-8", include_str!("../../assets/dashboard.css"))))
         .layer(middleware::from_fn_with_state(ctx.clone(), same_site_only))
         .with_state(ctx)
 }
@@ -57,7 +57,7 @@ const CSP: &str = "default-src 'self'; img-src 'self' data:; frame-ancestors 'no
 
 /// The web dashboard: one page, embedded in the binary, that fetches nothing but this API.
 async fn dashboard() -> Response {
-    asset("text/html; charset=utf-8", include_str!("../assets/dashboard.html")).await
+    asset("text/html; charset=utf-8", include_str!("../../assets/dashboard.html")).await
 }
 
 async fn asset(kind: &'static str, body: &'static str) -> Response {
@@ -283,7 +283,7 @@ struct DigestQuery {
 /// `/digests?top=20&by=total_time` (or count, errors, rows, max, p99, last_seen).
 async fn digests(State(ctx): State<Arc<Ctx>>, Query(q): Query<DigestQuery>) -> Response {
     let by = q.by.as_deref().unwrap_or("total_time");
-    let Some(order) = crate::digest::By::parse(by) else {
+    let Some(order) = crate::route::digest::By::parse(by) else {
         let msg = format!("by={by}: use total_time, count, errors, rows, max, p99 or last_seen");
         return (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": msg }))).into_response();
     };
@@ -439,10 +439,10 @@ async fn config(State(ctx): State<Arc<Ctx>>) -> Response {
     Json(body).into_response()
 }
 
-/// Reads the configuration again and applies it (`crate::reload`); 400 with the reasons when
+/// Reads the configuration again and applies it (`crate::control::reload`); 400 with the reasons when
 /// it is refused (the configuration in force stays).
 async fn reload(State(ctx): State<Arc<Ctx>>) -> Response {
-    match crate::reload::reload(&ctx) {
+    match crate::control::reload::reload(&ctx) {
         Ok(out) => Json(out).into_response(),
         Err(errors) => {
             tracing::warn!(errors = ?errors, "configuration reload refused");
@@ -456,13 +456,13 @@ async fn instances(State(ctx): State<Arc<Ctx>>) -> Response {
     if ctx.config().cluster.etcd.is_empty() {
         return not_found("no [cluster] is configured".into());
     }
-    match crate::cluster::instances(&ctx).await {
+    match crate::control::cluster::instances(&ctx).await {
         Ok(list) => Json(list).into_response(),
         Err(e) => (StatusCode::BAD_GATEWAY, Json(serde_json::json!({ "error": e }))).into_response(),
     }
 }
 
-/// Starts the new binary and hands it the listening sockets (`crate::upgrade`); answers once
+/// Starts the new binary and hands it the listening sockets (`crate::control::upgrade`); answers once
 /// it accepts, with its process id, or with why it failed (this process then goes on).
 /// The binary is the one sluice was started from, as it is on disk now: the API names no
 /// other (it would run any program it was told of).

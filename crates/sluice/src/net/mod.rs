@@ -1,5 +1,7 @@
 //! Byte streams (TCP, Unix, TLS over either) and packet-level I/O for the connection phase.
 
+pub mod tls;
+
 use std::io;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
@@ -70,8 +72,8 @@ impl Stream {
         let mut done = 0;
         while done < data.len() {
             let r = match self {
-                Stream::Tcp(s) => s.try_io(Interest::WRITABLE, || sys::send(s.as_raw_fd(), &data[done..])),
-                Stream::Unix(s) => s.try_io(Interest::WRITABLE, || sys::send(s.as_raw_fd(), &data[done..])),
+                Stream::Tcp(s) => s.try_io(Interest::WRITABLE, || crate::sys::socket::send(s.as_raw_fd(), &data[done..])),
+                Stream::Unix(s) => s.try_io(Interest::WRITABLE, || crate::sys::socket::send(s.as_raw_fd(), &data[done..])),
                 Stream::Tls(_) => break,
                 Stream::Detached => return Err(detached()),
             };
@@ -222,7 +224,7 @@ where
     let mut short = None;
     let r = try_io(&mut || {
         let room = buf.capacity() - buf.len();
-        let n = sys::recv(fd, buf)?;
+        let n = crate::sys::socket::recv(fd, buf)?;
         if n > 0 && n < room {
             short = Some(n);
             return Err(io::ErrorKind::WouldBlock.into());
@@ -234,64 +236,7 @@ where
 
 /// A TLS stream's read into `buf`'s spare capacity (what tokio's `read_buf` does).
 fn poll_read_tls(t: &mut tokio_rustls::TlsStream<Stream>, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
-    use bytes::BufMut;
-    let spare = buf.chunk_mut();
-    // SAFETY: ReadBuf only writes initialised bytes into the slice and reports how many.
-    let mut rb = ReadBuf::uninit(unsafe { spare.as_uninit_slice_mut() });
-    std::task::ready!(Pin::new(t).poll_read(cx, &mut rb))?;
-    let n = rb.filled().len();
-    // SAFETY: the first `n` bytes of the spare capacity were filled.
-    unsafe { buf.advance_mut(n) };
-    Poll::Ready(Ok(n))
-}
-
-/// The relay's reads and writes of plain sockets, as system calls by number. glibc's `recv` and
-/// `send` are thread-cancellation points: each call switches cancellation on and off around the
-/// system call, two atomic updates that sluice (which never cancels a thread) does not need.
-/// Elsewhere than Linux, the standard library's calls.
-mod sys {
-    use std::io;
-    use std::os::fd::RawFd;
-
-    use bytes::{BufMut, BytesMut};
-
-    /// Reads into `buf`'s spare capacity (none: reads nothing).
-    pub fn recv(fd: RawFd, buf: &mut BytesMut) -> io::Result<usize> {
-        let spare = buf.chunk_mut();
-        let n = raw_recv(fd, spare.as_mut_ptr(), spare.len())?;
-        // SAFETY: the kernel initialised the first `n` bytes of the spare capacity.
-        unsafe { buf.advance_mut(n) };
-        Ok(n)
-    }
-
-    #[cfg(target_os = "linux")]
-    fn raw_recv(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
-        // SAFETY: `ptr..ptr + len` is writable memory that outlives the call.
-        let n = unsafe { libc::syscall(libc::SYS_recvfrom, fd, ptr, len, 0, 0usize, 0usize) };
-        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    fn raw_recv(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
-        // SAFETY: as above.
-        let n = unsafe { libc::recv(fd, ptr.cast(), len, 0) };
-        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
-    }
-
-    /// Writes what the socket takes of `data` (never raising SIGPIPE).
-    #[cfg(target_os = "linux")]
-    pub fn send(fd: RawFd, data: &[u8]) -> io::Result<usize> {
-        // SAFETY: `data` is readable memory that outlives the call.
-        let n = unsafe { libc::syscall(libc::SYS_sendto, fd, data.as_ptr(), data.len(), libc::MSG_NOSIGNAL, 0usize, 0usize) };
-        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    pub fn send(fd: RawFd, data: &[u8]) -> io::Result<usize> {
-        // SAFETY: as above.
-        let n = unsafe { libc::send(fd, data.as_ptr().cast(), data.len(), 0) };
-        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
-    }
+    crate::sys::socket::read_into_spare(buf, |rb| Pin::new(t).poll_read(cx, rb))
 }
 
 /// Read buffers of idle sessions. A session between commands gives its (empty) read buffers
@@ -597,7 +542,7 @@ mod tests {
             rustls::ServerConfig::builder().with_no_client_auth().with_single_cert(vec![cert.cert.der().clone()], key).unwrap();
         let client_cfg = rustls::ClientConfig::builder()
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(crate::tls::NoVerify))
+            .with_custom_certificate_verifier(Arc::new(crate::net::tls::NoVerify))
             .with_no_client_auth();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -288,7 +288,7 @@ async fn run(ctx: &Arc<Ctx>, sql: &str) -> Answer {
         };
     }
     if re(&RELOAD, r"(?i)^reload\s+config(uration)?$").is_match(sql) {
-        return match crate::reload::reload(ctx) {
+        return match crate::control::reload::reload(ctx) {
             Ok(out) => Answer::Done(serde_json::to_string(&out).unwrap_or_default()),
             Err(errors) => Answer::Error(1105, format!("reload refused: {}", errors.join("; "))),
         };
@@ -322,16 +322,16 @@ fn set(lower: &str) -> Answer {
 /// The rows of a table, each an object (the HTTP API's JSON).
 async fn table_rows(ctx: &Ctx, table: &str) -> Result<Vec<Map<String, Value>>, Answer> {
     let list = match table {
-        "backends" => serde_json::to_value(crate::admin::backend_views(ctx)).unwrap_or_default(),
+        "backends" => serde_json::to_value(crate::control::admin::backend_views(ctx)).unwrap_or_default(),
         "sessions" => serde_json::to_value(ctx.sessions.all().iter().map(|h| h.snapshot()).collect::<Vec<_>>()).unwrap_or_default(),
-        "digests" => serde_json::to_value(ctx.digests.top(1000, crate::digest::By::TotalTime)).unwrap_or_default(),
+        "digests" => serde_json::to_value(ctx.digests.top(1000, crate::route::digest::By::TotalTime)).unwrap_or_default(),
         "config" => {
             let mut rows = Vec::new();
             flatten("", &serde_json::to_value(&**ctx.config()).unwrap_or_default(), &mut rows);
             Value::Array(rows.into_iter().map(|(k, v)| serde_json::json!({ "key": k, "value": v })).collect())
         }
         "instances" if ctx.config().cluster.etcd.is_empty() => Value::Array(Vec::new()),
-        "instances" => Value::Array(crate::cluster::instances(ctx).await.map_err(|e| Answer::Error(1105, e))?),
+        "instances" => Value::Array(crate::control::cluster::instances(ctx).await.map_err(|e| Answer::Error(1105, e))?),
         other => return Err(Answer::Error(1146, format!("Table 'sluice.{other}' doesn't exist: the tables are {TABLES}"))),
     };
     Ok(list.as_array().map(|a| a.iter().filter_map(|r| r.as_object().map(lift)).collect()).unwrap_or_default())

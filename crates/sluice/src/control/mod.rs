@@ -1,5 +1,13 @@
-//! Operations on the running proxy that the admin API, a reload and (later) other control
-//! planes share: backends added, drained, undrained and removed.
+//! The control plane: the admin HTTP API (`admin`), the SQL admin (`sqladmin`), reloads,
+//! upgrades, the etcd cluster, rebalancing; and here the operations they share: backends added,
+//! drained, undrained and removed.
+
+pub mod admin;
+pub mod cluster;
+pub mod rebalance;
+pub mod reload;
+pub mod sqladmin;
+pub mod upgrade;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

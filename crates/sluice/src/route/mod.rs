@@ -1,0 +1,8 @@
+//! What sluice decides about a statement beyond relaying it: the query rules (block, rewrite,
+//! mirror, route, cache, time out), the result cache, the digests' statistics, and the GTIDs
+//! that causal reads wait for.
+
+pub mod cache;
+pub mod digest;
+pub mod gtid;
+pub mod rules;
