@@ -99,7 +99,7 @@ impl Ctx {
                 Ok(b.noting_to(own.clone()))
             })
             .collect::<Result<Vec<_>, String>>()?;
-        let tls = crate::net::tls::ClientTls::from_config(&config.tls, std::time::SystemTime::now())?;
+        let tls = crate::net::tls::ClientTls::from_config(&config.tls, std::time::SystemTime::now()).map_err(|e| e.to_string())?;
         let rsa = if config.users.is_empty() { None } else { Some(crate::auth::RsaKey::generate()?) };
         let shards = config.workers() + 1;
         let rules = crate::route::rules::Rules::new(&config.rules, &config.backends, shards, &metrics)?;

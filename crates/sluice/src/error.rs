@@ -34,6 +34,20 @@ pub enum Retry {
     Unsafe,
 }
 
+/// Whose fault a failure of the control plane or of the tools was (the data plane's errors say
+/// it with [`Side`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blame {
+    /// Whoever asked: an API request, a command-line argument, an input file out of bounds.
+    Caller,
+    /// The configuration or the host: files, folders, certificates, descriptors.
+    Setup,
+    /// A remote party: a backend, the etcd store, the replay's target.
+    Remote,
+    /// Sluice itself.
+    Proxy,
+}
+
 #[derive(Debug)]
 pub struct Error {
     pub side: Side,

@@ -499,140 +499,72 @@ impl BackendFamilies {
 impl Metrics {
     pub fn new(backend_names: &[String]) -> Metrics {
         let mut registry = Registry::with_prefix("sluice");
-        let client_connections = Gauge::default();
-        registry.register("client_connections", "Client connections open now", client_connections.clone());
-        let parked_sessions = Gauge::default();
-        registry.register("parked_sessions", "Idle sessions parked until their client speaks", parked_sessions.clone());
-        let session_parks = Counter::default();
-        registry.register("session_parks", "Times an idle session parked", session_parks.clone());
-        let sessions_handed_over = Counter::default();
-        registry.register("sessions_handed_over", "Sessions an upgrade handed over to the new process", sessions_handed_over.clone());
-        let sessions_adopted = Counter::default();
-        registry.register("sessions_adopted", "Sessions taken over from the process an upgrade replaced", sessions_adopted.clone());
-        let config_reloads = Counter::default();
-        registry.register("config_reloads", "Configuration reloads applied", config_reloads.clone());
-        let capture_records = Counter::default();
-        registry.register("capture_records", "Records traffic capture wrote (commands, results, session states)", capture_records.clone());
-        let capture_dropped = Counter::default();
-        registry.register(
-            "capture_dropped_records",
-            "Capture records dropped because the capture writer could not keep up (the relay never waits for it)",
-            capture_dropped.clone(),
-        );
-        let client_connections_total = Counter::default();
-        registry.register("client_connections_accepted", "Client connections accepted", client_connections_total.clone());
-        let accept_errors = Counter::default();
-        registry.register(
-            "accept_errors",
-            "Accepts that failed on any listener, most often for want of descriptors (the listener backs off)",
-            accept_errors.clone(),
-        );
-
-        let rejected_family = Family::<Labels, Counter>::default();
-        registry.register("rejected_connections", "Client connections refused, by reason", rejected_family.clone());
-        let rejected = Reject::ALL.iter().map(|r| rejected_family.get_or_create(&vec![("reason", r.as_str().into())]).clone()).collect();
-
-        let commands_family = Family::<Labels, ShardedCounter>::default();
-        registry.register("commands", "Client commands relayed, by command", commands_family.clone());
-        let commands = (0..=255u8)
-            .map(|c| commands_family.get_or_create(&vec![("command", sluice_proto::consts::com::name(c).into())]).clone())
-            .collect();
-
-        let bytes = Family::<Labels, ShardedCounter>::default();
-        registry.register("bytes", "Bytes relayed, by direction", bytes.clone());
-        let bytes_from_clients = bytes.get_or_create(&vec![("direction", "from_clients".into())]).clone();
-        let bytes_to_clients = bytes.get_or_create(&vec![("direction", "to_clients".into())]).clone();
-
-        let errors_family = Family::<Labels, Counter>::default();
-        registry.register("errors", "Failed sessions and commands, by whose fault it was", errors_family.clone());
-        let errors =
-            [Side::Client, Side::Backend, Side::Proxy].map(|s| errors_family.get_or_create(&vec![("side", s.as_str().into())]).clone());
-
-        let moves = Family::<Labels, Counter>::default();
-        registry.register("session_moves", "Sessions moved to another backend connection, by reason and outcome", moves.clone());
-        let session_moves = MoveReason::ALL
-            .map(|m| ["moved", "failed"].map(|r| moves.get_or_create(&vec![("reason", m.as_str().into()), ("result", r.into())]).clone()));
-        let rebalance_runs = Counter::default();
-        registry.register("rebalance_runs", "Passes of the rebalancer over the sessions", rebalance_runs.clone());
-        let session_pins = Family::<Labels, Counter>::default();
-        registry.register(
-            "session_pins",
-            "Safe points at which a multiplexed session kept its backend connection, by the reason that began",
-            session_pins.clone(),
-        );
-
-        let split_family = Family::<Labels, ShardedCounter>::default();
-        registry.register(
+        let r = &mut registry;
+        let rejected: Family<Labels, Counter> = reg(r, "rejected_connections", "Client connections refused, by reason");
+        let commands: Family<Labels, ShardedCounter> = reg(r, "commands", "Client commands relayed, by command");
+        let bytes: Family<Labels, ShardedCounter> = reg(r, "bytes", "Bytes relayed, by direction");
+        let errors: Family<Labels, Counter> = reg(r, "errors", "Failed sessions and commands, by whose fault it was");
+        let moves: Family<Labels, Counter> = reg(r, "session_moves", "Sessions moved to another backend connection, by reason and outcome");
+        let split: Family<Labels, ShardedCounter> = reg(
+            r,
             "split_statements",
             "Statements the read/write split routed (those of sessions holding no connection), by where and why",
-            split_family.clone(),
         );
-        let split = (0..8 + SPLIT_WHY.len())
-            .map(|i| {
-                let (to, reason) = Split::labels(i);
-                split_family.get_or_create(&vec![("to", to.into()), ("reason", reason.into())]).clone()
-            })
-            .collect();
-
-        let rule_hits = Family::<Labels, Counter>::default();
-        registry.register("rule_hits", "Statements each query rule matched (the first rule that matched applies)", rule_hits.clone());
-        let rule_timeouts = Family::<Labels, Counter>::default();
-        registry.register(
-            "rule_timeouts",
-            "Statements killed on their backend (KILL QUERY) for running over their rule's timeout",
-            rule_timeouts.clone(),
-        );
-        let digest_evictions = Counter::default();
-        registry.register(
-            "digest_evictions",
-            "Digests forgotten, least recently used first, to keep within digests.max",
-            digest_evictions.clone(),
-        );
-        let mirrored = Family::<Labels, Counter>::default();
-        registry.register(
-            "mirrored_statements",
-            "Statements copied to shadow backends by mirroring rules, by outcome (sent, dropped, failed)",
-            mirrored.clone(),
-        );
-
-        let cache = Family::<Labels, Counter>::default();
-        registry.register(
-            "result_cache",
-            "Result cache lookups (hit, miss) and answers evicted to stay within routing.cache_size",
-            cache.clone(),
-        );
-
-        let backend_families = BackendFamilies::register(&mut registry);
-        let backends = backend_names.iter().map(|n| backend_families.series(n)).collect();
-
+        let one = |f: &Family<Labels, Counter>, k: &'static str, v: &str| f.get_or_create(&vec![(k, v.into())]).clone();
+        let backend_families = BackendFamilies::register(r);
         Metrics {
-            registry,
-            client_connections,
-            parked_sessions,
-            session_parks,
-            sessions_handed_over,
-            sessions_adopted,
-            capture_records,
-            config_reloads,
-            capture_dropped,
-            client_connections_total,
-            accept_errors,
-            rejected,
-            commands,
-            bytes_from_clients,
-            bytes_to_clients,
-            errors,
-            session_moves,
-            session_pins,
-            rule_hits,
-            rule_timeouts,
-            digest_evictions,
-            mirrored,
-            cache,
-            rebalance_runs,
-            split,
-            backends,
+            client_connections: reg(r, "client_connections", "Client connections open now"),
+            parked_sessions: reg(r, "parked_sessions", "Idle sessions parked until their client speaks"),
+            session_parks: reg(r, "session_parks", "Times an idle session parked"),
+            sessions_handed_over: reg(r, "sessions_handed_over", "Sessions an upgrade handed over to the new process"),
+            sessions_adopted: reg(r, "sessions_adopted", "Sessions taken over from the process an upgrade replaced"),
+            config_reloads: reg(r, "config_reloads", "Configuration reloads applied"),
+            capture_records: reg(r, "capture_records", "Records traffic capture wrote (commands, results, session states)"),
+            capture_dropped: reg(
+                r,
+                "capture_dropped_records",
+                "Capture records dropped because the capture writer could not keep up (the relay never waits for it)",
+            ),
+            client_connections_total: reg(r, "client_connections_accepted", "Client connections accepted"),
+            accept_errors: reg(
+                r,
+                "accept_errors",
+                "Accepts that failed on any listener, most often for want of descriptors (the listener backs off)",
+            ),
+            rejected: Reject::ALL.iter().map(|x| one(&rejected, "reason", x.as_str())).collect(),
+            commands: (0..=255u8)
+                .map(|c| commands.get_or_create(&vec![("command", sluice_proto::consts::com::name(c).into())]).clone())
+                .collect(),
+            bytes_from_clients: bytes.get_or_create(&vec![("direction", "from_clients".into())]).clone(),
+            bytes_to_clients: bytes.get_or_create(&vec![("direction", "to_clients".into())]).clone(),
+            errors: [Side::Client, Side::Backend, Side::Proxy].map(|x| one(&errors, "side", x.as_str())),
+            session_moves: MoveReason::ALL.map(|m| {
+                ["moved", "failed"].map(|o| moves.get_or_create(&vec![("reason", m.as_str().into()), ("result", o.into())]).clone())
+            }),
+            rebalance_runs: reg(r, "rebalance_runs", "Passes of the rebalancer over the sessions"),
+            session_pins: reg(
+                r,
+                "session_pins",
+                "Safe points at which a multiplexed session kept its backend connection, by the reason that began",
+            ),
+            split: (0..8 + SPLIT_WHY.len())
+                .map(|i| {
+                    let (to, reason) = Split::labels(i);
+                    split.get_or_create(&vec![("to", to.into()), ("reason", reason.into())]).clone()
+                })
+                .collect(),
+            rule_hits: reg(r, "rule_hits", "Statements each query rule matched (the first rule that matched applies)"),
+            rule_timeouts: reg(r, "rule_timeouts", "Statements killed on their backend (KILL QUERY) for running over their rule's timeout"),
+            digest_evictions: reg(r, "digest_evictions", "Digests forgotten, least recently used first, to keep within digests.max"),
+            mirrored: reg(
+                r,
+                "mirrored_statements",
+                "Statements copied to shadow backends by mirroring rules, by outcome (sent, dropped, failed)",
+            ),
+            cache: reg(r, "result_cache", "Result cache lookups (hit, miss) and answers evicted to stay within routing.cache_size"),
+            backends: backend_names.iter().map(|n| backend_families.series(n)).collect(),
             backend_families,
+            registry,
         }
     }
 
@@ -696,6 +628,13 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
+}
+
+/// Registers a metric under `name` and returns it (a handle to the registered one).
+fn reg<M: prometheus_client::registry::Metric + Clone + Default>(r: &mut Registry, name: &str, help: &str) -> M {
+    let m = M::default();
+    r.register(name, help, m.clone());
+    m
 }
 
 pub use crate::sys::process::mono_ns;

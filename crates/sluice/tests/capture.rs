@@ -246,9 +246,9 @@ async fn an_encrypted_capture_is_unreadable_without_its_key_and_whole_with_it() 
     for p in &paths {
         let raw = std::fs::read(p).unwrap();
         assert!(!raw.windows(12).any(|w| w == b"plain-marker"), "the text is in the clear in {}", p.display());
-        let e = files::read_file(p, None).unwrap_err();
+        let e = files::read_file(p, None).unwrap_err().to_string();
         assert!(e.contains("encrypted"), "{e}");
-        let e = files::read_file(p, Some(&files::load_key(&wrong).unwrap())).unwrap_err();
+        let e = files::read_file(p, Some(&files::load_key(&wrong).unwrap())).unwrap_err().to_string();
         assert!(e.contains("does not open"), "{e}");
     }
     let k = files::load_key(&key).unwrap();

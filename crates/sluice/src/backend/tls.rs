@@ -27,7 +27,7 @@ impl BackendTls {
         let config = match &c.tls_ca {
             Some(ca) => {
                 let mut roots = rustls::RootCertStore::empty();
-                for cert in crate::config::load_certs(ca.get_ref())? {
+                for cert in crate::config::load_certs(ca.get_ref()).map_err(|e| e.to_string())? {
                     roots.add(cert).map_err(|e| format!("{}: {e}", ca.get_ref().display()))?;
                 }
                 builder.with_root_certificates(roots).with_no_client_auth()

@@ -8,8 +8,8 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::Status;
 use super::record::{self, MAGIC, MAGIC_V1, Record};
+use super::{CaptureError, Status};
 use crate::config::CaptureConfig;
 use crate::sys::Dir;
 
@@ -23,8 +23,8 @@ const NONCE: usize = 12;
 pub type Key = aws_lc_rs::aead::LessSafeKey;
 
 /// Reads a capture key: a regular file of 32 bytes, or of 64 hexadecimal digits.
-pub fn load_key(path: &Path) -> Result<Key, String> {
-    let raw = crate::sys::read_regular(path, 4096).map_err(|e| format!("reading the key file {e}"))?;
+pub fn load_key(path: &Path) -> Result<Key, CaptureError> {
+    let raw = crate::sys::read_regular(path, 4096).map_err(CaptureError::KeyFile)?;
     let text = String::from_utf8_lossy(&raw);
     let hex = text.trim();
     let bytes: Vec<u8> = if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -32,8 +32,8 @@ pub fn load_key(path: &Path) -> Result<Key, String> {
     } else {
         raw
     };
-    let unbound = aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_256_GCM, &bytes)
-        .map_err(|_| format!("{}: a key is 32 bytes, or 64 hexadecimal digits", path.display()))?;
+    let unbound =
+        aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_256_GCM, &bytes).map_err(|_| CaptureError::NotAKey(path.to_path_buf()))?;
     Ok(Key::new(unbound))
 }
 /// The length of a capture file with no chunk (its magic bytes).
@@ -48,27 +48,31 @@ const MAX_META: u64 = 16 << 20;
 /// Makes the folder of a new capture: `name` under `[capture] dir` (which is made, 0700, if
 /// missing), or an absolute path where the configuration allows it. The folder must not exist:
 /// sluice makes it, 0700, and reaches it through no symbolic link.
-pub fn make_dir(config: &CaptureConfig, name: &str) -> Result<Dir, String> {
+pub fn make_dir(config: &CaptureConfig, name: &str) -> Result<Dir, CaptureError> {
     if name.starts_with('/') {
         if !config.allow_absolute_paths {
-            return Err(format!("{name}: a capture is named, not given a path ([capture] allow_absolute_paths is off)"));
+            let msg = format!("{name}: a capture is named, not given a path ([capture] allow_absolute_paths is off)");
+            return Err(CaptureError::Invalid(msg));
         }
         let path = Path::new(name);
         let (Some(parent), Some(last)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
-            return Err(format!("{name}: not a folder's path"));
+            return Err(CaptureError::Invalid(format!("{name}: not a folder's path")));
         };
-        return Dir::open_shared(parent, false)?.make_child(last);
+        return Ok(Dir::open_shared(parent, false)?.make_child(last)?);
     }
     check_name(name)?;
-    Dir::open(&config.dir, true)?.make_child(name)
+    Ok(Dir::open(&config.dir, true)?.make_child(name)?)
 }
 
 /// A capture's name: 1 to 64 of `A-Z a-z 0-9 . _ -`, not starting with a dot.
-pub fn check_name(name: &str) -> Result<(), String> {
+pub fn check_name(name: &str) -> Result<(), CaptureError> {
     let ok = (1..=64).contains(&name.len())
         && !name.starts_with('.')
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok { Ok(()) } else { Err(format!("{name:?} is not a capture name: 1 to 64 of A-Z a-z 0-9 . _ -, not starting with a dot")) }
+    if ok {
+        return Ok(());
+    }
+    Err(CaptureError::Invalid(format!("{name:?} is not a capture name: 1 to 64 of A-Z a-z 0-9 . _ -, not starting with a dot")))
 }
 
 pub fn file_name(worker: usize, index: u32) -> String {
@@ -158,23 +162,24 @@ pub fn write_meta(dir: &Dir, status: &Status) -> std::io::Result<()> {
     dir.replace_file("meta.json", &serde_json::to_vec_pretty(status).map_err(std::io::Error::other)?)
 }
 
-pub fn read_meta(dir: &Path) -> Result<Status, String> {
+pub fn read_meta(dir: &Path) -> Result<Status, CaptureError> {
     let path = dir.join("meta.json");
-    let text = crate::sys::read_regular(&path, MAX_META).map_err(|e| format!("reading {e}"))?;
-    serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))
+    let text = crate::sys::read_regular(&path, MAX_META)?;
+    serde_json::from_slice(&text).map_err(|e| CaptureError::Damaged { path, why: e.to_string() })
 }
 
 /// The capture files of `dir`, by worker and then in the order they were written (regular
 /// files only: anything else named `*.cap` is an error).
-pub fn list(dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let rd = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+pub fn list(dir: &Path) -> Result<Vec<PathBuf>, CaptureError> {
+    let at = crate::sys::PathError::at(dir);
+    let rd = std::fs::read_dir(dir).map_err(|e| at(e.into()))?;
     let mut v = Vec::new();
     for e in rd {
-        let e = e.map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        let e = e.map_err(|e| at(e.into()))?;
         let path = e.path();
         if path.extension().is_some_and(|x| x == "cap") {
             if !e.file_type().is_ok_and(|t| t.is_file()) {
-                return Err(format!("{}: not a regular file", path.display()));
+                return Err(crate::sys::PathError::at(&path)(crate::sys::Problem::NotRegular).into());
             }
             v.push(path);
         }
@@ -193,8 +198,8 @@ fn checksum(head: &[u8; 9], stored: &[u8]) -> u64 {
 }
 
 /// The records of one file, chunk by chunk (`key`: the capture's, if it is encrypted).
-pub fn read_file(path: &Path, key: Option<&Key>) -> Result<Vec<Record>, String> {
-    let at = |e: String| format!("{}: {e}", path.display());
+pub fn read_file(path: &Path, key: Option<&Key>) -> Result<Vec<Record>, CaptureError> {
+    let at = |why: String| CaptureError::Damaged { path: path.to_path_buf(), why };
     let bytes = crate::sys::read_regular(path, MAX_FILE)?;
     let (mut rest, summed) = match bytes.split_first_chunk::<8>() {
         Some((m, rest)) if m == MAGIC => (rest, true),
@@ -204,26 +209,47 @@ pub fn read_file(path: &Path, key: Option<&Key>) -> Result<Vec<Record>, String> 
     let mut out = Vec::new();
     while !rest.is_empty() {
         let (records, after) = chunk(rest, summed, key).map_err(|e| at(format!("chunk {}: {e}", out.len())))?;
-        out.extend(record::decode(&records).map_err(at)?);
+        out.extend(record::decode(&records).map_err(|e| at(e.to_string()))?);
         rest = after;
     }
     Ok(out)
 }
 
+/// Why a chunk does not read.
+#[derive(Debug, thiserror::Error)]
+enum ChunkError {
+    #[error("its header is cut short")]
+    CutShort,
+    #[error("it does not make sense (codec {codec}, {raw} bytes, {stored} stored): the file is damaged")]
+    Nonsense { codec: u8, raw: usize, stored: usize },
+    #[error("its checksum does not match: the file is damaged")]
+    Checksum,
+    #[error("the capture is encrypted: give its key file")]
+    Encrypted,
+    #[error("a sealed chunk cut short")]
+    SealedCutShort,
+    #[error("the key does not open this capture")]
+    WrongKey,
+    #[error("decompressing: {0}")]
+    Decompress(std::io::Error),
+    #[error("{got} bytes decompressed where its header says {raw}: the file is damaged")]
+    Length { got: usize, raw: usize },
+}
+
 /// The records of the chunk `bytes` begin with, and the bytes after it.
-fn chunk<'a>(bytes: &'a [u8], summed: bool, key: Option<&Key>) -> Result<(Vec<u8>, &'a [u8]), String> {
-    let Some((head, body)) = bytes.split_first_chunk::<9>() else { return Err("its header is cut short".into()) };
+fn chunk<'a>(bytes: &'a [u8], summed: bool, key: Option<&Key>) -> Result<(Vec<u8>, &'a [u8]), ChunkError> {
+    let Some((head, body)) = bytes.split_first_chunk::<9>() else { return Err(ChunkError::CutShort) };
     let raw = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
     let stored = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
     let sum_len = if summed { 8 } else { 0 };
     if head[8] & !SEALED != ZSTD || raw > MAX_CHUNK || stored + sum_len > body.len() {
-        return Err(format!("it does not make sense (codec {}, {raw} bytes, {stored} stored): the file is damaged", head[8]));
+        return Err(ChunkError::Nonsense { codec: head[8], raw, stored });
     }
     let (data, rest) = body.split_at(stored);
     let rest = if summed {
         let (sum, rest) = rest.split_first_chunk::<8>().expect("length checked above");
         if u64::from_le_bytes(*sum) != checksum(head, data) {
-            return Err("its checksum does not match: the file is damaged".into());
+            return Err(ChunkError::Checksum);
         }
         rest
     } else {
@@ -233,18 +259,16 @@ fn chunk<'a>(bytes: &'a [u8], summed: bool, key: Option<&Key>) -> Result<(Vec<u8
     let compressed = if head[8] & SEALED == 0 {
         data
     } else {
-        let Some(key) = key else { return Err("the capture is encrypted: give its key file".into()) };
-        let (nonce, sealed) = data.split_first_chunk::<NONCE>().ok_or("a sealed chunk cut short")?;
+        let Some(key) = key else { return Err(ChunkError::Encrypted) };
+        let (nonce, sealed) = data.split_first_chunk::<NONCE>().ok_or(ChunkError::SealedCutShort)?;
         opened.extend_from_slice(sealed);
         let n = aws_lc_rs::aead::Nonce::assume_unique_for_key(*nonce);
-        let plain = key
-            .open_in_place(n, aws_lc_rs::aead::Aad::empty(), &mut opened)
-            .map_err(|_| "the key does not open this capture".to_string())?;
+        let plain = key.open_in_place(n, aws_lc_rs::aead::Aad::empty(), &mut opened).map_err(|_| ChunkError::WrongKey)?;
         &plain[..]
     };
-    let records = zstd::bulk::decompress(compressed, raw).map_err(|e| format!("decompressing: {e}"))?;
+    let records = zstd::bulk::decompress(compressed, raw).map_err(ChunkError::Decompress)?;
     if records.len() != raw {
-        return Err(format!("{} bytes decompressed where its header says {raw}: the file is damaged", records.len()));
+        return Err(ChunkError::Length { got: records.len(), raw });
     }
     Ok((records, rest))
 }

@@ -11,7 +11,7 @@ use super::record::{Record, flag};
 
 /// The summary of the capture in `dir`, then up to `dump` records (of `session` only, when
 /// given), one per line.
-pub fn inspect(dir: &Path, key: Option<&files::Key>, dump: usize, session: Option<u64>) -> Result<String, String> {
+pub fn inspect(dir: &Path, key: Option<&files::Key>, dump: usize, session: Option<u64>) -> Result<String, super::CaptureError> {
     let meta = files::read_meta(dir)?;
     let mut out = String::new();
     let sealed = if meta.encrypted { ", encrypted" } else { "" };

@@ -47,6 +47,43 @@ const QUEUE: usize = 256;
 /// The largest `rotate_mib`.
 pub const MAX_ROTATE_MIB: u64 = 4096;
 
+/// What went wrong with a capture, or with reading one back.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// The request's options are out of bounds, or its name is not a name.
+    #[error("{0}")]
+    Invalid(String),
+    /// A capture runs already, none waits at its gate, or it ended meanwhile.
+    #[error("{0}")]
+    State(&'static str),
+    /// A file or folder it was given, or makes, cannot be used.
+    #[error(transparent)]
+    Path(#[from] crate::sys::PathError),
+    /// The key file cannot be read.
+    #[error("reading the key file {0}")]
+    KeyFile(crate::sys::PathError),
+    /// The key file holds no key.
+    #[error("{}: a key is 32 bytes, or 64 hexadecimal digits", .0.display())]
+    NotAKey(PathBuf),
+    /// Writing failed, or the writer could not start.
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    /// A file of the capture does not read as one (damaged, cut short, or not a capture).
+    #[error("{}: {why}", path.display())]
+    Damaged { path: PathBuf, why: String },
+}
+
+impl CaptureError {
+    pub fn blame(&self) -> crate::error::Blame {
+        use crate::error::Blame;
+        match self {
+            CaptureError::Invalid(_) | CaptureError::State(_) | CaptureError::Damaged { .. } => Blame::Caller,
+            CaptureError::KeyFile(_) | CaptureError::NotAKey(_) => Blame::Caller,
+            CaptureError::Path(_) | CaptureError::Io { .. } => Blame::Setup,
+        }
+    }
+}
+
 /// What a capture takes and where it goes (`POST /capture/start`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -91,18 +128,19 @@ pub struct Options {
 
 impl Options {
     /// The options' own bounds (the folder and the key file are checked when the capture starts).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), CaptureError> {
         if !(self.sample > 0.0 && self.sample <= 1.0) {
-            return Err(format!("sample must be above 0 and at most 1, not {}", self.sample));
+            return Err(CaptureError::Invalid(format!("sample must be above 0 and at most 1, not {}", self.sample)));
         }
         if self.rotate_mib == 0 || self.rotate_mib > MAX_ROTATE_MIB {
-            return Err(format!("rotate_mib must be at least 1 and at most {MAX_ROTATE_MIB}"));
+            return Err(CaptureError::Invalid(format!("rotate_mib must be at least 1 and at most {MAX_ROTATE_MIB}")));
         }
         if !self.name.starts_with('/') {
             files::check_name(&self.name)?;
         }
         if self.gate_timeout.is_some_and(|t| t > MAX_GATE_TIMEOUT) {
-            return Err(format!("gate_timeout must be at most {} s: sessions' statements wait at the gate", MAX_GATE_TIMEOUT.as_secs()));
+            let secs = MAX_GATE_TIMEOUT.as_secs();
+            return Err(CaptureError::Invalid(format!("gate_timeout must be at most {secs} s: sessions' statements wait at the gate")));
         }
         Ok(())
     }
@@ -310,7 +348,7 @@ impl Capture {
     }
 
     /// Opens the gate of a consistent start: recording begins now. Err: no capture is gated.
-    pub fn open(&self) -> Result<(), String> {
+    pub fn open(&self) -> Result<(), CaptureError> {
         self.inner.open()
     }
 
@@ -382,13 +420,13 @@ impl Capture {
 
     /// Starts a capture in a new folder under `config`'s. Err: one runs already, or the
     /// folder or the key file cannot be used.
-    pub fn start(&self, opts: Options, config: &crate::config::CaptureConfig, backends: Vec<BackendInfo>) -> Result<Status, String> {
+    pub fn start(&self, opts: Options, config: &crate::config::CaptureConfig, backends: Vec<BackendInfo>) -> Result<Status, CaptureError> {
         opts.check()?;
         // Read before any lock is taken: reading a key file cannot hold up `status`.
         let key = opts.key_file.as_deref().map(files::load_key).transpose()?;
         let mut running = self.running.lock();
         if running.as_ref().is_some_and(|r| !r.thread.is_finished()) {
-            return Err("a capture is running: stop it first".into());
+            return Err(CaptureError::State("a capture is running: stop it first"));
         }
         if let Some(r) = running.take() {
             *self.last.lock() = Some(r.thread.join().unwrap_or_else(|_| failed("the capture writer panicked")));
@@ -427,7 +465,7 @@ impl Capture {
         let thread = std::thread::Builder::new()
             .name("sluice-capture".into())
             .spawn(move || writer.run(rx))
-            .map_err(|e| format!("starting the capture writer: {e}"))?;
+            .map_err(|source| CaptureError::Io { what: "starting the capture writer".into(), source })?;
         *running = Some(Running { thread });
         tracing::info!(dir = %status.dir.as_ref().map(|d| d.display().to_string()).unwrap_or_default(), "capture started");
         Ok(status)
@@ -495,14 +533,14 @@ impl Inner {
         all
     }
 
-    fn open(&self) -> Result<(), String> {
+    fn open(&self) -> Result<(), CaptureError> {
         let now = self.generation.load(Ordering::Relaxed);
         if now & GATE == 0 {
-            return Err("no capture waits at its gate".into());
+            return Err(CaptureError::State("no capture waits at its gate"));
         }
         self.t0_ns.store(crate::metrics::mono_ns(), Ordering::Relaxed);
         if self.generation.compare_exchange(now, now & !GATE, Ordering::Relaxed, Ordering::Relaxed).is_err() {
-            return Err("the capture ended".into());
+            return Err(CaptureError::State("the capture ended"));
         }
         self.gate.notify_waiters();
         tracing::info!("capture gate opened: recording");

@@ -317,22 +317,33 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Where a chunk's records stop making sense.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("a record length cut short after {after} records")]
+    LengthCutShort { after: usize },
+    #[error("a record of {len} bytes where {left} are left")]
+    RecordCutShort { len: usize, left: usize },
+    #[error("record {index} does not decode")]
+    Undecodable { index: usize },
+}
+
 /// Decodes the records of a chunk's bytes. Err: where the bytes stop making sense.
-pub fn decode(mut b: &[u8]) -> Result<Vec<Record>, String> {
+pub fn decode(mut b: &[u8]) -> Result<Vec<Record>, DecodeError> {
     let mut out = Vec::new();
     while !b.is_empty() {
         let Some((len, rest)) = b.split_first_chunk::<4>() else {
-            return Err(format!("a record length cut short after {} records", out.len()));
+            return Err(DecodeError::LengthCutShort { after: out.len() });
         };
         let len = u32::from_le_bytes(*len) as usize;
         if len > rest.len() {
-            return Err(format!("a record of {len} bytes where {} are left", rest.len()));
+            return Err(DecodeError::RecordCutShort { len, left: rest.len() });
         }
         let (body, rest) = rest.split_at(len);
         b = rest;
         if body.first() == Some(&EXCHANGE) {
             let Some((command, result)) = decode_exchange(body) else {
-                return Err(format!("record {} does not decode", out.len()));
+                return Err(DecodeError::Undecodable { index: out.len() });
             };
             out.extend([command, result]);
             continue;
@@ -340,7 +351,7 @@ pub fn decode(mut b: &[u8]) -> Result<Vec<Record>, String> {
         match decode_one(body) {
             Some(Some(r)) => out.push(r),
             Some(None) => {}
-            None => return Err(format!("record {} does not decode", out.len())),
+            None => return Err(DecodeError::Undecodable { index: out.len() }),
         }
     }
     Ok(out)

@@ -36,8 +36,9 @@ impl Writer {
         status: Status,
         generation: u64,
         inner: Arc<Inner>,
-    ) -> Result<Writer, String> {
-        files::write_meta(&dir, &status).map_err(|e| format!("writing {}/meta.json: {e}", dir.path().display()))?;
+    ) -> Result<Writer, super::CaptureError> {
+        files::write_meta(&dir, &status)
+            .map_err(|source| super::CaptureError::Io { what: format!("writing {}/meta.json", dir.path().display()), source })?;
         *inner.status.lock() = status.clone();
         let outs = (0..inner.shards.len()).map(|_| (None, 0)).collect();
         Ok(Writer { opts, dir, key, status, generation, inner, outs })

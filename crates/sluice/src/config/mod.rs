@@ -23,7 +23,7 @@ pub use cluster::{ClusterConfig, Shared};
 pub use live::{Live, Source, fixed_changes};
 pub use routing::{CausalReads, ReadOnlyTransactions, RoutingConfig};
 pub use rules::{DigestsConfig, Network, RuleConfig, parse_digest};
-pub use tls::{ClientTls, TlsConfig, load_certs, load_key};
+pub use tls::{ClientTls, PemError, TlsConfig, load_certs, load_key};
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -518,11 +518,10 @@ impl Config {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let bytes = crate::sys::read_regular(path, 16 << 20);
-        let text = bytes.and_then(|b| String::from_utf8(b).map_err(|_| "not UTF-8 text".to_string())).map_err(|e| ConfigError {
-            file: Some(path.to_path_buf()),
-            line: None,
-            message: format!("cannot read: {e}"),
-        })?;
+        let text = bytes
+            .map_err(|e| e.to_string())
+            .and_then(|b| String::from_utf8(b).map_err(|_| "not UTF-8 text".to_string()))
+            .map_err(|e| ConfigError { file: Some(path.to_path_buf()), line: None, message: format!("cannot read: {e}") })?;
         Config::parse(&text).map_err(|mut e| {
             e.file = Some(path.to_path_buf());
             e
@@ -672,8 +671,8 @@ mod tests {
         std::fs::write(&empty, "nothing here\n").unwrap();
         assert_eq!(load_certs(&cert).unwrap().len(), 1);
         assert!(load_key(&key).is_ok());
-        assert!(load_certs(&empty).unwrap_err().contains("no certificate found"));
-        assert!(load_key(&cert).unwrap_err().contains("no private key found"));
+        assert!(load_certs(&empty).unwrap_err().to_string().contains("no certificate found"));
+        assert!(load_key(&cert).unwrap_err().to_string().contains("no private key found"));
         assert!(load_key(&dir.join("missing.pem")).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }

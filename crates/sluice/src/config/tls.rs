@@ -52,23 +52,36 @@ pub struct TlsConfig {
 }
 
 /// Reads the PEM certificates of a file the configuration names (`[tls] cert`, `tls_ca`).
-pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, PemError> {
     let data = crate::sys::read_regular(path, MAX_PEM)?;
-    let certs: Vec<_> = CertificateDer::pem_slice_iter(&data).collect::<Result<_, _>>().map_err(|e| format!("{}: {e}", path.display()))?;
+    let pem = |e: rustls::pki_types::pem::Error| PemError::Pem { path: path.to_path_buf(), why: e.to_string() };
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&data).collect::<Result<_, _>>().map_err(pem)?;
     if certs.is_empty() {
-        return Err(format!("{}: no certificate found", path.display()));
+        return Err(PemError::Pem { path: path.to_path_buf(), why: "no certificate found".into() });
     }
     Ok(certs)
+}
+
+/// A certificate or key file that cannot be used (the configuration's fault, or its file's).
+#[derive(Debug, thiserror::Error)]
+pub enum PemError {
+    #[error(transparent)]
+    Path(#[from] crate::sys::PathError),
+    #[error("{}: {why}", path.display())]
+    Pem { path: std::path::PathBuf, why: String },
 }
 
 /// The largest certificate or key file read (a chain of many certificates fits).
 const MAX_PEM: u64 = 1 << 20;
 
 /// Reads the PEM private key of a file the configuration names (`[tls] key`).
-pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, PemError> {
     let data = crate::sys::read_regular(path, MAX_PEM)?;
-    PrivateKeyDer::from_pem_slice(&data).map_err(|e| match e {
-        rustls::pki_types::pem::Error::NoItemsFound => format!("{}: no private key found", path.display()),
-        e => format!("{}: {e}", path.display()),
+    PrivateKeyDer::from_pem_slice(&data).map_err(|e| PemError::Pem {
+        path: path.to_path_buf(),
+        why: match e {
+            rustls::pki_types::pem::Error::NoItemsFound => "no private key found".into(),
+            e => e.to_string(),
+        },
     })
 }

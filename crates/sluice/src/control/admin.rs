@@ -475,7 +475,7 @@ async fn upgrade(State(ctx): State<Arc<Ctx>>) -> Response {
 
 async fn capture_start(State(ctx): State<Arc<Ctx>>, Json(opts): Json<crate::capture::Options>) -> Response {
     if let Err(e) = opts.check() {
-        return bad_request(e);
+        return bad_request(e.to_string());
     }
     let config = ctx.config().capture.clone();
     if opts.name.starts_with('/') && !config.allow_absolute_paths {
@@ -498,7 +498,7 @@ async fn capture_start(State(ctx): State<Arc<Ctx>>, Json(opts): Json<crate::capt
             Some(limit) => gate_closed(&ctx, status, limit).await,
             None => (StatusCode::CREATED, Json(status)).into_response(),
         },
-        Ok(Err(e)) => (StatusCode::CONFLICT, Json(serde_json::json!({ "error": e }))).into_response(),
+        Ok(Err(e)) => (StatusCode::CONFLICT, Json(serde_json::json!({ "error": e.to_string() }))).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "error": e.to_string() }))).into_response(),
     }
 }
@@ -549,7 +549,7 @@ async fn gate_closed(ctx: &Arc<Ctx>, mut status: crate::capture::Status, limit: 
 async fn capture_open(State(ctx): State<Arc<Ctx>>) -> Response {
     match ctx.capture.open() {
         Ok(()) => Json(ctx.capture.status()).into_response(),
-        Err(e) => (StatusCode::CONFLICT, Json(serde_json::json!({ "error": e }))).into_response(),
+        Err(e) => (StatusCode::CONFLICT, Json(serde_json::json!({ "error": e.to_string() }))).into_response(),
     }
 }
 

@@ -65,29 +65,11 @@ impl Session {
                 }
                 self.client.rbuf.reserve(want - self.client.rbuf.len());
             }
-            if self.handle.killed.load(Ordering::Relaxed) {
-                return Ok(Wait::End);
-            }
-            if self.ctx.handoff.is_open() && self.hand_off() {
-                return Ok(Wait::HandedOff);
-            }
-            if self.ctx.is_draining() && !self.state.in_transaction() && self.client.rbuf.is_empty() {
-                return Ok(Wait::End);
-            }
-            if self.handle.parking.asked() && !std::mem::take(&mut self.resumed) && self.park() {
-                return Ok(Wait::Park);
+            if let Some(w) = self.leaving() {
+                return Ok(w);
             }
             let park = may_park && self.client.rbuf.is_empty() && self.backend.rbuf.is_empty();
-            if park {
-                buffers::park(&mut self.client.rbuf);
-                buffers::park(&mut self.backend.rbuf);
-            } else {
-                buffers::unpark(&mut self.client.rbuf);
-                buffers::unpark(&mut self.backend.rbuf);
-                if self.backend.rbuf.capacity() - self.backend.rbuf.len() < 1024 {
-                    self.backend.rbuf.reserve(BUF_SIZE);
-                }
-            }
+            self.buffers_for_wait(park);
             let attached_to_nothing = self.backend.is_detached();
             let Session { client, backend, handle, waker, .. } = self;
             tokio::select! {
@@ -95,62 +77,15 @@ impl Session {
                 // The backend first: when it left and a command arrived at once, the session
                 // must know before forwarding the command.
                 r = backend_event(backend, park), if self.lost.is_none() && !attached_to_nothing => {
-                    let r = if park {
-                        // Readiness only: read what is there (a TLS connection's readiness
-                        // may be left from its last response, and mean nothing).
-                        buffers::unpark(&mut self.backend.rbuf);
-                        match self.backend.stream.try_read_now(&mut self.backend.rbuf) {
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                                may_park = self.unbuffered();
-                                continue;
-                            }
-                            r => r,
-                        }
-                    } else {
-                        r
-                    };
-                    // The backend spoke or left unasked (wait_timeout, a kill, a shutdown).
-                    let (reason, code) = match r {
-                        Ok(n) if n > 0 => lost_reason(&self.backend.rbuf),
-                        _ => ("the backend closed the connection".to_string(), None),
-                    };
-                    let handle = &*self.handle;
-                    let killed = handle.killed.load(Ordering::Relaxed) || handle.kill_pending.load(Ordering::Relaxed);
-                    // A connection killed on purpose is not revived.
-                    if self.may_move() && !killed && code != Some(code::CONNECTION_KILLED) {
-                        tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, "backend connection lost while idle; the session moves at its next command");
-                        self.backend.rbuf.clear();
-                        self.lost = Some(reason.into());
-                        continue;
+                    if let Some(w) = self.backend_spoke(r, park, &mut may_park).await {
+                        return Ok(w);
                     }
-                    // The client gets what the backend sent, as it would directly, and the
-                    // connection is closed, so that its driver sees a dead connection rather
-                    // than a failing one.
-                    tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, pins = ?self.state.pins(), "backend connection lost while idle; closing the client connection");
-                    if !self.backend.rbuf.is_empty() {
-                        let _ = Box::pin(self.client.write(&self.backend.rbuf)).await;
-                    }
-                    self.lost = Some(reason.into());
-                    return Ok(Wait::End);
                 }
-                r = client_event(client, park) => match r {
-                    _ if park => {
-                        // Readiness: read at once rather than wait again. A false one (for
-                        // TLS, a readiness left from the last command, or a record's first
-                        // part) goes back to waiting without buffers.
-                        buffers::unpark(&mut self.client.rbuf);
-                        buffers::unpark(&mut self.backend.rbuf);
-                        match self.client.stream.try_read_now(&mut self.client.rbuf) {
-                            Ok(0) => return Ok(Wait::End),
-                            Ok(_) => may_park = false,
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => may_park = self.unbuffered(),
-                            Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
-                        }
+                r = client_event(client, park) => {
+                    if let Some(w) = self.client_spoke(r, park, &mut may_park)? {
+                        return Ok(w);
                     }
-                    Ok(0) => return Ok(Wait::End),
-                    Ok(_) => {}
-                    Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
-                },
+                }
                 _ = std::future::poll_fn(|cx| handle.wake.poll_woken(cx, waker)) => {}
                 _ = sleep_until(idle_deadline) => {
                     tracing::info!(session = handle.id, "closing idle session");
@@ -158,6 +93,102 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Why the session stops waiting before it waits again, if it does: killed, handed over to
+    /// an upgrade's new process, drained between transactions, or parked.
+    fn leaving(&mut self) -> Option<Wait> {
+        if self.handle.killed.load(Ordering::Relaxed) {
+            return Some(Wait::End);
+        }
+        if self.ctx.handoff.is_open() && self.hand_off() {
+            return Some(Wait::HandedOff);
+        }
+        if self.ctx.is_draining() && !self.state.in_transaction() && self.client.rbuf.is_empty() {
+            return Some(Wait::End);
+        }
+        if self.handle.parking.asked() && !std::mem::take(&mut self.resumed) && self.park() {
+            return Some(Wait::Park);
+        }
+        None
+    }
+
+    /// The read buffers given back for a wait without them (`park`), else taken again, with
+    /// room for the backend's next bytes.
+    fn buffers_for_wait(&mut self, park: bool) {
+        if park {
+            buffers::park(&mut self.client.rbuf);
+            buffers::park(&mut self.backend.rbuf);
+        } else {
+            buffers::unpark(&mut self.client.rbuf);
+            buffers::unpark(&mut self.backend.rbuf);
+            if self.backend.rbuf.capacity() - self.backend.rbuf.len() < 1024 {
+                self.backend.rbuf.reserve(BUF_SIZE);
+            }
+        }
+    }
+
+    /// The backend spoke or left unasked while the session was idle (wait_timeout, a kill, a
+    /// shutdown). None: wait again (a false readiness, or the session moves at its next command).
+    async fn backend_spoke(&mut self, r: std::io::Result<usize>, park: bool, may_park: &mut bool) -> Option<Wait> {
+        let r = if park {
+            // Readiness only: read what is there (a TLS connection's readiness may be left from
+            // its last response, and mean nothing).
+            buffers::unpark(&mut self.backend.rbuf);
+            match self.backend.stream.try_read_now(&mut self.backend.rbuf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    *may_park = self.unbuffered();
+                    return None;
+                }
+                r => r,
+            }
+        } else {
+            r
+        };
+        let (reason, code) = match r {
+            Ok(n) if n > 0 => lost_reason(&self.backend.rbuf),
+            _ => ("the backend closed the connection".to_string(), None),
+        };
+        let handle = &*self.handle;
+        let killed = handle.killed.load(Ordering::Relaxed) || handle.kill_pending.load(Ordering::Relaxed);
+        // A connection killed on purpose is not revived.
+        if self.may_move() && !killed && code != Some(code::CONNECTION_KILLED) {
+            tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, "backend connection lost while idle; the session moves at its next command");
+            self.backend.rbuf.clear();
+            self.lost = Some(reason.into());
+            return None;
+        }
+        // The client gets what the backend sent, as it would directly, and the connection is
+        // closed, so that its driver sees a dead connection rather than a failing one.
+        tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, pins = ?self.state.pins(), "backend connection lost while idle; closing the client connection");
+        if !self.backend.rbuf.is_empty() {
+            let _ = Box::pin(self.client.write(&self.backend.rbuf)).await;
+        }
+        self.lost = Some(reason.into());
+        Some(Wait::End)
+    }
+
+    /// The client spoke (or left). None: read on.
+    fn client_spoke(&mut self, r: std::io::Result<usize>, park: bool, may_park: &mut bool) -> Result<Option<Wait>> {
+        if !park {
+            return match r {
+                Ok(0) => Ok(Some(Wait::End)),
+                Ok(_) => Ok(None),
+                Err(e) => Err(Error::io(Side::Client, "reading command", e)),
+            };
+        }
+        // Readiness: read at once rather than wait again. A false one (for TLS, a readiness
+        // left from the last command, or a record's first part) goes back to waiting without
+        // buffers.
+        buffers::unpark(&mut self.client.rbuf);
+        buffers::unpark(&mut self.backend.rbuf);
+        match self.client.stream.try_read_now(&mut self.client.rbuf) {
+            Ok(0) => return Ok(Some(Wait::End)),
+            Ok(_) => *may_park = false,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => *may_park = self.unbuffered(),
+            Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
+        }
+        Ok(None)
     }
 
     /// Whether both connections can wait for their next bytes without read buffers.

@@ -221,22 +221,7 @@ fn random_scramble() -> [u8; 20] {
 pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: &Listener) -> std::result::Result<LoggedIn, Refusal> {
     let mut client = PacketConn::new(stream);
     let mut tried = Vec::new();
-    // The greeting repeats a backend's version; with none known yet, connect first to learn it.
-    let mut pre = None;
-    let info = match ctx.backends.server_info() {
-        Some(i) => i,
-        None => match link::open_any(&ctx.backends, &mut tried, super::origin(handle)).await.map_err(no_backend) {
-            Ok(o) => {
-                let i = o.backend.info.lock().clone().unwrap_or_default();
-                pre = Some(o);
-                i
-            }
-            Err(r) => {
-                send_error(&mut client, 0, &r.error).await;
-                return Err(r);
-            }
-        },
-    };
+    let (info, pre) = server_info(ctx, &mut client, handle, &mut tried).await?;
     let scramble = random_scramble();
     let plugin = match listener.auth {
         AuthMode::Users => ctx.config().proxy.auth_plugin.name(),
@@ -245,37 +230,13 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
     // Read once: a certificate renewed meanwhile is for the next connection.
     let tls = ctx.tls.server_config();
     let g = greeting(tls.is_some(), &info, handle.id, &scramble, plugin);
-    let mut out = Vec::with_capacity(128);
-    g.write(&mut out);
-    client.write_packet(&out, 0).await.map_err(|e| Error::io(Side::Client, "sending greeting", e))?;
-
-    // With TLS configured this may be an SSL request, after which the TLS handshake must see
-    // every byte: read exactly one packet. Without, one buffered read takes it all.
-    let first =
-        if tls.is_some() { client.read_packet_exact(LOGIN_PACKET_LIMIT).await } else { client.read_packet(LOGIN_PACKET_LIMIT).await };
-    let (mut seq, mut payload) = first.map_err(|e| Error::io(Side::Client, "reading handshake response", e))?;
-    if is_ssl_request(&payload) {
-        let Some(tls) = tls else {
-            return Err(Error::client("client asked for TLS, which is off (tls = \"off\")").into());
-        };
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-        let s = acceptor.accept(client.stream).await.map_err(|e| Error::client(format!("TLS handshake: {e}")))?;
-        client = PacketConn::new(Stream::Tls(Box::new(tokio_rustls::TlsStream::Server(s))));
-        (seq, payload) = read_client(&mut client).await?;
-    }
+    let (mut client, seq, payload) = handshake(client, &g, tls).await?;
     let hr = HandshakeResponse::parse(&payload).map_err(|e| Error::malformed(Side::Client, e))?;
     let next = seq.wrapping_add(1);
     let client_caps = hr.capabilities & g.capabilities;
-    let compression = if client_caps & cap::ZSTD_COMPRESSION != 0 {
-        Some(sluice_proto::compress::Algorithm::Zstd { level: hr.zstd_level.unwrap_or(3).clamp(1, 22) as i32 })
-    } else if client_caps & cap::COMPRESS != 0 {
-        Some(sluice_proto::compress::Algorithm::Zlib)
-    } else {
-        None
-    };
-    let user = String::from_utf8_lossy(&hr.user).into_owned();
+    let compression = compression_of(&hr, client_caps);
     let mut state = SessionState {
-        user: user.as_str().into(),
+        user: String::from_utf8_lossy(&hr.user).as_ref().into(),
         schema: hr.database.as_ref().filter(|d| !d.is_empty()).map(|d| String::from_utf8_lossy(d).into()),
         collation: hr.collation,
         status: status::AUTOCOMMIT,
@@ -329,6 +290,69 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
             }
             Err(r)
         }
+    }
+}
+
+/// What the greeting repeats of a backend: its version, from a connection opened now when none
+/// is known yet (that connection is then the login's first choice). A failure is sent to the
+/// client.
+async fn server_info(
+    ctx: &Ctx,
+    client: &mut PacketConn,
+    handle: &SessionHandle,
+    tried: &mut Vec<(usize, Error)>,
+) -> std::result::Result<(ServerInfo, Option<Opened>), Refusal> {
+    if let Some(i) = ctx.backends.server_info() {
+        return Ok((i, None));
+    }
+    match link::open_any(&ctx.backends, tried, super::origin(handle)).await.map_err(no_backend) {
+        Ok(o) => {
+            let info = o.backend.info.lock().clone().unwrap_or_default();
+            Ok((info, Some(o)))
+        }
+        Err(r) => {
+            send_error(client, 0, &r.error).await;
+            Err(r)
+        }
+    }
+}
+
+/// Sends the greeting `g` and reads the client's handshake response, over TLS when the client
+/// asks for it first: the client's connection, the response's sequence number and payload.
+async fn handshake(
+    mut client: PacketConn,
+    g: &Greeting,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> std::result::Result<(PacketConn, u8, Vec<u8>), Refusal> {
+    let mut out = Vec::with_capacity(128);
+    g.write(&mut out);
+    client.write_packet(&out, 0).await.map_err(|e| Error::io(Side::Client, "sending greeting", e))?;
+    // With TLS configured this may be an SSL request, after which the TLS handshake must see
+    // every byte: read exactly one packet. Without, one buffered read takes it all.
+    let first =
+        if tls.is_some() { client.read_packet_exact(LOGIN_PACKET_LIMIT).await } else { client.read_packet(LOGIN_PACKET_LIMIT).await };
+    let (seq, payload) = first.map_err(|e| Error::io(Side::Client, "reading handshake response", e))?;
+    if !is_ssl_request(&payload) {
+        return Ok((client, seq, payload));
+    }
+    let Some(tls) = tls else {
+        return Err(Error::client("client asked for TLS, which is off (tls = \"off\")").into());
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let s = acceptor.accept(client.stream).await.map_err(|e| Error::client(format!("TLS handshake: {e}")))?;
+    let mut client = PacketConn::new(Stream::Tls(Box::new(tokio_rustls::TlsStream::Server(s))));
+    let (seq, payload) = read_client(&mut client).await?;
+    Ok((client, seq, payload))
+}
+
+/// The compression the client and sluice agreed to.
+fn compression_of(hr: &HandshakeResponse, client_caps: u32) -> Option<sluice_proto::compress::Algorithm> {
+    if client_caps & cap::ZSTD_COMPRESSION != 0 {
+        Some(sluice_proto::compress::Algorithm::Zstd { level: hr.zstd_level.unwrap_or(3).clamp(1, 22) as i32 })
+    } else if client_caps & cap::COMPRESS != 0 {
+        Some(sluice_proto::compress::Algorithm::Zlib)
+    } else {
+        None
     }
 }
 
@@ -511,22 +535,33 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, cseq: u8) -> 
 }
 
 /// Users mode: sluice checks the password, then logs in to a backend as the same user.
-async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> std::result::Result<Backed, Fail> {
-    let (ctx, handle, hr, g, client_caps) = (a.ctx, a.handle, a.hr, a.greeting, a.client_caps);
-    let (pre, tried) = (a.pre.take(), &mut a.tried);
+async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, cseq: u8) -> std::result::Result<Backed, Fail> {
+    let (slot, credential, cseq) = authenticate(a, client, cseq).await?;
+    let b = connect_as(a, &credential).await.map_err(|r| (r, Some(cseq)))?;
+    a.handle.bind_backend(b.guard.index, &b.guard.name, b.backend_thread_id);
+    let mut ok = Vec::new();
+    sluice_proto::basic::ok_payload(&mut ok, 0, 0, 0, status::AUTOCOMMIT, 0);
+    client.write_packet(&ok, cseq).await.map_err(|e| (Refusal::from(Error::io(Side::Client, "login", e)), None))?;
+    Ok(Backed { user_slot: Some(slot), ..b })
+}
+
+/// Users mode: checks the client's password (and its TLS, and its user's connection limit).
+/// The user's place among its connections, the credentials sluice logs in with, and the
+/// client's next sequence number.
+async fn authenticate(a: &Attempt<'_>, client: &mut PacketConn, cseq: u8) -> std::result::Result<(UserSlot, Credential, u8), Fail> {
+    let (ctx, hr, g) = (a.ctx, a.hr, a.greeting);
     let name = String::from_utf8_lossy(&hr.user).into_owned();
-    let denied = |seq: u8, used_password: bool| {
-        let msg = format!("Access denied for user '{}' (using password: {})", name, if used_password { "YES" } else { "NO" });
-        (refuse(Reject::AccessDenied, Error::new(Side::Client, code::ACCESS_DENIED, msg).state(b"28000")), Some(seq))
-    };
     let plugin = hr.auth_plugin.clone().unwrap_or_else(|| auth::NATIVE.to_vec());
     let io_c = |e| (Refusal::from(Error::io(Side::Client, "login", e)), None);
-    let (verdict, next) =
+    let (verdict, cseq) =
         verify(client, cseq, &ctx.users, ctx.rsa.as_ref(), &name, &plugin, &hr.auth_response, &g.scramble).await.map_err(io_c)?;
-    cseq = next;
     let user = match verdict {
         Verdict::Accepted(u) => u,
-        Verdict::Denied { used_password } => return Err(denied(cseq, used_password)),
+        Verdict::Denied { used_password } => {
+            let msg = format!("Access denied for user '{}' (using password: {})", name, if used_password { "YES" } else { "NO" });
+            let e = Error::new(Side::Client, code::ACCESS_DENIED, msg).state(b"28000");
+            return Err((refuse(Reject::AccessDenied, e), Some(cseq)));
+        }
     };
     if user.require_tls && !client.stream.is_tls() {
         let e = Error::new(Side::Client, code::SECURE_TRANSPORT_REQUIRED, format!("user '{name}' must connect with TLS"));
@@ -534,110 +569,71 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
     }
     // Given back when dropped: on an error below, or when handshake_timeout drops this future.
     let Some(slot) = user.acquire() else {
-        let e = Error::new(
-            Side::Client,
-            code::TOO_MANY_USER_CONNECTIONS,
-            format!("User '{name}' has exceeded the 'max_user_connections' resource"),
-        )
-        .state(b"42000");
+        let msg = format!("User '{name}' has exceeded the 'max_user_connections' resource");
+        let e = Error::new(Side::Client, code::TOO_MANY_USER_CONNECTIONS, msg).state(b"42000");
         return Err((refuse(Reject::MaxUserConnections, e), Some(cseq)));
     };
     let Some(credential) = user.credential() else {
         return Err((Error::proxy(code::UNKNOWN_ERROR, "no credential for backend login").into(), Some(cseq)));
     };
+    Ok((slot, credential.clone(), cseq))
+}
+
+/// Users mode: a backend connection logged in as the client's user, in the login's schema: a
+/// spare connection of the user's (multiplexing), a pooled one, or a new login; the next
+/// backend when one cannot be reached.
+async fn connect_as(a: &mut Attempt<'_>, credential: &Credential) -> std::result::Result<Backed, Refusal> {
+    let (ctx, hr) = (a.ctx, a.hr);
     let attrs = crate::backend::shared::attrs_hash(&hr.attributes);
-    let key = Key { user: std::sync::Arc::from(name.as_str()), fit: a.fit, collation: hr.collation, attrs };
+    let key = Key { user: std::sync::Arc::from(String::from_utf8_lossy(&hr.user).as_ref()), fit: a.fit, collation: hr.collation, attrs };
     let want = SessionState {
         schema: hr.database.as_ref().filter(|d| !d.is_empty()).map(|d| String::from_utf8_lossy(d).into()),
         // (A spare connection goes back to the character set of this login, not the server's.)
         collation: hr.collation,
-        multi_statements: client_caps & cap::MULTI_STATEMENTS != 0,
+        multi_statements: a.client_caps & cap::MULTI_STATEMENTS != 0,
         ..Default::default()
     };
-    let mut pre = pre;
-    let b = loop {
-        let backend = match &pre {
+    loop {
+        let backend = match &a.pre {
             Some(o) => o.backend.clone(),
-            None => link::pick(&ctx.backends, tried).map_err(|e| (no_backend(e), Some(cseq)))?,
+            None => link::pick(&ctx.backends, &a.tried).map_err(no_backend)?,
         };
         let key = Key { fit: Fit { backend_tls: backend.tls.wanted(a.client_tls), ..key.fit }, ..key.clone() };
-        let taken = backend.shared.take(&key, a.multiplex).await.map_err(|w| (queue_full(&backend, w, ctx), Some(cseq)))?;
+        let taken = backend.shared.take(&key, a.multiplex).await.map_err(|w| queue_full(&backend, w, ctx))?;
         let slot = match taken {
-            Taken::Conn(spare, slot) => match reuse_spare(&backend, spare, &want).await {
-                Ok(Some((conn, state, caps, mariadb))) => {
-                    let tid = state.thread_id;
-                    let (credential, user_slot) = (Some(credential.clone()), None);
-                    let conn_state = Some(state);
-                    let guard = backend.bind();
-                    break Backed {
+            Taken::Conn(spare, slot) => match reuse_spare(&backend, spare, &want).await? {
+                Some((conn, state, backend_caps, mariadb)) => {
+                    return Ok(Backed {
                         backend: conn,
-                        guard,
-                        backend_thread_id: tid,
-                        backend_caps: caps,
+                        guard: backend.bind(),
+                        backend_thread_id: state.thread_id,
+                        backend_caps,
                         mariadb,
-                        credential,
-                        user_slot,
+                        credential: Some(credential.clone()),
+                        user_slot: None,
                         slot,
-                        conn: conn_state,
-                    };
+                        conn: Some(state),
+                    });
                 }
-                Ok(None) => slot,
-                Err(e) => return Err((e.into(), Some(cseq))),
+                None => slot,
             },
             Taken::Open(slot) => slot,
         };
-        let link = match pre.take() {
+        let link = match a.pre.take() {
             Some(o) => Link::Fresh(o),
-            None => match link::link_on(backend, tried, a.fit, a.client_tls, super::origin(a.handle)).await {
+            None => match link::link_on(backend, &mut a.tried, a.fit, a.client_tls, super::origin(a.handle)).await {
                 Some(link) => link,
                 None => continue,
             },
         };
-        let (mut conn, backend, backend_thread_id, backend_caps, mariadb) = match link {
-            Link::Reused(b, mut idle) => match reuse_as(&b, &mut idle, hr, &credential).await {
-                Ok(()) => {
-                    b.metrics.pool_reused.inc();
-                    (idle.conn, b, idle.thread_id, idle.backend_caps, idle.mariadb)
-                }
-                // Stale, or refused: a new connection's login will say which.
-                Err(e) => {
-                    tracing::debug!(backend = %b.name, error = %e.message, "pooled connection unusable; taking another");
-                    continue;
-                }
-            },
-            Link::Fresh(Opened { backend, conn, greeting: g }) => {
-                let (thread_id, mariadb) = (g.connection_id, g.capabilities & cap::LONG_PASSWORD == 0);
-                match log_in_fresh(&backend, conn, &g, hr, client_caps, a.client_tls, &credential).await {
-                    Ok((conn, backend_caps)) => (conn, backend, thread_id, backend_caps, mariadb),
-                    Err(e) if e.retry == crate::error::Retry::Safe => {
-                        tried.push((backend.index, e));
-                        continue;
-                    }
-                    Err(e) => return Err((e.into(), Some(cseq))),
-                }
-            }
+        let Some((mut conn, backend, backend_thread_id, backend_caps, mariadb)) = log_in_as(a, link, credential).await? else {
+            continue;
         };
-        // Without this, a session could not be recreated elsewhere with all its variables.
-        let tracking = match crate::backend::restore::track_all(&mut conn, backend_caps, backend.connect_timeout).await {
-            Ok((defaults, sql_mode)) => {
-                *backend.tracking.lock() = Some(defaults);
-                *backend.lex_default.lock() = Some(sluice_proto::lexer::Mode::from_sql_mode(sql_mode.as_bytes()));
-                true
-            }
-            Err(e) => {
-                tracing::warn!(backend = %backend.name, error = %e.message, "cannot track session variables; sessions will not move");
-                false
-            }
-        };
-        let state = ConnState {
-            attrs,
-            schema: want.schema.clone(),
-            multi_statements: backend_caps & cap::MULTI_STATEMENTS != 0,
-            tracking,
-            thread_id: backend_thread_id,
-            ..Default::default()
-        };
-        break Backed {
+        let tracking = track_all(&backend, &mut conn, backend_caps).await;
+        let schema = want.schema.clone();
+        let multi_statements = backend_caps & cap::MULTI_STATEMENTS != 0;
+        let state = ConnState { attrs, schema, multi_statements, tracking, thread_id: backend_thread_id, ..Default::default() };
+        return Ok(Backed {
             backend: conn,
             guard: backend.bind(),
             backend_thread_id,
@@ -647,13 +643,59 @@ async fn users(a: &mut Attempt<'_>, client: &mut PacketConn, mut cseq: u8) -> st
             user_slot: None,
             slot,
             conn: Some(Box::new(state)),
-        };
-    };
-    handle.bind_backend(b.guard.index, &b.guard.name, b.backend_thread_id);
-    let mut ok = Vec::new();
-    sluice_proto::basic::ok_payload(&mut ok, 0, 0, 0, status::AUTOCOMMIT, 0);
-    client.write_packet(&ok, cseq).await.map_err(io_c)?;
-    Ok(Backed { user_slot: Some(slot), ..b })
+        });
+    }
+}
+
+/// What a users-mode login on `link` gives: the connection, its backend, thread id,
+/// capabilities and whether it is MariaDB. None: that connection cannot serve (a pooled one
+/// gone stale, or a backend that refused in a way another may not); try the next.
+async fn log_in_as(
+    a: &mut Attempt<'_>,
+    link: Link,
+    credential: &Credential,
+) -> std::result::Result<Option<(PacketConn, Arc<Backend>, u32, u32, bool)>, Refusal> {
+    match link {
+        Link::Reused(b, mut idle) => match reuse_as(&b, &mut idle, a.hr, credential).await {
+            Ok(()) => {
+                b.metrics.pool_reused.inc();
+                Ok(Some((idle.conn, b, idle.thread_id, idle.backend_caps, idle.mariadb)))
+            }
+            // Stale, or refused: a new connection's login will say which.
+            Err(e) => {
+                tracing::debug!(backend = %b.name, error = %e.message, "pooled connection unusable; taking another");
+                Ok(None)
+            }
+        },
+        Link::Fresh(Opened { backend, conn, greeting: g }) => {
+            let (thread_id, mariadb) = (g.connection_id, g.capabilities & cap::LONG_PASSWORD == 0);
+            match log_in_fresh(&backend, conn, &g, a.hr, a.client_caps, a.client_tls, credential).await {
+                Ok((conn, backend_caps)) => Ok(Some((conn, backend, thread_id, backend_caps, mariadb))),
+                Err(e) if e.retry == crate::error::Retry::Safe => {
+                    a.tried.push((backend.index, e));
+                    Ok(None)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Turns on the tracking of every session variable on a new connection (without it, a
+/// session could not be recreated elsewhere with all its variables), and notes the backend's
+/// defaults and lexer mode. Whether it is on.
+async fn track_all(backend: &Backend, conn: &mut PacketConn, backend_caps: u32) -> bool {
+    match crate::backend::restore::track_all(conn, backend_caps, backend.connect_timeout).await {
+        Ok((defaults, sql_mode)) => {
+            *backend.tracking.lock() = Some(defaults);
+            *backend.lex_default.lock() = Some(sluice_proto::lexer::Mode::from_sql_mode(sql_mode.as_bytes()));
+            true
+        }
+        Err(e) => {
+            tracing::warn!(backend = %backend.name, error = %e.message, "cannot track session variables; sessions will not move");
+            false
+        }
+    }
 }
 
 #[cfg(test)]

@@ -15,14 +15,30 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use crate::config::{self, load_certs, load_key};
 
 /// The server-side TLS configuration for a certificate chain and its key (TLS 1.2 and 1.3).
-fn server_config(certs: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>) -> Result<Arc<rustls::ServerConfig>, String> {
+fn server_config(certs: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
+        .map_err(TlsError::Rustls)?
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .map_err(|e| format!("TLS certificate/key: {e}"))?;
+        .map_err(TlsError::CertificateKey)?;
     Ok(Arc::new(config))
+}
+
+/// Why sluice cannot present a certificate to clients.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A configured certificate or key file cannot be used (the configuration's fault).
+    #[error(transparent)]
+    Files(#[from] config::PemError),
+    /// The certificate and key do not go together, or are not usable for TLS.
+    #[error("TLS certificate/key: {0}")]
+    CertificateKey(rustls::Error),
+    #[error("TLS: {0}")]
+    Rustls(rustls::Error),
+    /// Generating a certificate failed (sluice's own fault).
+    #[error("generating a self-signed certificate: {0}")]
+    Generate(String),
 }
 
 /// How long a generated certificate is valid, and how long before its end a new one takes its
@@ -81,7 +97,7 @@ fn modified(p: &std::path::Path) -> Option<SystemTime> {
 }
 
 /// Reads a certificate chain and its key.
-fn from_files(f: &config::TlsConfig) -> Result<Certificate, String> {
+fn from_files(f: &config::TlsConfig) -> Result<Certificate, TlsError> {
     let (certs, key) = (load_certs(f.cert.get_ref())?, load_key(f.key.get_ref())?);
     let fingerprint = fingerprint(&certs[0]);
     Ok(Certificate { config: server_config(certs, key)?, fingerprint, not_after: None })
@@ -98,7 +114,7 @@ pub struct ClientTls {
 
 impl ClientTls {
     /// As configured; a generated certificate is made at `now` with the [`SELF_SIGNED`] lifetime.
-    pub fn from_config(c: &config::ClientTls, now: SystemTime) -> Result<ClientTls, String> {
+    pub fn from_config(c: &config::ClientTls, now: SystemTime) -> Result<ClientTls, TlsError> {
         match c {
             config::ClientTls::Off => Ok(ClientTls::with(Source::Off, None)),
             config::ClientTls::Files(f) => {
@@ -110,7 +126,7 @@ impl ClientTls {
     }
 
     /// A generated certificate with the given lifetime, made at `now`.
-    pub fn self_signed(lifetime: Lifetime, now: SystemTime) -> Result<ClientTls, String> {
+    pub fn self_signed(lifetime: Lifetime, now: SystemTime) -> Result<ClientTls, TlsError> {
         let cert = generate(now, lifetime.validity)?;
         Ok(ClientTls::with(Source::SelfSigned(lifetime), Some(cert)))
     }
@@ -130,7 +146,7 @@ impl ClientTls {
 
     /// Replaces a generated certificate that is due at `now` (its end is `renew_before` away or
     /// less) with a new one. Returns whether it did; certificates from files stay.
-    pub fn renew_if_due(&self, now: SystemTime) -> Result<bool, String> {
+    pub fn renew_if_due(&self, now: SystemTime) -> Result<bool, TlsError> {
         let Source::SelfSigned(lifetime) = self.source else { return Ok(false) };
         let mut in_use = self.in_use.lock();
         if in_use.1.is_some_and(|end| now + lifetime.renew_before < end) {
@@ -145,7 +161,7 @@ impl ClientTls {
     /// Reads the certificate files of `c` (the configuration in force) again, when sluice
     /// presents certificates from files: new handshakes get them, those made keep theirs.
     /// Whether the certificate changed. Err: they cannot be used (the old ones stay).
-    pub fn reload_files(&self, c: &config::ClientTls) -> Result<bool, String> {
+    pub fn reload_files(&self, c: &config::ClientTls) -> Result<bool, TlsError> {
         let (Source::Files(files), config::ClientTls::Files(f)) = (&self.source, c) else { return Ok(false) };
         let mut files = files.lock();
         // (The stamp first: files that change while being read are read again; files that
@@ -240,7 +256,7 @@ pub async fn watch_files(tls: &ClientTls, config: &config::Live) {
 }
 
 /// A certificate sluice presents without being configured with one: see [`self_signed_der`].
-fn generate(now: SystemTime, validity: Duration) -> Result<Certificate, String> {
+fn generate(now: SystemTime, validity: Duration) -> Result<Certificate, TlsError> {
     let (der, key, not_after) = self_signed_der(now, validity)?;
     let fingerprint = fingerprint(&der);
     Ok(Certificate { config: server_config(vec![der], key)?, fingerprint, not_after: Some(not_after) })
@@ -249,15 +265,16 @@ fn generate(now: SystemTime, validity: Duration) -> Result<Certificate, String> 
 /// A self-signed certificate for "localhost" (clients cannot verify it: no CA vouches for it),
 /// valid from a little before `now` for `validity`, with a new ECDSA P-256 key. Returns the
 /// certificate, its key and the end of its validity.
-fn self_signed_der(now: SystemTime, validity: Duration) -> Result<(CertificateDer<'static>, PrivateKeyDer<'static>, SystemTime), String> {
-    let fail = |e: rcgen::Error| format!("generating a self-signed certificate: {e}");
+fn self_signed_der(now: SystemTime, validity: Duration) -> Result<(CertificateDer<'static>, PrivateKeyDer<'static>, SystemTime), TlsError> {
+    let fail = |e: rcgen::Error| TlsError::Generate(e.to_string());
     let key = rcgen::KeyPair::generate().map_err(fail)?;
     let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).map_err(fail)?;
     params.distinguished_name = rcgen::DistinguishedName::new();
     params.distinguished_name.push(rcgen::DnType::CommonName, SELF_SIGNED_NAME);
     let end = unix_secs(now + validity);
-    params.not_before = datetime(unix_secs(now.checked_sub(BACKDATE).unwrap_or(now)))?;
-    params.not_after = datetime(end)?;
+    let date = |unix| datetime(unix).map_err(|e| TlsError::Generate(format!("certificate date: {e}")));
+    params.not_before = date(unix_secs(now.checked_sub(BACKDATE).unwrap_or(now)))?;
+    params.not_after = date(end)?;
     let cert = params.self_signed(&key).map_err(fail)?;
     let not_after = SystemTime::UNIX_EPOCH + Duration::from_secs(end.max(0) as u64);
     Ok((cert.der().clone(), PrivateKeyDer::Pkcs8(key.serialize_der().into()), not_after))
@@ -267,8 +284,8 @@ fn unix_secs(t: SystemTime) -> i64 {
     t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
-fn datetime(unix: i64) -> Result<time::OffsetDateTime, String> {
-    time::OffsetDateTime::from_unix_timestamp(unix).map_err(|e| format!("certificate date: {e}"))
+fn datetime(unix: i64) -> Result<time::OffsetDateTime, time::error::ComponentRange> {
+    time::OffsetDateTime::from_unix_timestamp(unix)
 }
 
 fn rfc3339(t: SystemTime) -> String {

@@ -11,8 +11,7 @@ const ORANGE: [u8; 3] = [237, 127, 16];
 const GREEN: [u8; 3] = [78, 154, 6];
 const RED: [u8; 3] = [204, 0, 0];
 
-/// Digests in the latency chart, at most.
-pub const LATENCY_BARS: usize = 20;
+use super::report::LATENCY_BARS;
 
 struct Canvas {
     px: Vec<u8>,
@@ -42,21 +41,22 @@ impl Canvas {
         self.rect(x, H - 21 - h, w, h, color);
     }
 
-    fn png(&self) -> Result<Vec<u8>, String> {
+    fn png(&self) -> Result<Vec<u8>, super::ReplayError> {
         let mut out = Vec::new();
         let mut enc = png::Encoder::new(&mut out, W as u32, H as u32);
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
-        let mut w = enc.write_header().map_err(|e| e.to_string())?;
-        w.write_image_data(&self.px).map_err(|e| e.to_string())?;
-        w.finish().map_err(|e| e.to_string())?;
+        let io = |e: png::EncodingError| super::ReplayError::Io { what: "drawing a chart".into(), source: std::io::Error::other(e) };
+        let mut w = enc.write_header().map_err(io)?;
+        w.write_image_data(&self.px).map_err(io)?;
+        w.finish().map_err(io)?;
         Ok(out)
     }
 }
 
 /// p99 latency by digest, captured (blue) beside replayed (orange), for the first digests of
 /// the latency table (regressions first).
-pub fn latency(r: &Report) -> Result<Vec<u8>, String> {
+pub fn latency(r: &Report) -> Result<Vec<u8>, super::ReplayError> {
     let rows = &r.latency[..r.latency.len().min(LATENCY_BARS)];
     let max = rows.iter().map(|l| l.captured_p99_us.max(l.replayed_p99_us)).max().unwrap_or(0) as f64;
     let mut c = Canvas::new();
@@ -73,7 +73,7 @@ pub fn latency(r: &Report) -> Result<Vec<u8>, String> {
 /// The commands: same result (green), different (red), different where the order of concurrent
 /// commands decides (orange), not replayed (grey), on a log scale
 /// (a few differences beside many thousands of equal results stay visible).
-pub fn totals(r: &Report) -> Result<Vec<u8>, String> {
+pub fn totals(r: &Report) -> Result<Vec<u8>, super::ReplayError> {
     let skipped: usize = r.skipped.values().sum();
     let log = |n: usize| ((n + 1) as f64).log10();
     let bars = [(log(r.same), GREEN), (log(r.differing), RED), (log(r.order_dependent), ORANGE), (log(skipped), GREY)];

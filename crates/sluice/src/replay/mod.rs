@@ -95,11 +95,44 @@ pub struct Outcome {
     pub retried: bool,
 }
 
+/// Why a replay could not run, or could not write its report.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The command line asks for something out of bounds.
+    #[error("{0}")]
+    Arguments(String),
+    /// The capture does not read: its files, its key, its meta.json.
+    #[error(transparent)]
+    Capture(#[from] crate::capture::CaptureError),
+    /// The capture is not whole: not ended, files missing, empty or unlisted, records past its end.
+    #[error("{0}")]
+    NotWhole(String),
+    /// A file or folder of the capture or of the report cannot be used.
+    #[error(transparent)]
+    Path(#[from] crate::sys::PathError),
+    /// Writing the report, or starting the replay, failed.
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+}
+
+impl ReplayError {
+    pub fn blame(&self) -> crate::error::Blame {
+        use crate::error::Blame;
+        match self {
+            ReplayError::Arguments(_) | ReplayError::NotWhole(_) => Blame::Caller,
+            ReplayError::Capture(e) => e.blame(),
+            ReplayError::Path(_) | ReplayError::Io { .. } => Blame::Setup,
+        }
+    }
+}
+
 /// The captured sessions of `dir`, by id. A record's time or latency past `limit_us` (from the
 /// capture's start) is damage: replaying it would wait for ever.
-pub fn load(dir: &std::path::Path, key: Option<&files::Key>, limit_us: u64) -> Result<BTreeMap<u64, Captured>, String> {
+pub fn load(dir: &std::path::Path, key: Option<&files::Key>, limit_us: u64) -> Result<BTreeMap<u64, Captured>, ReplayError> {
     let mut sessions: BTreeMap<u64, Captured> = BTreeMap::new();
-    let late = |what: &str, us: u64| format!("a record's {what} ({us} µs) is past the capture's end: the capture is damaged");
+    let late = |what: &str, us: u64| {
+        ReplayError::NotWhole(format!("a record's {what} ({us} µs) is past the capture's end: the capture is damaged"))
+    };
     for path in files::list(dir)? {
         for r in files::read_file(&path, key)? {
             let id = r.session();
@@ -134,22 +167,22 @@ pub const SPEEDS: (f64, f64) = (1e-3, 1e3);
 const END_SLACK_US: u64 = 60_000_000;
 
 /// Checks the arguments before anything is read.
-fn check_args(args: &Args) -> Result<(), String> {
+fn check_args(args: &Args) -> Result<(), ReplayError> {
     if !(args.speed >= SPEEDS.0 && args.speed <= SPEEDS.1) {
-        return Err(format!("--speed must be from {} to {}, not {}", SPEEDS.0, SPEEDS.1, args.speed));
+        return Err(ReplayError::Arguments(format!("--speed must be from {} to {}, not {}", SPEEDS.0, SPEEDS.1, args.speed)));
     }
     if args.target.trim().is_empty() || args.user.is_empty() {
-        return Err("--target and --user must not be empty".into());
+        return Err(ReplayError::Arguments("--target and --user must not be empty".into()));
     }
     Ok(())
 }
 
 /// Checks that the capture in `dir` is whole: it ended, and its folder holds every file its
 /// `meta.json` lists, none empty, and no other. The latest time a record may have (µs).
-pub fn check_whole(dir: &std::path::Path, meta: &crate::capture::Status) -> Result<u64, String> {
+pub fn check_whole(dir: &std::path::Path, meta: &crate::capture::Status) -> Result<u64, ReplayError> {
     let Some(ended) = meta.ended_at_ms.filter(|_| meta.state == "done") else {
         let why = meta.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default();
-        return Err(format!("the capture is {} and not whole{why}", meta.state));
+        return Err(ReplayError::NotWhole(format!("the capture is {} and not whole{why}", meta.state)));
     };
     let found: Vec<String> = files::list(dir)?.iter().filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
     let mut listed = meta.files.clone();
@@ -157,28 +190,36 @@ pub fn check_whole(dir: &std::path::Path, meta: &crate::capture::Status) -> Resu
     if found != listed {
         let missing: Vec<&String> = listed.iter().filter(|f| !found.contains(f)).collect();
         let extra: Vec<&String> = found.iter().filter(|f| !listed.contains(f)).collect();
-        return Err(format!("the capture's files are not those meta.json lists: missing {missing:?}, not listed {extra:?}"));
+        return Err(ReplayError::NotWhole(format!(
+            "the capture's files are not those meta.json lists: missing {missing:?}, not listed {extra:?}"
+        )));
     }
     for name in &found {
-        let len = std::fs::symlink_metadata(dir.join(name)).map_err(|e| format!("{name}: {e}"))?.len();
+        let path = dir.join(name);
+        let len = std::fs::symlink_metadata(&path).map_err(|e| crate::sys::PathError::at(&path)(e.into()))?.len();
         if len <= files::MAGIC_LEN {
-            return Err(format!("{name} is empty: the capture is not whole"));
+            return Err(ReplayError::NotWhole(format!("{name} is empty: the capture is not whole")));
         }
     }
     Ok(ended.saturating_sub(meta.started_at_ms).saturating_mul(1000).saturating_add(END_SLACK_US))
 }
 
 /// Replays the capture in `args.input` and writes the report (when asked); the report.
-pub fn run(args: &Args) -> Result<report::Report, String> {
+pub fn run(args: &Args) -> Result<report::Report, ReplayError> {
     check_args(args)?;
     let key = args.key_file.as_deref().map(files::load_key).transpose()?;
     let meta = files::read_meta(&args.input)?;
     let limit_us = check_whole(&args.input, &meta)?;
     let sessions = load(&args.input, key.as_ref(), limit_us)?;
-    let config = crate::config::Config::parse(&format!("[[backends]]\naddress = {:?}\n", args.target)).map_err(|e| e.to_string())?;
+    let config = crate::config::Config::parse(&format!("[[backends]]\naddress = {:?}\n", args.target))
+        .map_err(|e| ReplayError::Arguments(format!("--target: {e}")))?;
     let metrics = crate::metrics::Metrics::new(std::slice::from_ref(&args.target));
-    let b = Backend::from_config(0, &config.backends[0], metrics.backends[0].clone(), &config.proxy, 1)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| format!("starting the replay runtime: {e}"))?;
+    let b = Backend::from_config(0, &config.backends[0], metrics.backends[0].clone(), &config.proxy, 1)
+        .map_err(|e| ReplayError::Arguments(format!("--target: {e}")))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| ReplayError::Io { what: "starting the replay runtime".into(), source })?;
     let started = Instant::now();
     let plan = overlap::Plan::new(&sessions);
     let (mut outcomes, cut) = rt.block_on(replay_all(Arc::new(b), sessions, args));
@@ -190,7 +231,8 @@ pub fn run(args: &Args) -> Result<report::Report, String> {
     let mut report = report::build(&meta, args, &outcomes, started.elapsed());
     report.order_waits_cut = cut;
     if let Some(dir) = &args.report {
-        report::write(dir, &report)?;
+        let charts = [("totals.png", charts::totals(&report)?), ("latency.png", charts::latency(&report)?)];
+        report::write(dir, &report, &charts)?;
     }
     Ok(report)
 }

@@ -26,6 +26,9 @@ const SAMPLES: usize = 3;
 /// Digest rows shown in the Markdown tables.
 const SHOWN: usize = 50;
 
+/// Digests in the latency chart, at most.
+pub const LATENCY_BARS: usize = 20;
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub input: String,
@@ -168,87 +171,111 @@ pub fn build(meta: &Status, args: &Args, outcomes: &[Outcome], took: Duration) -
         latency: Vec::new(),
         errors: Vec::new(),
     };
-    // Differences, and those of order-dependent commands.
-    let mut diffs: [BTreeMap<String, DiffGroup>; 2] = Default::default();
-    let mut lat: BTreeMap<String, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
-    let mut errors: BTreeMap<(u16, u16, String), usize> = BTreeMap::new();
+    let mut tally = Tally::default();
     for o in outcomes {
+        tally.add(&mut r, o);
+    }
+    tally.finish(&mut r);
+    r
+}
+
+/// What the report gathers by digest while it counts the outcomes.
+#[derive(Default)]
+struct Tally {
+    /// Differences, and those of order-dependent commands.
+    diffs: [BTreeMap<String, DiffGroup>; 2],
+    /// Latencies, captured and replayed.
+    latency: BTreeMap<String, (Vec<u64>, Vec<u64>)>,
+    /// Errors: replayed code, captured code, digest.
+    errors: BTreeMap<(u16, u16, String), usize>,
+}
+
+impl Tally {
+    /// Counts one command's outcome.
+    fn add(&mut self, r: &mut Report, o: &Outcome) {
         let replayed = match &o.replayed {
             Ok(s) => s,
             Err(why) => {
                 *r.skipped.entry(why.clone()).or_default() += 1;
-                continue;
+                return;
             }
         };
         r.replayed += 1;
         r.retried += usize::from(o.retried);
         let Some(captured) = o.captured else {
             r.not_compared += 1;
-            continue;
+            return;
         };
         let digest = digest_of(o);
         if replayed.error != 0 {
             r.replay_errors += 1;
-            *errors.entry((replayed.error, captured.error, digest.clone())).or_default() += 1;
+            *self.errors.entry((replayed.error, captured.error, digest.clone())).or_default() += 1;
         }
-        let l = lat.entry(digest.clone()).or_default();
+        let l = self.latency.entry(digest.clone()).or_default();
         l.0.push(captured.latency_us);
         l.1.push(replayed.latency_us);
-        match difference(&captured, replayed, has_order_by(o.text.as_deref())) {
-            None => r.same += 1,
-            Some(what) => {
-                *(if o.order_dependent { &mut r.order_dependent } else { &mut r.differing }) += 1;
-                let g = diffs[usize::from(o.order_dependent)].entry(digest.clone()).or_insert_with(|| DiffGroup {
-                    digest,
-                    count: 0,
-                    samples: Vec::new(),
-                });
-                g.count += 1;
-                if g.samples.len() < SAMPLES {
-                    let text = o.text.clone().unwrap_or_else(|| com::name(o.command).to_string());
-                    g.samples.push(DiffSample { session: o.session, number: o.number, text, what, captured, replayed: *replayed });
-                }
-            }
+        let Some(what) = difference(&captured, replayed, has_order_by(o.text.as_deref())) else {
+            r.same += 1;
+            return;
+        };
+        *(if o.order_dependent { &mut r.order_dependent } else { &mut r.differing }) += 1;
+        let g = self.diffs[usize::from(o.order_dependent)].entry(digest.clone()).or_insert_with(|| DiffGroup {
+            digest,
+            count: 0,
+            samples: Vec::new(),
+        });
+        g.count += 1;
+        if g.samples.len() < SAMPLES {
+            let text = o.text.clone().unwrap_or_else(|| com::name(o.command).to_string());
+            g.samples.push(DiffSample { session: o.session, number: o.number, text, what, captured, replayed: *replayed });
         }
     }
-    let [differences, order_differences] = diffs.map(|d| {
-        let mut v: Vec<DiffGroup> = d.into_values().collect();
-        v.sort_by(|a, b| b.count.cmp(&a.count).then(a.digest.cmp(&b.digest)));
-        v
-    });
-    (r.differences, r.order_differences) = (differences, order_differences);
-    r.latency = lat
-        .into_iter()
-        .map(|(digest, (mut c, mut p))| {
-            let (c50, c99, p50, p99) =
-                (percentile(&mut c, 0.5), percentile(&mut c, 0.99), percentile(&mut p, 0.5), percentile(&mut p, 0.99));
-            LatencyRow {
-                digest,
-                count: c.len(),
-                captured_p50_us: c50,
-                captured_p99_us: c99,
-                replayed_p50_us: p50,
-                replayed_p99_us: p99,
-                p99_ratio: p99 as f64 / c99.max(1) as f64,
-            }
-        })
-        .collect();
-    r.latency.sort_by(|a, b| b.p99_ratio.total_cmp(&a.p99_ratio));
-    r.errors = errors.into_iter().map(|((code, captured_code, digest), count)| ErrorRow { code, captured_code, digest, count }).collect();
-    r.errors.sort_by_key(|e| std::cmp::Reverse(e.count));
-    r
+
+    /// The report's tables, in the order they are shown.
+    fn finish(self, r: &mut Report) {
+        let [differences, order_differences] = self.diffs.map(|d| {
+            let mut v: Vec<DiffGroup> = d.into_values().collect();
+            v.sort_by(|a, b| b.count.cmp(&a.count).then(a.digest.cmp(&b.digest)));
+            v
+        });
+        (r.differences, r.order_differences) = (differences, order_differences);
+        r.latency = self
+            .latency
+            .into_iter()
+            .map(|(digest, (mut c, mut p))| {
+                let (c50, c99, p50, p99) =
+                    (percentile(&mut c, 0.5), percentile(&mut c, 0.99), percentile(&mut p, 0.5), percentile(&mut p, 0.99));
+                LatencyRow {
+                    digest,
+                    count: c.len(),
+                    captured_p50_us: c50,
+                    captured_p99_us: c99,
+                    replayed_p50_us: p50,
+                    replayed_p99_us: p99,
+                    p99_ratio: p99 as f64 / c99.max(1) as f64,
+                }
+            })
+            .collect();
+        r.latency.sort_by(|a, b| b.p99_ratio.total_cmp(&a.p99_ratio));
+        r.errors =
+            self.errors.into_iter().map(|((code, captured_code, digest), count)| ErrorRow { code, captured_code, digest, count }).collect();
+        r.errors.sort_by_key(|e| std::cmp::Reverse(e.count));
+    }
 }
 
 /// Writes `report.json`, `report.md` and the charts into `dir`: made (0700) if missing, else
 /// this user's and writable by no other; its files are made 0600 (replacing those of an earlier
 /// report), and no symbolic link is followed.
-pub fn write(dir: &Path, r: &Report) -> Result<(), String> {
+/// `charts`: the PNG files named as the markdown links them (`totals.png`, `latency.png`).
+pub fn write(dir: &Path, r: &Report, charts: &[(&str, Vec<u8>)]) -> Result<(), super::ReplayError> {
     let dir = crate::sys::Dir::open(dir, true)?;
-    let json = serde_json::to_vec_pretty(r).map_err(|e| e.to_string())?;
-    let put = |name: &str, bytes: &[u8]| dir.replace_file(name, bytes).map_err(|e| format!("writing {name}: {e}"));
+    let json = serde_json::to_vec_pretty(r).map_err(|e| super::ReplayError::Io { what: "report.json".into(), source: e.into() })?;
+    let put = |name: &str, bytes: &[u8]| {
+        dir.replace_file(name, bytes).map_err(|source| super::ReplayError::Io { what: format!("writing {name}"), source })
+    };
     put("report.json", &json)?;
-    for (name, png) in [("totals.png", super::charts::totals(r)?), ("latency.png", super::charts::latency(r)?)] {
-        put(name, &png)?;
+    for (name, png) in charts {
+        put(name, png)?;
     }
     put("report.md", markdown(r).as_bytes())
 }
@@ -336,7 +363,7 @@ pub fn markdown(r: &Report) -> String {
         diff_groups(&mut m, &r.order_differences);
     }
     let _ = writeln!(m, "## Latency by digest (regressions first)\n");
-    let n = r.latency.len().min(super::charts::LATENCY_BARS);
+    let n = r.latency.len().min(LATENCY_BARS);
     let _ = writeln!(m, "![p99 latency of the first {n} digests below, captured (blue) and replayed (orange)](latency.png)\n");
     let _ = writeln!(
         m,

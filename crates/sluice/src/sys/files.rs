@@ -15,26 +15,61 @@ use std::path::{Component, Path, PathBuf};
 /// Reads the regular file at `path`, of at most `max` bytes. A FIFO, a device, a folder or a
 /// larger file is refused without being read (it is opened non-blocking, so a FIFO with no
 /// writer does not hang the caller).
-pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, String> {
-    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, PathError> {
+    let at = PathError::at(path);
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| at(&e))?;
-    let meta = file.metadata().map_err(|e| at(&e))?;
+        .map_err(|e| at(Problem::Io(e)))?;
+    let meta = file.metadata().map_err(|e| at(Problem::Io(e)))?;
     if !meta.is_file() {
-        return Err(at(&"not a regular file"));
+        return Err(at(Problem::NotRegular));
     }
     if meta.len() > max {
-        return Err(at(&format_args!("{} bytes: larger than the {max} bytes allowed", meta.len())));
+        return Err(at(Problem::TooLarge { len: meta.len(), max }));
     }
     let mut out = Vec::with_capacity(meta.len() as usize);
-    file.take(max + 1).read_to_end(&mut out).map_err(|e| at(&e))?;
+    file.take(max + 1).read_to_end(&mut out).map_err(|e| at(Problem::Io(e)))?;
     if out.len() as u64 > max {
-        return Err(at(&format_args!("grew past the {max} bytes allowed while read")));
+        return Err(at(Problem::Grew { max }));
     }
     Ok(out)
+}
+
+/// A file or folder sluice was given (by its configuration, its operator or an API caller)
+/// that it cannot use, and why: the fault of whoever named it, or of the host.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {problem}", path.display())]
+pub struct PathError {
+    pub path: PathBuf,
+    pub problem: Problem,
+}
+
+/// What is wrong with a path ([`PathError`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Problem {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("not a regular file")]
+    NotRegular,
+    #[error("{len} bytes: larger than the {max} bytes allowed")]
+    TooLarge { len: u64, max: u64 },
+    #[error("grew past the {max} bytes allowed while read")]
+    Grew { max: u64 },
+    #[error("a NUL byte in the path")]
+    NulByte,
+    #[error("an unexpected part in the path")]
+    UnexpectedPart,
+    #[error("exists already: a capture goes to a new folder")]
+    Exists,
+}
+
+impl PathError {
+    /// Errors about `path`.
+    pub fn at(path: &Path) -> impl Fn(Problem) -> PathError + '_ {
+        move |problem| PathError { path: path.to_path_buf(), problem }
+    }
 }
 
 /// A folder sluice writes into, held by its descriptor: what is made in it stays in it even if
@@ -49,24 +84,24 @@ impl Dir {
     /// Opens the folder at `path`, making it (0700) when it is missing and `create` is set.
     /// No component of the path may be a symbolic link; the folder must be this process's
     /// user's and not writable by its group or others.
-    pub fn open(path: &Path, create: bool) -> Result<Dir, String> {
+    pub fn open(path: &Path, create: bool) -> Result<Dir, PathError> {
         let dir = Dir::open_shared(path, create)?;
-        check_private(&dir.fd).map_err(|e| format!("{}: {e}", path.display()))?;
+        check_private(&dir.fd).map_err(|e| PathError::at(path)(Problem::Io(e)))?;
         Ok(dir)
     }
 
     /// As [`Dir::open`], for a folder others may own or write in (what is made in it is
     /// checked, not it).
-    pub fn open_shared(path: &Path, create: bool) -> Result<Dir, String> {
-        let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-        let (mut fd, rest) = start(path).map_err(|e| at(&e))?;
+    pub fn open_shared(path: &Path, create: bool) -> Result<Dir, PathError> {
+        let at = PathError::at(path);
+        let (mut fd, rest) = start(path).map_err(|e| at(Problem::Io(e)))?;
         let parts: Vec<_> = rest.components().collect();
         for (i, c) in parts.iter().enumerate() {
             let name = match c {
-                Component::Normal(n) => CString::new(n.as_bytes()).map_err(|_| at(&"a NUL byte in the path"))?,
+                Component::Normal(n) => CString::new(n.as_bytes()).map_err(|_| at(Problem::NulByte))?,
                 Component::CurDir => continue,
                 Component::ParentDir => c"..".to_owned(),
-                _ => return Err(at(&"an unexpected part in the path")),
+                _ => return Err(at(Problem::UnexpectedPart)),
             };
             let last = i + 1 == parts.len();
             if last && create {
@@ -74,10 +109,10 @@ impl Dir {
                 let r = unsafe { libc::mkdirat(fd.as_raw_fd(), name.as_ptr(), 0o700) };
                 let e = std::io::Error::last_os_error();
                 if r != 0 && e.raw_os_error() != Some(libc::EEXIST) {
-                    return Err(at(&e));
+                    return Err(at(Problem::Io(e)));
                 }
             }
-            fd = open_dir_at(&fd, &name).map_err(|e| at(&e))?;
+            fd = open_dir_at(&fd, &name).map_err(|e| at(Problem::Io(e)))?;
         }
         // Shown as absolute (the working folder's path, read once, is only for messages).
         let shown = if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir().unwrap_or_default().join(path) };
@@ -89,20 +124,21 @@ impl Dir {
     }
 
     /// Makes the new folder `name` (0700) in this one and opens it. It must not exist.
-    pub fn make_child(&self, name: &str) -> Result<Dir, String> {
+    pub fn make_child(&self, name: &str) -> Result<Dir, PathError> {
         let path = self.path.join(name);
-        let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-        let c = plain_name(name).map_err(|e| at(&e))?;
+        let at = PathError::at(&path);
+        let c = plain_name(name).map_err(|e| at(Problem::Io(e)))?;
         // SAFETY: mkdirat reads the descriptor and the NUL-terminated name.
         if unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), 0o700) } != 0 {
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EEXIST) {
-                return Err(at(&"exists already: a capture goes to a new folder"));
+                return Err(at(Problem::Exists));
             }
-            return Err(at(&e));
+            return Err(at(Problem::Io(e)));
         }
-        let fd = open_dir_at(&self.fd, &c).map_err(|e| at(&e))?;
-        check_private(&fd).map_err(|e| at(&e))?;
+        let fd = open_dir_at(&self.fd, &c).map_err(|e| at(Problem::Io(e)))?;
+        check_private(&fd).map_err(|e| at(Problem::Io(e)))?;
+        drop(at);
         Ok(Dir { fd, path })
     }
 
@@ -224,13 +260,13 @@ mod tests {
         let d = scratch("read");
         std::fs::write(d.join("small"), b"0123456789").unwrap();
         assert_eq!(read_regular(&d.join("small"), 10).unwrap(), b"0123456789");
-        assert!(read_regular(&d.join("small"), 9).unwrap_err().contains("larger than"));
+        assert!(read_regular(&d.join("small"), 9).unwrap_err().to_string().contains("larger than"));
         let fifo = CString::new(d.join("fifo").as_os_str().as_bytes()).unwrap();
         // SAFETY: mkfifo reads the NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
-        assert!(read_regular(&d.join("fifo"), 100).unwrap_err().contains("not a regular file"));
-        assert!(read_regular(Path::new("/dev/zero"), 100).unwrap_err().contains("not a regular file"));
-        assert!(read_regular(&d, 100).unwrap_err().contains("not a regular file"));
+        assert!(read_regular(&d.join("fifo"), 100).unwrap_err().to_string().contains("not a regular file"));
+        assert!(read_regular(Path::new("/dev/zero"), 100).unwrap_err().to_string().contains("not a regular file"));
+        assert!(read_regular(&d, 100).unwrap_err().to_string().contains("not a regular file"));
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -241,7 +277,7 @@ mod tests {
         let mode = std::fs::metadata(d.join("root")).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700);
         let cap = root.make_child("one").unwrap();
-        assert!(root.make_child("one").unwrap_err().contains("exists already"));
+        assert!(root.make_child("one").unwrap_err().to_string().contains("exists already"));
         assert!(root.make_child("..").is_err());
         assert!(root.make_child("a/b").is_err());
         // A link planted where a file is made is never followed.
@@ -258,11 +294,11 @@ mod tests {
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
         // A link anywhere on the path, or a folder others may write, is refused.
         std::os::unix::fs::symlink(d.join("root"), d.join("link")).unwrap();
-        assert!(Dir::open(&d.join("link"), true).unwrap_err().contains("symbolic link"));
-        assert!(Dir::open(&d.join("link/one"), false).unwrap_err().contains("symbolic link"));
+        assert!(Dir::open(&d.join("link"), true).unwrap_err().to_string().contains("symbolic link"));
+        assert!(Dir::open(&d.join("link/one"), false).unwrap_err().to_string().contains("symbolic link"));
         std::fs::create_dir(d.join("open")).unwrap();
         std::fs::set_permissions(d.join("open"), std::fs::Permissions::from_mode(0o777)).unwrap();
-        assert!(Dir::open(&d.join("open"), true).unwrap_err().contains("others may write"));
+        assert!(Dir::open(&d.join("open"), true).unwrap_err().to_string().contains("others may write"));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

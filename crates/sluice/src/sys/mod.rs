@@ -8,4 +8,4 @@ mod files;
 pub mod process;
 pub mod socket;
 
-pub use files::{Dir, read_regular};
+pub use files::{Dir, PathError, Problem, read_regular};

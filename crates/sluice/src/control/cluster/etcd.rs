@@ -164,7 +164,7 @@ impl Etcd {
 fn client_config(c: &ClusterConfig) -> Result<Arc<rustls::ClientConfig>, String> {
     let ca = c.tls_ca.as_ref().ok_or("cluster.etcd: https:// endpoints need cluster.tls_ca (etcd's certificate is verified)")?;
     let mut roots = rustls::RootCertStore::empty();
-    for cert in crate::config::load_certs(ca)? {
+    for cert in crate::config::load_certs(ca).map_err(|e| e.to_string())? {
         roots.add(cert).map_err(|e| format!("cluster.tls_ca: {e}"))?;
     }
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
@@ -173,7 +173,10 @@ fn client_config(c: &ClusterConfig) -> Result<Arc<rustls::ClientConfig>, String>
         .with_root_certificates(roots);
     let config = match (&c.tls_cert, &c.tls_key) {
         (Some(cert), Some(key)) => builder
-            .with_client_auth_cert(crate::config::load_certs(cert)?, crate::config::load_key(key)?)
+            .with_client_auth_cert(
+                crate::config::load_certs(cert).map_err(|e| e.to_string())?,
+                crate::config::load_key(key).map_err(|e| e.to_string())?,
+            )
             .map_err(|e| format!("cluster.tls_cert: {e}"))?,
         (None, None) => builder.with_no_client_auth(),
         _ => return Err("cluster.tls_cert and cluster.tls_key go together".into()),
