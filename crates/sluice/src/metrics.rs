@@ -510,6 +510,10 @@ impl Metrics {
             "split_statements",
             "Statements the read/write split routed (those of sessions holding no connection), by where and why",
         );
+        // (Each series taken in a statement of its own, or in a closure: a family's read guard
+        // lives to the end of its statement, and a struct literal is one.)
+        let bytes_from_clients = bytes.get_or_create(&vec![("direction", "from_clients".into())]).clone();
+        let bytes_to_clients = bytes.get_or_create(&vec![("direction", "to_clients".into())]).clone();
         let one = |f: &Family<Labels, Counter>, k: &'static str, v: &str| f.get_or_create(&vec![(k, v.into())]).clone();
         let backend_families = BackendFamilies::register(r);
         Metrics {
@@ -535,8 +539,8 @@ impl Metrics {
             commands: (0..=255u8)
                 .map(|c| commands.get_or_create(&vec![("command", sluice_proto::consts::com::name(c).into())]).clone())
                 .collect(),
-            bytes_from_clients: bytes.get_or_create(&vec![("direction", "from_clients".into())]).clone(),
-            bytes_to_clients: bytes.get_or_create(&vec![("direction", "to_clients".into())]).clone(),
+            bytes_from_clients,
+            bytes_to_clients,
             errors: [Side::Client, Side::Backend, Side::Proxy].map(|x| one(&errors, "side", x.as_str())),
             session_moves: MoveReason::ALL.map(|m| {
                 ["moved", "failed"].map(|o| moves.get_or_create(&vec![("reason", m.as_str().into()), ("result", o.into())]).clone())

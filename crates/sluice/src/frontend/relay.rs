@@ -99,35 +99,6 @@ enum Route {
     ChangeUser,
 }
 
-/// What the plan phase decided of a command.
-struct Plan {
-    cmd: u8,
-    /// Its first packet's header (a rule's rewrite changes its length).
-    h: Header,
-    /// Where the part of the request read whole ends in the read buffer.
-    body_end: usize,
-    /// The capture records it.
-    recording: bool,
-    /// Its digest, rule and route.
-    seen: Seen,
-    /// Where it should run (the split, a rule's route).
-    aim: Option<(super::split::Target, Split)>,
-    /// The prepared statement it names (set when it is dispatched).
-    stmt_id: Option<u32>,
-}
-
-/// What the relay phase leaves to account for.
-struct Relayed {
-    /// When the request was forwarded (`mono_ns()`).
-    started: u64,
-    done: Done,
-    rows: u64,
-    /// The answer as the client got it, for the result cache.
-    answer: Option<Vec<u8>>,
-    /// The capture's record of the response.
-    response: Option<super::capture::Response>,
-}
-
 /// What [`Session::after_response`] leaves to do on the backend connection: a statement to
 /// close there (the client's id now names another), variable tracking to turn on again (after
 /// COM_RESET_CONNECTION).
@@ -268,31 +239,9 @@ impl Session {
         }
     }
 
-    /// Handles one command whose first packet header is `h`, in four phases: *plan* (what the
-    /// command is, its digest and rule, where it should run), *checkout* (a backend connection
-    /// fit for it), *relay* (the request forwarded, the response followed to the client) and
-    /// *account* (what it left on the session, its metrics, digest and capture records).
-    /// The common path is synchronous: steps that may wait are entered only when they must.
-    async fn command(&mut self, h: Header) -> Result<Flow> {
-        let mut plan = match self.plan(h).await? {
-            Ok(plan) => plan,
-            Err(flow) => return Ok(flow),
-        };
-        if let Some(flow) = self.checkout(&plan).await? {
-            return Ok(flow);
-        }
-        let (expect, done) = match self.dispatch(&mut plan).await? {
-            Ok(go) => go,
-            Err(flow) => return Ok(flow),
-        };
-        let relayed = self.relay(&plan, expect, done).await?;
-        self.account(plan, relayed).await
-    }
-
-    /// Plan: the command's checks and counts, the capture's gate and record of the request, its
-    /// digest and rule (which may answer it, or rewrite it), and where it should run.
-    /// Err: the command was answered here.
-    async fn plan(&mut self, mut h: Header) -> Result<std::result::Result<Plan, Flow>> {
+    /// Handles one command whose first packet header is `h`.
+    async fn command(&mut self, mut h: Header) -> Result<Flow> {
+        // The common path is synchronous: steps that may wait are entered only when they must.
         let cmd = match self.command_byte(h) {
             Some(cmd) => cmd,
             None => return Err(Box::pin(self.bad_command(h)).await),
@@ -306,63 +255,51 @@ impl Session {
         let recording = capture != 0 && self.capture_command(capture, cmd, h);
         // COM_PING changes nothing on the server.
         self.touched |= cmd != com::PING && cmd != com::QUIT;
+        // Its digest and rule (which may answer it, or rewrite it).
         let mut seen = if self.looks_at_statements() { self.see(cmd, HEADER + h.len.min(INSPECT_LIMIT), h.len) } else { Seen::default() };
         if seen.rule.is_some()
             && let Some(flow) = Box::pin(self.rule_before(&mut seen, cmd, &mut h)).await?
         {
-            return Ok(Err(flow));
+            return Ok(flow);
         }
         let body_end = HEADER + h.len.min(INSPECT_LIMIT);
         // The read/write split and the rules' routes: where the statement should run.
         let aim = if self.split || seen.route.is_some() { self.wants(cmd, body_end, seen.route) } else { None };
-        Ok(Ok(Plan { cmd, h, body_end, recording, seen, aim, stmt_id: None }))
-    }
-
-    /// Checkout: a backend connection fit for the plan (a replica let go of before a write, a
-    /// lost connection replaced, a multiplexed session's taken). Some: the command was refused.
-    async fn checkout(&mut self, plan: &Plan) -> Result<Option<Flow>> {
-        if let Some((target, _)) = plan.aim
+        if let Some((target, _)) = aim
             && self.leaves_replica(target)
         {
             Box::pin(self.leave_replica()).await?;
         }
-        if plan.cmd != com::QUIT
+        if cmd != com::QUIT
             && (self.lost.is_some() || self.backend.is_detached())
-            && let Err(e) = self.take_connection(plan.cmd, plan.aim).await?
+            && let Err(e) = self.take_connection(cmd, aim).await?
         {
-            return self.refuse_command(e).await.map(Some);
+            return self.refuse_command(e).await;
         }
-        Ok(None)
-    }
-
-    /// What the command does on the connection: relayed expecting a response of some shape
-    /// (with what it leaves for the session noted in a [`Done`]), or handled apart (Err).
-    async fn dispatch(&mut self, plan: &mut Plan) -> Result<std::result::Result<(Expect, Done), Flow>> {
-        let (cmd, h, body_end) = (plan.cmd, plan.h, plan.body_end);
         // What this statement leaves for the next one only (its hazards), and what it does to
         // the session's state.
         let mut done = Done::default();
         let expect = match self.route(cmd, body_end, &mut done) {
             Route::Relay(expect) => expect,
             // The backend connection is pooled or closed when the session ends.
-            Route::Quit => return Ok(Err(Flow::Close)),
+            Route::Quit => return Ok(Flow::Close),
             Route::Unsupported => {
                 self.skip_request().await?;
                 let msg = format!("sluice does not relay this command ({} / 0x{cmd:02x})", com::name(cmd));
                 self.client_error(1, code::UNKNOWN_COM, b"08S01", &msg).await;
-                return Ok(Err(Flow::Continue));
+                return Ok(Flow::Continue);
             }
             // Rare paths are boxed: their state stays out of every idle session's task.
-            Route::Kill(plan) => return Box::pin(self.run_kill(plan)).await.map(Err),
-            Route::ChangeUser => return Box::pin(self.change_user(h)).await.map(Err),
+            Route::Kill(plan) => return Box::pin(self.run_kill(plan)).await,
+            Route::ChangeUser => return Box::pin(self.change_user(h)).await,
         };
-        plan.stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         // (Every session remembers the parameter types it sent: a move, multiplexing and a
         // capture's replay need them when a later execute does not send them again.)
         if (self.state.stmt_ids_mapped || cmd == com::STMT_EXECUTE)
-            && let Some(flow) = self.statement_ids(cmd, h, plan.stmt_id).await?
+            && let Some(flow) = self.statement_ids(cmd, h, stmt_id).await?
         {
-            return Ok(Err(flow));
+            return Ok(flow);
         }
         // The statement text is kept for COM_STMT_PREPARE (re-preparing elsewhere needs it).
         done.preparing = (cmd == com::STMT_PREPARE).then(|| self.client.rbuf[HEADER + 1..body_end].into());
@@ -371,34 +308,28 @@ impl Session {
         }
         // COM_SET_OPTION: 0 turns multi-statements on, 1 off.
         done.multi_option = (cmd == com::SET_OPTION).then(|| self.client.rbuf.get(HEADER + 1) == Some(&0));
-        done.changed = self.before_command(cmd, plan.stmt_id);
-        Ok(Ok((expect, done)))
-    }
-
-    /// Relay: the request forwarded (after a causal read's wait, in the same round trip) and
-    /// the response followed to the client, the session's state updated from it.
-    async fn relay(&mut self, plan: &Plan, expect: Expect, done: Done) -> Result<Relayed> {
+        done.changed = self.before_command(cmd, stmt_id);
         let started = mono_ns();
         // Causal reads: the wait for the session's last write goes first, in the same round trip.
-        let causal = if self.causal_due() { Box::pin(self.send_causal_wait(HEADER + plan.h.len)).await? } else { None };
-        let _timer = if plan.seen.rule.is_some() { self.watch_timeout(&plan.seen) } else { None };
+        let causal = if self.causal_due() { Box::pin(self.send_causal_wait(HEADER + h.len)).await? } else { None };
+        let _timer = if seen.rule.is_some() { self.watch_timeout(&seen) } else { None };
         let request_seq = self.forward_request().await?;
         if let Some(copy) = causal {
             Box::pin(self.causal_outcome(copy, expect)).await?;
         }
-        let sums = if plan.recording { Some(self.capture_sums()) } else { None };
+        let sums = if recording { Some(self.capture_sums()) } else { None };
         let mut sink = StateSink::new(&mut self.state);
         sink.preparing = done.preparing.as_deref();
         // Only an execute that asked for a cursor, or a fetch from one, moves its state.
-        sink.executing = matches!(expect, Expect::Cursor | Expect::Rows).then_some(plan.stmt_id).flatten();
+        sink.executing = matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten();
         sink.conn_gen = self.conn_gen;
-        sink.capture = plan.seen.cache.is_some().then(Vec::new);
+        sink.capture = seen.cache.is_some().then(Vec::new);
         sink.sums = sums;
         let watch = Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
         self.tracker.start(expect, request_seq);
         relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, &self.ctx, watch).await?;
-        let (rows, answer) = (sink.rows, sink.capture.take());
-        let response = plan.recording.then(|| super::capture::Response {
+        let (rows, captured) = (sink.rows, sink.capture.take());
+        let response = recording.then(|| super::capture::Response {
             error: sink.error,
             stmt_id: sink.prepared_id,
             rows,
@@ -413,24 +344,17 @@ impl Session {
             reported: sink.reported,
             ..done
         };
-        Ok(Relayed { started, done, rows, answer, response })
-    }
-
-    /// Account: the capture's record of the response, the digest's outcome, the result cache,
-    /// the backend's metrics, and what the command left on the session.
-    async fn account(&mut self, plan: Plan, r: Relayed) -> Result<Flow> {
-        let (started, now) = (r.started, mono_ns());
-        if let Some(response) = r.response {
-            self.capture_response(response, started, now);
+        let now = mono_ns();
+        if let Some(r) = response {
+            self.capture_response(r, started, now);
         }
-        let seen = &plan.seen;
-        self.note_outcome(seen, Outcome { at: now, nanos: now.saturating_sub(started), rows: r.rows, error: r.done.error.is_some() });
-        if let (Some(packets), None, false) = (r.answer, r.done.error, r.done.reported.state_changed) {
-            self.keep_answer(seen, packets, r.rows);
+        self.note_outcome(&seen, Outcome { at: now, nanos: now.saturating_sub(started), rows, error: done.error.is_some() });
+        if let (Some(packets), None, false) = (captured, done.error, done.reported.state_changed) {
+            self.keep_answer(&seen, packets, rows);
         }
         self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
         self.guard.activity.record(now / 1_000_000);
-        let later = self.after_response(plan.cmd, r.done);
+        let later = self.after_response(cmd, done);
         if later.close.is_some() || later.track.is_some() {
             Box::pin(self.after_response_on_backend(later)).await?;
         }
