@@ -226,12 +226,18 @@ pub struct RsaKey {
     pub(crate) pem: Vec<u8>,
 }
 
+/// The RSA key for caching_sha2_password's full authentication could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RsaError(&'static str);
+
 impl RsaKey {
-    pub fn generate() -> Result<RsaKey, String> {
-        let private = PrivateDecryptingKey::generate(KeySize::Rsa2048).map_err(|_| "RSA key generation failed")?;
-        let der = private.public_key().as_der().map_err(|_| "RSA public key encoding failed")?;
+    /// Err: the crypto library failed (sluice's fault, or its host's).
+    pub fn generate() -> Result<RsaKey, RsaError> {
+        let private = PrivateDecryptingKey::generate(KeySize::Rsa2048).map_err(|_| RsaError("RSA key generation failed"))?;
+        let der = private.public_key().as_der().map_err(|_| RsaError("RSA public key encoding failed"))?;
         let pem = pem("PUBLIC KEY", der.as_ref());
-        let key = OaepPrivateDecryptingKey::new(private).map_err(|_| "RSA key rejected")?;
+        let key = OaepPrivateDecryptingKey::new(private).map_err(|_| RsaError("RSA key rejected"))?;
         Ok(RsaKey { key, pem })
     }
 

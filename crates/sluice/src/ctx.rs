@@ -53,6 +53,22 @@ pub struct Ctx {
     handed_over: AtomicBool,
 }
 
+/// Why the context of a proxy could not be made from its configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum CtxError {
+    /// A backend cannot be set up (the configuration's fault).
+    #[error(transparent)]
+    Backend(#[from] crate::backend::SetupError),
+    /// The client TLS certificate cannot be loaded or made.
+    #[error(transparent)]
+    Tls(#[from] crate::net::tls::TlsError),
+    /// A rule cannot be used (the configuration's fault).
+    #[error(transparent)]
+    Rules(#[from] crate::config::InvalidValue),
+    /// The RSA key could not be made.
+    #[error(transparent)]
+    Rsa(#[from] crate::auth::RsaError),
+}
 /// An upgrade asked for: where the new process's id (or why it failed) goes.
 pub type UpgradeAsk = tokio::sync::oneshot::Sender<Result<u32, String>>;
 
@@ -81,12 +97,12 @@ impl Upgrades {
 }
 
 impl Ctx {
-    pub fn new(config: Config) -> Result<Arc<Ctx>, String> {
+    pub fn new(config: Config) -> Result<Arc<Ctx>, CtxError> {
         Ctx::with_source(config, None)
     }
 
     /// With where a reload reads the configuration again.
-    pub fn with_source(config: Config, source: Option<Source>) -> Result<Arc<Ctx>, String> {
+    pub fn with_source(config: Config, source: Option<Source>) -> Result<Arc<Ctx>, CtxError> {
         let names: Vec<String> = config.backends.iter().map(|b| b.display_name()).collect();
         let metrics = Metrics::new(&names);
         let own = Arc::new(crate::net::Own::default());
@@ -98,8 +114,8 @@ impl Ctx {
                 let b = Backend::from_config(i, b, metrics.backends[i].clone(), &config.proxy, config.lanes())?;
                 Ok(b.noting_to(own.clone()))
             })
-            .collect::<Result<Vec<_>, String>>()?;
-        let tls = crate::net::tls::ClientTls::from_config(&config.tls, std::time::SystemTime::now()).map_err(|e| e.to_string())?;
+            .collect::<Result<Vec<_>, crate::backend::SetupError>>()?;
+        let tls = crate::net::tls::ClientTls::from_config(&config.tls, std::time::SystemTime::now())?;
         let rsa = if config.users.is_empty() { None } else { Some(crate::auth::RsaKey::generate()?) };
         let shards = config.workers() + 1;
         let rules = crate::route::rules::Rules::new(&config.rules, &config.backends, shards, &metrics)?;

@@ -11,11 +11,30 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::sync::watch;
 
 use crate::config::{Address, RuntimeFlavor, parse_address};
-use crate::control::upgrade::{self, Inherited, Listening};
+use crate::control::upgrade::{self, Inherited, Listening, UpgradeError};
 use crate::ctx::Ctx;
 use crate::frontend::{self, Listener};
 use crate::net::{Stream, tune_tcp};
 
+/// Why sluice could not start (or take over from the process it upgrades).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration asks for what cannot be (the fault of whoever wrote it).
+    #[error(transparent)]
+    Invalid(#[from] crate::config::InvalidValue),
+    /// Binding a listener, or starting a thread or runtime, failed (the host's).
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    /// Keeping the sockets for a later upgrade, or taking them from an earlier one, failed.
+    #[error(transparent)]
+    Upgrade(#[from] UpgradeError),
+}
+
+/// An I/O error on the way, named.
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StartError {
+    let what = what.into();
+    move |source| StartError::Io { what, source }
+}
 /// A listener's sockets and what sessions need to know of it.
 type Bound = (Sock, Arc<Listener>);
 
@@ -58,7 +77,7 @@ fn bind_unix(path: &PathBuf) -> std::io::Result<StdUnixListener> {
 
 /// Runs sluice until a graceful shutdown completes. `inherited`: the sockets an old process
 /// handed over (an upgrade, `upgrade.rs`), used instead of binding new ones.
-pub fn run(ctx: Arc<Ctx>, mut inherited: Option<Inherited>) -> Result<(), String> {
+pub fn run(ctx: Arc<Ctx>, mut inherited: Option<Inherited>) -> Result<(), StartError> {
     let workers = ctx.config().workers();
     let flavor = ctx.config().proxy.runtime;
     let per_socket = if flavor == RuntimeFlavor::PerCore { workers } else { 1 };
@@ -73,7 +92,7 @@ pub fn run(ctx: Arc<Ctx>, mut inherited: Option<Inherited>) -> Result<(), String
         admin_listener(config.admin.sql_listen.as_ref(), "admin.sql_listen", upgrade::SQL_ADMIN, inherited.as_mut(), &mut listening)?;
     drop(config);
     if let Some(l) = &sql_admin {
-        tracing::info!(address = %l.local_addr().map_err(|e| e.to_string())?, "SQL admin listener");
+        tracing::info!(address = %l.local_addr().map_err(io("admin.sql_listen"))?, "SQL admin listener");
     }
     let admin_name = admin.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_else(|| "none".into());
     refuse_loops(&ctx, &bound, [&admin, &sql_admin])?;
@@ -125,14 +144,16 @@ fn admin_listener(
     name: &str,
     inherited: Option<&mut Inherited>,
     listening: &mut Listening,
-) -> Result<Option<std::net::TcpListener>, String> {
+) -> Result<Option<std::net::TcpListener>, StartError> {
     let Some(a) = address else { return Ok(None) };
-    let Address::Tcp(addr) = parse_address(a.get_ref())? else { return Err(format!("{key} must be HOST:PORT")) };
+    let Address::Tcp(addr) = parse_address(a.get_ref())? else {
+        return Err(crate::config::InvalidValue(format!("{key} must be HOST:PORT")).into());
+    };
     let l = match inherited.and_then(|i| i.take(name).pop()) {
         Some(fd) => std::net::TcpListener::from(fd),
-        None => std::net::TcpListener::bind(addr).map_err(|e| format!("{key} on {addr}: {e}"))?,
+        None => std::net::TcpListener::bind(addr).map_err(io(format!("{key} on {addr}")))?,
     };
-    l.set_nonblocking(true).map_err(|e| e.to_string())?;
+    l.set_nonblocking(true).map_err(io(key))?;
     listening.keep(name, &l)?;
     if !addr.ip().is_loopback() {
         tracing::warn!(address = %addr, "{key} is not a loopback address");
@@ -148,7 +169,7 @@ fn listen(
     per_socket: usize,
     mut inherited: Option<&mut Inherited>,
     listening: &mut Listening,
-) -> Result<(Vec<Bound>, Vec<String>), String> {
+) -> Result<(Vec<Bound>, Vec<String>), StartError> {
     let (mut bound, mut names) = (Vec::new(), Vec::new());
     let config = ctx.config();
     for l in &config.listeners {
@@ -162,11 +183,11 @@ fn listen(
             Address::Tcp(a) => {
                 let mut socks: Vec<std::net::TcpListener> = given.into_iter().map(std::net::TcpListener::from).collect();
                 let at = match socks.first() {
-                    Some(s) => s.local_addr().map_err(|e| e.to_string())?,
+                    Some(s) => s.local_addr().map_err(io(format!("listen on {a}")))?,
                     None => a,
                 };
                 if socks.len() < per_socket {
-                    let (more, actual) = bind_tcp(at, per_socket - socks.len()).map_err(|e| format!("listen on {a}: {e}"))?;
+                    let (more, actual) = bind_tcp(at, per_socket - socks.len()).map_err(io(format!("listen on {a}")))?;
                     socks.extend(more);
                     names.push(actual.to_string());
                 } else {
@@ -175,15 +196,15 @@ fn listen(
                 for s in &socks {
                     listening.keep(&name, s)?;
                 }
-                let actual = socks[0].local_addr().map_err(|e| e.to_string())?;
+                let actual = socks[0].local_addr().map_err(io(format!("listen on {a}")))?;
                 bound.push((Sock::Tcp(socks, actual), info));
             }
             Address::Unix(p) => {
                 let l = match given.into_iter().next() {
                     Some(fd) => StdUnixListener::from(fd),
-                    None => bind_unix(&p).map_err(|e| format!("listen on {}: {e}", p.display()))?,
+                    None => bind_unix(&p).map_err(io(format!("listen on {}", p.display())))?,
                 };
-                l.set_nonblocking(true).map_err(|e| e.to_string())?;
+                l.set_nonblocking(true).map_err(io(format!("listen on {}", p.display())))?;
                 listening.keep(&name, &l)?;
                 names.push(p.display().to_string());
                 bound.push((Sock::Unix(l, p), info));
@@ -195,9 +216,9 @@ fn listen(
 
 /// Takes over the sessions the old process hands over on `channel` (an upgrade), each in a
 /// worker runtime, in turn.
-fn adopt_sessions(ctx: Arc<Ctx>, channel: std::os::unix::net::UnixStream, runtimes: Vec<tokio::runtime::Handle>) -> Result<(), String> {
+fn adopt_sessions(ctx: Arc<Ctx>, channel: std::os::unix::net::UnixStream, runtimes: Vec<tokio::runtime::Handle>) -> Result<(), StartError> {
     if runtimes.is_empty() {
-        return Err("no worker runtime to take sessions over".into());
+        return Err(crate::config::InvalidValue("no worker runtime to take sessions over".into()).into());
     }
     std::thread::Builder::new()
         .name("sluice-adopt".into())
@@ -209,7 +230,7 @@ fn adopt_sessions(ctx: Arc<Ctx>, channel: std::os::unix::net::UnixStream, runtim
             });
         })
         .map(drop)
-        .map_err(|e| e.to_string())
+        .map_err(io("starting the thread that adopts sessions"))
 }
 
 /// Starts a runtime per worker, each serving its share of the sockets; their handles.
@@ -218,7 +239,7 @@ fn spawn_per_core(
     bound: Vec<Bound>,
     workers: usize,
     stop: watch::Receiver<bool>,
-) -> Result<Vec<tokio::runtime::Handle>, String> {
+) -> Result<Vec<tokio::runtime::Handle>, StartError> {
     // Hand each worker its own TCP socket and a duplicate of every Unix socket.
     let mut per_worker: Vec<Vec<Bound>> = (0..workers).map(|_| Vec::new()).collect();
     for (b, info) in bound {
@@ -230,7 +251,7 @@ fn spawn_per_core(
             }
             Sock::Unix(l, p) => {
                 for w in per_worker.iter_mut() {
-                    let dup = l.try_clone().map_err(|e| e.to_string())?;
+                    let dup = l.try_clone().map_err(io("a listening socket"))?;
                     w.push((Sock::Unix(dup, p.clone()), info.clone()));
                 }
             }
@@ -257,7 +278,7 @@ fn spawn_per_core(
                 drop(handles_tx);
                 rt.block_on(accept_forever(ctx, mine, stop));
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(io("starting a worker"))?;
     }
     drop(handles_tx);
     Ok(handles.iter().collect())
@@ -268,7 +289,7 @@ fn spawn_multi(
     bound: Vec<Bound>,
     workers: usize,
     stop: watch::Receiver<bool>,
-) -> Result<Vec<tokio::runtime::Handle>, String> {
+) -> Result<Vec<tokio::runtime::Handle>, StartError> {
     let next_shard = std::sync::atomic::AtomicUsize::new(1);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
@@ -276,7 +297,7 @@ fn spawn_multi(
         .on_thread_start(move || crate::metrics::set_thread_shard(next_shard.fetch_add(1, std::sync::atomic::Ordering::Relaxed)))
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(io("starting a worker"))?;
     let ctx = ctx.clone();
     let handle = rt.handle().clone();
     std::thread::Builder::new()
@@ -284,7 +305,7 @@ fn spawn_multi(
         .spawn(move || {
             rt.block_on(accept_forever(ctx, bound, stop));
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(io("starting a worker"))?;
     Ok(vec![handle])
 }
 
@@ -318,7 +339,7 @@ async fn sweep_pool(ctx: &Ctx) {
 
 /// Notes sluice's own listening addresses, and refuses to start when a backend is one of them
 /// (every login would connect to sluice again, without end).
-fn refuse_loops(ctx: &Ctx, bound: &[Bound], admin: [&Option<std::net::TcpListener>; 2]) -> Result<(), String> {
+fn refuse_loops(ctx: &Ctx, bound: &[Bound], admin: [&Option<std::net::TcpListener>; 2]) -> Result<(), StartError> {
     let mut tcp: Vec<std::net::SocketAddr> =
         bound.iter().filter_map(|(l, _)| if let Sock::Tcp(_, a) = l { Some(*a) } else { None }).collect();
     tcp.extend(admin.iter().filter_map(|l| l.as_ref()?.local_addr().ok()));
@@ -326,7 +347,8 @@ fn refuse_loops(ctx: &Ctx, bound: &[Bound], admin: [&Option<std::net::TcpListene
     ctx.own.set_listening(tcp, unix);
     for b in ctx.backends.list().iter() {
         if ctx.own.is_listener(&b.address) {
-            return Err(format!("backend {} at {} is sluice's own listener: every login would connect to sluice again", b.name, b.address));
+            let msg = format!("backend {} at {} is sluice's own listener: every login would connect to sluice again", b.name, b.address);
+            return Err(crate::config::InvalidValue(msg).into());
         }
     }
     Ok(())
@@ -393,8 +415,8 @@ fn spawn_control(
     me: crate::control::cluster::Instance,
     stop_tx: watch::Sender<bool>,
     done_tx: std::sync::mpsc::Sender<()>,
-) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+) -> Result<(), StartError> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(io("the control thread's runtime"))?;
     let (over_tx, _) = watch::channel(false);
     std::thread::Builder::new()
         .name("sluice-control".into())
@@ -447,7 +469,7 @@ fn spawn_control(
                 let _ = done_tx.send(());
             });
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(io("starting a worker"))?;
     Ok(())
 }
 
@@ -504,7 +526,7 @@ async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop: [&watch::
                 let _ = upgrade(ctx, &listening, stop).await;
             }
             Some(reply) = async { match asks.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
-                let _ = reply.send(upgrade(ctx, &listening, stop).await);
+                let _ = reply.send(upgrade(ctx, &listening, stop).await.map_err(|e| e.to_string()));
             }
             _ = tick.tick(), if handed_over => {
                 // Sessions go to the new process at their next wait for a command: the idle
@@ -526,14 +548,17 @@ async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop: [&watch::
 
 /// Starts the new binary and hands it the sockets; once it accepts, this process stops
 /// accepting and serves its sessions until they end. The new process's id.
-async fn upgrade(ctx: &Arc<Ctx>, listening: &Arc<Listening>, stop: [&watch::Sender<bool>; 2]) -> Result<u32, String> {
+async fn upgrade(ctx: &Arc<Ctx>, listening: &Arc<Listening>, stop: [&watch::Sender<bool>; 2]) -> Result<u32, UpgradeError> {
     if ctx.handed_over() {
-        return Err("this process already handed its sockets over to a new one".into());
+        return Err(UpgradeError::Refused("this process already handed its sockets over to a new one".into()));
     }
     let l = listening.clone();
     // (Ids this process may still give before the new one accepts stay below the new one's.)
     let first_id = ctx.sessions.peek_next_id().wrapping_add(1 << 20);
-    let r = tokio::task::spawn_blocking(move || l.hand_over(first_id)).await.map_err(|e| e.to_string()).and_then(|r| r);
+    let r = tokio::task::spawn_blocking(move || l.hand_over(first_id))
+        .await
+        .map_err(|e| UpgradeError::Refused(format!("the upgrade's thread: {e}")))
+        .and_then(|r| r);
     let r = r.map(|(pid, channel)| {
         ctx.handoff.open(channel);
         pid

@@ -22,6 +22,21 @@ use crate::net::PacketConn;
 
 pub use tls::BackendTls;
 
+/// Why a backend cannot be set up from its configuration (the fault of whoever configured it).
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// Its name, group, address or TLS settings cannot be used.
+    #[error(transparent)]
+    Invalid(#[from] crate::config::InvalidValue),
+    /// Its CA file cannot be read.
+    #[error(transparent)]
+    Pem(#[from] crate::config::PemError),
+    /// A certificate of its CA file is not one rustls takes.
+    #[error("{}: {source}", path.display())]
+    Ca { path: std::path::PathBuf, source: rustls::Error },
+    #[error("TLS: {0}")]
+    Tls(rustls::Error),
+}
 /// What the last greeting told about a backend.
 #[derive(Debug, Clone, Default)]
 pub struct ServerInfo {
@@ -200,7 +215,13 @@ impl Backend {
     }
 
     /// `lanes`: how many workers own connections apart ([`crate::config::Config::lanes`]).
-    pub fn from_config(index: usize, c: &BackendConfig, metrics: BackendMetrics, p: &ProxyConfig, lanes: usize) -> Result<Backend, String> {
+    pub fn from_config(
+        index: usize,
+        c: &BackendConfig,
+        metrics: BackendMetrics,
+        p: &ProxyConfig,
+        lanes: usize,
+    ) -> Result<Backend, SetupError> {
         c.check_names()?;
         let address = parse_address(c.address.get_ref())?;
         let tls = BackendTls::new(c, c.tls_mode(p), &address)?;

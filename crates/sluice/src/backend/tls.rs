@@ -17,25 +17,26 @@ pub struct BackendTls {
 }
 
 impl BackendTls {
-    pub fn new(c: &BackendConfig, mode: Mode, address: &Address) -> std::result::Result<BackendTls, String> {
+    pub fn new(c: &BackendConfig, mode: Mode, address: &Address) -> std::result::Result<BackendTls, super::SetupError> {
+        use super::SetupError;
         if mode == Mode::Off {
             return Ok(BackendTls { mode, connector: None });
         }
         let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS: {e}"))?;
+            .map_err(SetupError::Tls)?;
         let config = match &c.tls_ca {
             Some(ca) => {
                 let mut roots = rustls::RootCertStore::empty();
-                for cert in crate::config::load_certs(ca.get_ref()).map_err(|e| e.to_string())? {
-                    roots.add(cert).map_err(|e| format!("{}: {e}", ca.get_ref().display()))?;
+                for cert in crate::config::load_certs(ca.get_ref())? {
+                    roots.add(cert).map_err(|e| SetupError::Ca { path: ca.get_ref().clone(), source: e })?;
                 }
                 builder.with_root_certificates(roots).with_no_client_auth()
             }
             // "on" needs an explicit tls_skip_verify here (the configuration is checked for it);
             // "auto" encrypts opportunistically: backends mostly have self-signed certificates.
             None if mode == Mode::On && !c.tls_skip_verify => {
-                return Err("backends.tls = \"on\" needs tls_ca (or tls_skip_verify = true)".into());
+                return Err(crate::config::InvalidValue("backends.tls = \"on\" needs tls_ca (or tls_skip_verify = true)".into()).into());
             }
             None => builder.dangerous().with_custom_certificate_verifier(Arc::new(crate::net::tls::NoVerify)).with_no_client_auth(),
         };
@@ -43,7 +44,7 @@ impl BackendTls {
             Address::Tcp(a) => a.ip().to_string(),
             Address::Unix(_) => "localhost".to_string(),
         };
-        let server_name = ServerName::try_from(host).map_err(|e| e.to_string())?;
+        let server_name = ServerName::try_from(host).map_err(|e| crate::config::InvalidValue(e.to_string()))?;
         Ok(BackendTls { mode, connector: Some((Arc::new(config), server_name)) })
     }
 

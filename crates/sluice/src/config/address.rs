@@ -19,7 +19,7 @@ impl std::fmt::Display for Address {
 }
 
 /// Parses `HOST:PORT` (resolving names such as `localhost`) or an absolute socket path.
-pub fn parse_address(s: &str) -> Result<Address, String> {
+pub fn parse_address(s: &str) -> Result<Address, super::InvalidValue> {
     if let Some(p) = s.strip_prefix("unix:") {
         return Ok(Address::Unix(PathBuf::from(p)));
     }
@@ -28,8 +28,8 @@ pub fn parse_address(s: &str) -> Result<Address, String> {
     }
     use std::net::ToSocketAddrs;
     s.to_socket_addrs()
-        .map_err(|e| format!("invalid address {s:?}: {e}"))?
+        .map_err(|e| super::InvalidValue(format!("invalid address {s:?}: {e}")))?
         .next()
         .map(Address::Tcp)
-        .ok_or_else(|| format!("address {s:?} resolves to nothing"))
+        .ok_or_else(|| super::InvalidValue(format!("address {s:?} resolves to nothing")))
 }

@@ -298,7 +298,7 @@ impl BackendConfig {
 
     /// Its name and group follow [`check_name`]; an address that names it (no name given) is
     /// at most 255 bytes of `A-Z a-z 0-9 . _ : - / [ ]`.
-    pub fn check_names(&self) -> Result<(), String> {
+    pub fn check_names(&self) -> Result<(), InvalidValue> {
         if let Some(n) = &self.name {
             check_name("backends.name", n)?;
         }
@@ -308,7 +308,7 @@ impl BackendConfig {
         let a = self.address.get_ref();
         let plain = a.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-/[]".contains(&b));
         if !(1..=255).contains(&a.len()) || !plain {
-            return Err("backends.address: 1 to 255 of A-Z a-z 0-9 . _ : - / [ ]".into());
+            return Err(InvalidValue("backends.address: 1 to 255 of A-Z a-z 0-9 . _ : - / [ ]".into()));
         }
         Ok(())
     }
@@ -316,9 +316,21 @@ impl BackendConfig {
 
 /// One rule for the names of backends, groups and rules: 1 to 64 of `A-Z a-z 0-9 . _ : -`
 /// (no blank, control, bidi or markup character; short enough for every label and URL).
-pub fn check_name(what: &str, name: &str) -> Result<(), String> {
+pub fn check_name(what: &str, name: &str) -> Result<(), InvalidValue> {
     let ok = (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
-    if ok { Ok(()) } else { Err(format!("{what}: a name is 1 to 64 of A-Z a-z 0-9 . _ : -")) }
+    if ok { Ok(()) } else { Err(InvalidValue(format!("{what}: a name is 1 to 64 of A-Z a-z 0-9 . _ : -"))) }
+}
+
+/// A value that cannot be used, in the configuration or in a request or argument that carries
+/// one: the fault of whoever wrote it. The text says which value and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidValue(pub String);
+
+impl From<InvalidValue> for String {
+    fn from(e: InvalidValue) -> String {
+        e.0
+    }
 }
 
 fn one() -> u32 {
@@ -414,8 +426,8 @@ impl Default for HealthConfig {
 pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Parses "250ms", "10s", "5m", "2h", or a bare number of seconds, up to [`MAX_DURATION`].
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let invalid = || format!("invalid duration {s:?} (use e.g. \"500ms\", \"10s\", \"5m\")");
+pub fn parse_duration(s: &str) -> Result<Duration, InvalidValue> {
+    let invalid = || InvalidValue(format!("invalid duration {s:?} (use e.g. \"500ms\", \"10s\", \"5m\")"));
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-'))).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -435,8 +447,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-fn too_long(s: &str) -> String {
-    format!("duration {s:?} is too long (at most {} days)", MAX_DURATION.as_secs() / 86400)
+fn too_long(s: &str) -> InvalidValue {
+    InvalidValue(format!("duration {s:?} is too long (at most {} days)", MAX_DURATION.as_secs() / 86400))
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -557,7 +569,7 @@ impl Config {
             }
         }
         for b in &self.backends {
-            b.check_names().map_err(|m| at(b.address.span(), m))?;
+            b.check_names().map_err(|m| at(b.address.span(), m.0))?;
             parse_address(b.address.get_ref()).map_err(|m| at(b.address.span(), format!("backends.address: {m}")))?;
             if b.weight == 0 {
                 return Err(at(b.address.span(), "backends.weight must be at least 1".into()));
@@ -773,7 +785,7 @@ mod tests {
         assert!(parse_duration("-1s").is_err());
         assert_eq!(parse_duration("8760h"), Ok(MAX_DURATION));
         for huge in ["8761h", "1e20", "99999999999999999999999s", "18446744073709551615"] {
-            assert!(parse_duration(huge).unwrap_err().contains("too long"), "{huge}");
+            assert!(parse_duration(huge).unwrap_err().0.contains("too long"), "{huge}");
         }
     }
 }

@@ -81,14 +81,17 @@ pub struct Network {
 }
 
 impl Network {
-    pub fn parse(s: &str) -> Result<Network, String> {
+    pub fn parse(s: &str) -> Result<Network, super::InvalidValue> {
         let (a, p) = s.split_once('/').map_or((s, None), |(a, p)| (a, Some(p)));
-        let addr: IpAddr = a.trim().parse().map_err(|_| format!("{s:?} is not an IP address or network"))?;
+        let addr: IpAddr = a.trim().parse().map_err(|_| super::InvalidValue(format!("{s:?} is not an IP address or network")))?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match p {
-            Some(p) => {
-                p.trim().parse::<u8>().ok().filter(|&p| p <= max).ok_or_else(|| format!("{s:?}: prefix length must be 0 to {max}"))?
-            }
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|&p| p <= max)
+                .ok_or_else(|| super::InvalidValue(format!("{s:?}: prefix length must be 0 to {max}")))?,
             None => max,
         };
         Ok(Network { addr, prefix })
@@ -113,12 +116,13 @@ fn prefix_eq(a: &[u8], b: &[u8], bits: u8) -> bool {
 }
 
 /// Parses a digest as shown (16 hexadecimal digits).
-pub fn parse_digest(s: &str) -> Result<u64, String> {
+pub fn parse_digest(s: &str) -> Result<u64, super::InvalidValue> {
     let t = s.trim().trim_start_matches("0x");
+    let invalid = || super::InvalidValue(format!("digest {s:?}: expected 16 hexadecimal digits"));
     if t.len() != 16 {
-        return Err(format!("digest {s:?}: expected 16 hexadecimal digits"));
+        return Err(invalid());
     }
-    u64::from_str_radix(t, 16).map_err(|_| format!("digest {s:?}: expected 16 hexadecimal digits"))
+    u64::from_str_radix(t, 16).map_err(|_| invalid())
 }
 
 impl RuleConfig {
@@ -138,13 +142,13 @@ impl RuleConfig {
             message: format!("rules {name:?}: {m}"),
         };
         if let Some(n) = &self.name {
-            super::check_name("rules.name", n).map_err(|m| err(None, m))?;
+            super::check_name("rules.name", n).map_err(|m| err(None, m.0))?;
         }
         if let Some(c) = &self.client {
             Network::parse(c.get_ref()).map_err(|m| err(Some(c.span()), format!("client: {m}")))?;
         }
         if let Some(d) = &self.digest {
-            parse_digest(d.get_ref()).map_err(|m| err(Some(d.span()), m))?;
+            parse_digest(d.get_ref()).map_err(|m| err(Some(d.span()), m.0))?;
         }
         for (key, re) in [("match", &self.pattern), ("rewrite", &self.rewrite)] {
             if let Some(re) = re {

@@ -391,7 +391,7 @@ async fn add_backend(State(ctx): State<Arc<Ctx>>, Json(nb): Json<NewBackend>) ->
     }
     let b = match control::add_backend(&ctx, &c) {
         Ok(b) => b,
-        Err(e) => return bad_request(e),
+        Err(e) => return bad_request(e.to_string()),
     };
     (StatusCode::CREATED, Json(serde_json::json!({ "backend": name, "address": b.address.to_string() }))).into_response()
 }

@@ -18,14 +18,15 @@ use crate::ctx::Ctx;
 use crate::metrics::MoveReason;
 
 /// Adds a backend (its name must be new: checked by the caller) and starts its health checks.
-pub fn add_backend(ctx: &Arc<Ctx>, c: &BackendConfig) -> Result<Arc<Backend>, String> {
+pub fn add_backend(ctx: &Arc<Ctx>, c: &BackendConfig) -> Result<Arc<Backend>, crate::backend::SetupError> {
     c.check_names()?;
     let name = c.display_name();
     let config = ctx.config();
     if let Ok(a) = crate::config::parse_address(c.address.get_ref())
         && ctx.own.is_listener(&a)
     {
-        return Err(format!("backend {name} at {a} is sluice's own listener: every login would connect to sluice again"));
+        let msg = format!("backend {name} at {a} is sluice's own listener: every login would connect to sluice again");
+        return Err(crate::config::InvalidValue(msg).into());
     }
     let b = Backend::from_config(ctx.backends.next_index(), c, ctx.metrics.backend(&name), &config.proxy, config.lanes())?;
     let b = Arc::new(b.noting_to(ctx.own.clone()));

@@ -23,6 +23,21 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+/// Why an upgrade failed: the old process goes on as before.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    /// A system call on the way failed (sluice's host).
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    /// The other process did not play its part (it did not start, or said something else).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// An I/O error on the way, named.
+fn io(what: String) -> impl FnOnce(std::io::Error) -> UpgradeError {
+    move |source| UpgradeError::Io { what, source }
+}
 /// The environment variable that gives a new process the descriptor of its end of the pair.
 pub const ENV: &str = "SLUICE_UPGRADE_FD";
 
@@ -65,8 +80,8 @@ impl Listening {
     }
 
     /// Keeps a duplicate of `fd` as a socket of listener `name`.
-    pub fn keep(&mut self, name: &str, fd: &impl std::os::fd::AsFd) -> Result<(), String> {
-        let dup = fd.as_fd().try_clone_to_owned().map_err(|e| format!("keeping the socket of {name}: {e}"))?;
+    pub fn keep(&mut self, name: &str, fd: &impl std::os::fd::AsFd) -> Result<(), UpgradeError> {
+        let dup = fd.as_fd().try_clone_to_owned().map_err(io(format!("keeping the socket of {name}")))?;
         match self.entries.iter_mut().find(|(n, _)| n == name) {
             Some((_, fds)) => fds.push(dup),
             None => self.entries.push((name.to_string(), vec![dup])),
@@ -78,31 +93,31 @@ impl Listening {
     /// with this process's arguments, hands it the sockets and waits until it accepts. Its
     /// process id, and the channel on which sessions go to it. `next_session_id`: where the new
     /// process numbers its sessions from. Blocks: call it off the event loop.
-    pub fn hand_over(&self, next_session_id: u32) -> Result<(u32, UnixStream), String> {
-        let exe = self.exe.clone().ok_or("cannot tell which binary this process runs")?;
+    pub fn hand_over(&self, next_session_id: u32) -> Result<(u32, UnixStream), UpgradeError> {
+        let exe = self.exe.clone().ok_or(UpgradeError::Refused("cannot tell which binary this process runs".into()))?;
         let exe = strip_deleted(exe);
-        let (mine, theirs) = crate::sys::fdpass::pair().map_err(|e| format!("socket pair: {e}"))?;
+        let (mine, theirs) = crate::sys::fdpass::pair().map_err(io("socket pair".into()))?;
         let fd = theirs.as_raw_fd();
         // The child's end outlives exec (the pair is made close-on-exec).
-        crate::sys::process::set_cloexec(&theirs, false).map_err(|e| format!("fcntl: {e}"))?;
+        crate::sys::process::set_cloexec(&theirs, false).map_err(io("fcntl".into()))?;
         let child = std::process::Command::new(&exe)
             .args(&self.args)
             .env(ENV, fd.to_string())
             .stdin(std::process::Stdio::null())
             .spawn()
-            .map_err(|e| format!("starting {}: {e}", exe.display()))?;
+            .map_err(io(format!("starting {}", exe.display())))?;
         drop(theirs);
         let listeners = self.entries.iter().map(|(n, fds)| Offered { name: n.clone(), count: fds.len() }).collect();
         let offer = Offer { listeners, next_session_id };
         let fds: Vec<RawFd> = self.entries.iter().flat_map(|(_, f)| f.iter().map(AsRawFd::as_raw_fd)).collect();
-        let text = serde_json::to_vec(&offer).map_err(|e| e.to_string())?;
-        crate::sys::fdpass::send(&mine, &text, &fds, true).map_err(|e| format!("handing the sockets over: {e}"))?;
-        mine.set_read_timeout(Some(READY_WITHIN)).map_err(|e| e.to_string())?;
+        let text = serde_json::to_vec(&offer).map_err(|e| io("the offer".into())(e.into()))?;
+        crate::sys::fdpass::send(&mine, &text, &fds, true).map_err(io("handing the sockets over".into()))?;
+        mine.set_read_timeout(Some(READY_WITHIN)).map_err(io("the channel's timeout".into()))?;
         let mut answer = [0u8; 6];
         match (&mine).read_exact(&mut answer) {
             Ok(()) if &answer == b"ready\n" => Ok((child.id(), mine)),
-            Ok(()) => Err("the new process answered something else than ready".into()),
-            Err(e) => Err(format!("the new process did not start (see its log above): {e}")),
+            Ok(()) => Err(UpgradeError::Refused("the new process answered something else than ready".into())),
+            Err(e) => Err(UpgradeError::Refused(format!("the new process did not start (see its log above): {e}"))),
         }
     }
 }
@@ -125,19 +140,19 @@ pub struct Inherited {
 
 impl Inherited {
     /// The sockets handed over to this process, when it was started by an upgrade.
-    pub fn from_env() -> Result<Option<Inherited>, String> {
+    pub fn from_env() -> Result<Option<Inherited>, UpgradeError> {
         // The variable's only writer is `hand_over`, which gives the child the number of a
         // descriptor it keeps open across exec for this process alone.
         let Some(fd) = crate::sys::process::take_inherited_fd(ENV) else { return Ok(None) };
-        let fd = fd?;
-        crate::sys::process::set_cloexec(&fd, true).map_err(|e| format!("fcntl: {e}"))?;
+        let fd = fd.map_err(io("the inherited channel".into()))?;
+        crate::sys::process::set_cloexec(&fd, true).map_err(io("fcntl".into()))?;
         let channel = UnixStream::from(fd);
-        let (text, mut fds) = crate::sys::fdpass::recv(&channel).map_err(|e| format!("receiving the sockets: {e}"))?;
-        let offer: Offer = serde_json::from_slice(&text).map_err(|e| format!("the old process's offer: {e}"))?;
+        let (text, mut fds) = crate::sys::fdpass::recv(&channel).map_err(io("receiving the sockets".into()))?;
+        let offer: Offer = serde_json::from_slice(&text).map_err(|e| UpgradeError::Refused(format!("the old process's offer: {e}")))?;
         let mut sockets = HashMap::new();
         for o in offer.listeners {
             if o.count > fds.len() {
-                return Err("the old process sent fewer sockets than it named".into());
+                return Err(UpgradeError::Refused("the old process sent fewer sockets than it named".into()));
             }
             sockets.insert(o.name, fds.drain(..o.count).collect());
         }

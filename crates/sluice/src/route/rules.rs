@@ -84,7 +84,7 @@ impl Rules {
         backends: &[BackendConfig],
         shards: usize,
         metrics: &crate::metrics::Metrics,
-    ) -> Result<Rules, String> {
+    ) -> Result<Rules, crate::config::InvalidValue> {
         let names: Vec<(String, Option<String>)> = backends.iter().map(|b| (b.display_name(), b.group.clone())).collect();
         let mut out = Rules {
             list: Vec::new(),
@@ -96,7 +96,8 @@ impl Rules {
         };
         for (i, r) in rules.iter().enumerate() {
             let name = r.name(i);
-            let bad = |m: String| format!("rules {name:?}: {m}");
+            let bad = |m: String| crate::config::InvalidValue(format!("rules {name:?}: {m}"));
+            let bad_value = |m: crate::config::InvalidValue| bad(m.0);
             match &r.pattern {
                 Some(p) => {
                     out.patterns.push(Regex::new(p.get_ref()).map_err(|e| bad(e.to_string()))?);
@@ -128,8 +129,8 @@ impl Rules {
                 name: name.clone(),
                 user: r.user.clone(),
                 schema: r.schema.clone(),
-                client: r.client.as_ref().map(|c| Network::parse(c.get_ref())).transpose().map_err(bad)?,
-                digest: r.digest.as_ref().map(|d| parse_digest(d.get_ref())).transpose().map_err(bad)?,
+                client: r.client.as_ref().map(|c| Network::parse(c.get_ref())).transpose().map_err(bad_value)?,
+                digest: r.digest.as_ref().map(|d| parse_digest(d.get_ref())).transpose().map_err(bad_value)?,
                 action,
                 hits,
                 timeouts,

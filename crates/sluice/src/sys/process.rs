@@ -57,18 +57,18 @@ pub fn set_cloexec(fd: &impl AsRawFd, on: bool) -> io::Result<()> {
 /// removed; None when it is not set). Only for a variable that the parent process set to a
 /// descriptor it kept open across exec for this process alone, read once, before any thread
 /// that reads the environment is started.
-pub fn take_inherited_fd(var: &str) -> Option<Result<OwnedFd, String>> {
+pub fn take_inherited_fd(var: &str) -> Option<Result<OwnedFd, io::Error>> {
     let value = std::env::var(var).ok()?;
     // SAFETY: called at start, before the process starts threads that read the environment
     // (see above).
     unsafe { std::env::remove_var(var) };
     let fd: RawFd = match value.parse() {
         Ok(fd) if fd >= 0 => fd,
-        _ => return Some(Err(format!("{var}: not a descriptor: {value:?}"))),
+        _ => return Some(Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{var}: not a descriptor: {value:?}")))),
     };
     // SAFETY: fcntl(F_GETFD) only asks whether the number names an open descriptor.
     if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Some(Err(format!("{var}: descriptor {fd} is not open")));
+        return Some(Err(io::Error::new(io::ErrorKind::NotFound, format!("{var}: descriptor {fd} is not open"))));
     }
     // SAFETY: the descriptor is open, and was left to this process alone by its parent; nothing
     // else in this process knows its number (the variable is gone), so it has one owner.
