@@ -99,6 +99,37 @@ enum Route {
     ChangeUser,
 }
 
+/// What the relay of a command leaves to account for.
+struct Relayed {
+    /// When the request was forwarded (`mono_ns()`).
+    started: u64,
+    rows: u64,
+    /// The answer as the client got it, for the result cache.
+    answer: Option<Vec<u8>>,
+    /// The capture's record of the response.
+    response: Option<super::capture::Response>,
+}
+
+impl Relayed {
+    /// What the sink gathered of the response; what it did to the session goes to `done`.
+    fn of(sink: &mut StateSink<'_>, done: &mut Done, recording: bool, started: u64) -> Relayed {
+        let rows = sink.rows;
+        let response = recording.then(|| super::capture::Response {
+            error: sink.error,
+            stmt_id: sink.prepared_id,
+            rows,
+            affected: sink.affected,
+            sums: sink.sums.take(),
+        });
+        done.error = sink.error;
+        done.changed |= sink.changed;
+        done.prepared_id = sink.prepared_id;
+        done.warnings = sink.warnings;
+        done.reported = sink.reported;
+        Relayed { started, rows, answer: sink.capture.take(), response }
+    }
+}
+
 /// What [`Session::after_response`] leaves to do on the backend connection: a statement to
 /// close there (the client's id now names another), variable tracking to turn on again (after
 /// COM_RESET_CONNECTION).
@@ -246,15 +277,11 @@ impl Session {
             Some(cmd) => cmd,
             None => return Err(Box::pin(self.bad_command(h)).await),
         };
-        self.ctx.metrics.command(cmd);
-        self.handle.queries.fetch_add(1, Ordering::Relaxed);
         let mut capture = self.ctx.capture.generation();
         if capture & crate::capture::GATE != 0 && !self.state.in_transaction() {
             capture = Box::pin(self.wait_gate()).await;
         }
-        let recording = capture != 0 && self.capture_command(capture, cmd, h);
-        // COM_PING changes nothing on the server.
-        self.touched |= cmd != com::PING && cmd != com::QUIT;
+        let recording = self.begin_command(cmd, h, capture);
         // Its digest and rule (which may answer it, or rewrite it).
         let mut seen = if self.looks_at_statements() { self.see(cmd, HEADER + h.len.min(INSPECT_LIMIT), h.len) } else { Seen::default() };
         if seen.rule.is_some()
@@ -276,20 +303,13 @@ impl Session {
         {
             return self.refuse_command(e).await;
         }
-        // What this statement leaves for the next one only (its hazards), and what it does to
-        // the session's state.
         let mut done = Done::default();
         let expect = match self.route(cmd, body_end, &mut done) {
             Route::Relay(expect) => expect,
             // The backend connection is pooled or closed when the session ends.
             Route::Quit => return Ok(Flow::Close),
-            Route::Unsupported => {
-                self.skip_request().await?;
-                let msg = format!("sluice does not relay this command ({} / 0x{cmd:02x})", com::name(cmd));
-                self.client_error(1, code::UNKNOWN_COM, b"08S01", &msg).await;
-                return Ok(Flow::Continue);
-            }
             // Rare paths are boxed: their state stays out of every idle session's task.
+            Route::Unsupported => return Box::pin(self.unsupported(cmd)).await,
             Route::Kill(plan) => return Box::pin(self.run_kill(plan)).await,
             Route::ChangeUser => return Box::pin(self.change_user(h)).await,
         };
@@ -301,14 +321,7 @@ impl Session {
         {
             return Ok(flow);
         }
-        // The statement text is kept for COM_STMT_PREPARE (re-preparing elsewhere needs it).
-        done.preparing = (cmd == com::STMT_PREPARE).then(|| self.client.rbuf[HEADER + 1..body_end].into());
-        if cmd == com::INIT_DB {
-            done.noted = Some(String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into());
-        }
-        // COM_SET_OPTION: 0 turns multi-statements on, 1 off.
-        done.multi_option = (cmd == com::SET_OPTION).then(|| self.client.rbuf.get(HEADER + 1) == Some(&0));
-        done.changed = self.before_command(cmd, stmt_id);
+        self.note_request(cmd, body_end, stmt_id, &mut done);
         let started = mono_ns();
         // Causal reads: the wait for the session's last write goes first, in the same round trip.
         let causal = if self.causal_due() { Box::pin(self.send_causal_wait(HEADER + h.len)).await? } else { None };
@@ -318,8 +331,9 @@ impl Session {
             Box::pin(self.causal_outcome(copy, expect)).await?;
         }
         let sums = if recording { Some(self.capture_sums()) } else { None };
+        let preparing = done.preparing.take();
         let mut sink = StateSink::new(&mut self.state);
-        sink.preparing = done.preparing.as_deref();
+        sink.preparing = preparing.as_deref();
         // Only an execute that asked for a cursor, or a fetch from one, moves its state.
         sink.executing = matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten();
         sink.conn_gen = self.conn_gen;
@@ -328,37 +342,62 @@ impl Session {
         let watch = Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
         self.tracker.start(expect, request_seq);
         relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, &self.ctx, watch).await?;
-        let (rows, captured) = (sink.rows, sink.capture.take());
-        let response = recording.then(|| super::capture::Response {
-            error: sink.error,
-            stmt_id: sink.prepared_id,
-            rows,
-            affected: sink.affected,
-            sums: sink.sums.take(),
-        });
-        let done = Done {
-            error: sink.error,
-            changed: sink.changed || done.changed,
-            prepared_id: sink.prepared_id,
-            warnings: sink.warnings,
-            reported: sink.reported,
-            ..done
-        };
-        let now = mono_ns();
-        if let Some(r) = response {
-            self.capture_response(r, started, now);
-        }
-        self.note_outcome(&seen, Outcome { at: now, nanos: now.saturating_sub(started), rows, error: done.error.is_some() });
-        if let (Some(packets), None, false) = (captured, done.error, done.reported.state_changed) {
-            self.keep_answer(&seen, packets, rows);
-        }
-        self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
-        self.guard.activity.record(now / 1_000_000);
-        let later = self.after_response(cmd, done);
+        let relayed = Relayed::of(&mut sink, &mut done, recording, started);
+        done.preparing = preparing;
+        let later = self.account(cmd, &seen, relayed, done);
         if later.close.is_some() || later.track.is_some() {
             Box::pin(self.after_response_on_backend(later)).await?;
         }
         Ok(Flow::Continue)
+    }
+
+    /// Counts the command, and records it when a capture (`capture`: its generation) takes it.
+    /// Whether it is recorded.
+    fn begin_command(&mut self, cmd: u8, h: Header, capture: u64) -> bool {
+        self.ctx.metrics.command(cmd);
+        self.handle.queries.fetch_add(1, Ordering::Relaxed);
+        let recording = capture != 0 && self.capture_command(capture, cmd, h);
+        // COM_PING changes nothing on the server.
+        self.touched |= cmd != com::PING && cmd != com::QUIT;
+        recording
+    }
+
+    /// Answers a command sluice does not relay.
+    async fn unsupported(&mut self, cmd: u8) -> Result<Flow> {
+        self.skip_request().await?;
+        let msg = format!("sluice does not relay this command ({} / 0x{cmd:02x})", com::name(cmd));
+        self.client_error(1, code::UNKNOWN_COM, b"08S01", &msg).await;
+        Ok(Flow::Continue)
+    }
+
+    /// What the request itself says the session will be once it succeeded: the text of a
+    /// statement being prepared (re-preparing elsewhere needs it), COM_INIT_DB's schema,
+    /// COM_SET_OPTION's multi-statements; and what changes before it is sent.
+    fn note_request(&mut self, cmd: u8, body_end: usize, stmt_id: Option<u32>, done: &mut Done) {
+        done.preparing = (cmd == com::STMT_PREPARE).then(|| self.client.rbuf[HEADER + 1..body_end].into());
+        if cmd == com::INIT_DB {
+            done.noted = Some(String::from_utf8_lossy(&self.client.rbuf[HEADER + 1..body_end]).into());
+        }
+        // COM_SET_OPTION: 0 turns multi-statements on, 1 off.
+        done.multi_option = (cmd == com::SET_OPTION).then(|| self.client.rbuf.get(HEADER + 1) == Some(&0));
+        done.changed = self.before_command(cmd, stmt_id);
+    }
+
+    /// The account of a relayed command: the capture's record of its response, its digest's
+    /// outcome, the result cache, the backend's latency and activity, and what it left on the
+    /// session (what is left to do on the backend connection is returned).
+    fn account(&mut self, cmd: u8, seen: &Seen, r: Relayed, done: Done) -> Later {
+        let (started, now) = (r.started, mono_ns());
+        if let Some(response) = r.response {
+            self.capture_response(response, started, now);
+        }
+        self.note_outcome(seen, Outcome { at: now, nanos: now.saturating_sub(started), rows: r.rows, error: done.error.is_some() });
+        if let (Some(packets), None, false) = (r.answer, done.error, done.reported.state_changed) {
+            self.keep_answer(seen, packets, r.rows);
+        }
+        self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
+        self.guard.activity.record(now / 1_000_000);
+        self.after_response(cmd, done)
     }
 
     /// The checks every command passes first; returns its command byte.

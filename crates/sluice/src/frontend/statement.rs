@@ -10,7 +10,8 @@ use sluice_proto::packet::HEADER;
 /// A SQL PREPARE or DEALLOCATE and the query that ran it.
 pub(super) type SqlPrepareQuery = (SqlPrepare, String);
 
-/// What a relayed command left to record once its response is through.
+/// What a relayed command left to record once its response is through: what the statement
+/// leaves for the next one only (its hazards), and what it does to the session's state.
 #[derive(Default)]
 pub(super) struct Done {
     pub(super) preparing: Option<Box<[u8]>>,
