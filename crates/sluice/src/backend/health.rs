@@ -60,21 +60,24 @@ async fn check_loop(b: &Backend, config: &Live) {
             Err(Failure { reason, local: true }) => {
                 tracing::warn!(side = "sluice", backend = %b.name, error = %reason, "health check not made: the backend's state stays as it was");
             }
-            r => apply(b, cfg, r.map_err(|f| f.reason)),
+            r => apply(b, cfg, r),
         }
     }
 }
 
 /// Why a probe failed: the reason for logs, errors and the admin API, and whether it was
 /// sluice's own fault (out of descriptors or memory) rather than the backend's.
+#[derive(Debug, thiserror::Error)]
+#[error("{reason}")]
 pub struct Failure {
     pub reason: String,
     pub local: bool,
 }
 
-impl From<String> for Failure {
-    fn from(reason: String) -> Failure {
-        Failure { reason, local: false }
+impl Failure {
+    /// The backend's failure.
+    pub fn of_backend(reason: impl Into<String>) -> Failure {
+        Failure { reason: reason.into(), local: false }
     }
 }
 
@@ -86,7 +89,7 @@ pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Cr
             .map_err(|e| Failure { local: e.side == crate::error::Side::Proxy, reason: e.message })?;
         // As for a TLS client's session: a backend with backend_tls "on" that does not offer
         // TLS cannot serve anyone, and a monitor login is encrypted whenever sessions may be.
-        let tls = b.tls.decide(true, &g).map_err(|e| e.message)?;
+        let tls = b.tls.decide(true, &g).map_err(|e| Failure::of_backend(e.message))?;
         let Some((user, cred)) = monitor else {
             drop(conn);
             return Ok(());
@@ -99,11 +102,13 @@ pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Cr
             user: user.as_bytes().to_vec(),
             ..Default::default()
         };
-        let mut conn = bconn::login(b, conn, &g, hr, cred).await.map_err(|e| format!("monitor login: {}", e.message))?;
-        conn.write_packet(&[com::PING], 0).await.map_err(|e| format!("ping: {e}"))?;
-        let (_, p) = conn.read_packet(1 << 16).await.map_err(|e| format!("ping: {e}"))?;
+        let mut conn =
+            bconn::login(b, conn, &g, hr, cred).await.map_err(|e| Failure::of_backend(format!("monitor login: {}", e.message)))?;
+        let ping = |e| Failure::of_backend(format!("ping: {e}"));
+        conn.write_packet(&[com::PING], 0).await.map_err(ping)?;
+        let (_, p) = conn.read_packet(1 << 16).await.map_err(ping)?;
         if p.first() != Some(&0) {
-            return Err("ping was not answered with OK".to_string().into());
+            return Err(Failure::of_backend("ping was not answered with OK"));
         }
         let replication = observe(&mut conn, caps).await?;
         bconn::quit(conn).await;
@@ -114,20 +119,20 @@ pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Cr
     };
     match tokio::time::timeout(cfg.timeout + Duration::from_millis(100), work).await {
         Ok(r) => r,
-        Err(_) => Err(format!("no answer within {:?}", cfg.timeout).into()),
+        Err(_) => Err(Failure::of_backend(format!("no answer within {:?}", cfg.timeout))),
     }
 }
 
 /// Reads the backend's place in replication on the monitor's connection. A server that cannot
 /// say whether it is read-only fails the check; one whose replication status the monitor may not
 /// read has an unknown lag.
-async fn observe(conn: &mut PacketConn, caps: u32) -> Result<Replication, String> {
+async fn observe(conn: &mut PacketConn, caps: u32) -> Result<Replication, Failure> {
     let server = query(conn, caps, replication::SERVER_QUERY).await?;
     let role = match &server[..] {
         [_, _, _, row] => replication::server_role(row),
         _ => None,
     }
-    .ok_or_else(|| format!("unexpected answer to {}", String::from_utf8_lossy(replication::SERVER_QUERY)))?;
+    .ok_or_else(|| Failure::of_backend(format!("unexpected answer to {}", String::from_utf8_lossy(replication::SERVER_QUERY))))?;
     let mut r = Replication { read_only: Some(role.read_only), gtid_binlog_pos: role.gtid_binlog_pos, ..Default::default() };
     let status = query(conn, caps, replication::REPLICA_QUERY).await?;
     match status.first().map(|p| p.first()) {
@@ -143,12 +148,12 @@ async fn observe(conn: &mut PacketConn, caps: u32) -> Result<Replication, String
 
 /// Runs one text query on the monitor's connection: its result's packets (see
 /// [`super::restore::read_text_result`]).
-async fn query(conn: &mut PacketConn, caps: u32, sql: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+async fn query(conn: &mut PacketConn, caps: u32, sql: &[u8]) -> Result<Vec<Vec<u8>>, Failure> {
     let mut payload = Vec::with_capacity(sql.len() + 1);
     payload.push(com::QUERY);
     payload.extend_from_slice(sql);
-    conn.write_packet(&payload, 0).await.map_err(|e| format!("monitor query: {e}"))?;
-    super::restore::read_text_result(conn, caps, "monitor query").await.map_err(|e| e.message)
+    conn.write_packet(&payload, 0).await.map_err(|e| Failure::of_backend(format!("monitor query: {e}")))?;
+    super::restore::read_text_result(conn, caps, "monitor query").await.map_err(|e| Failure::of_backend(e.message))
 }
 
 fn error_message(p: &[u8]) -> String {
@@ -159,7 +164,7 @@ fn error_message(p: &[u8]) -> String {
 }
 
 /// Applies a probe result with rise/fall hysteresis.
-pub fn apply(b: &Backend, cfg: &HealthConfig, result: Result<(), String>) {
+pub fn apply(b: &Backend, cfg: &HealthConfig, result: Result<(), Failure>) {
     let mut h = b.health.lock();
     h.checks += 1;
     h.last_check = Some(Instant::now());
@@ -176,7 +181,7 @@ pub fn apply(b: &Backend, cfg: &HealthConfig, result: Result<(), String>) {
                 tracing::info!(backend = %b.name, address = %b.address, "backend is up again");
             }
         }
-        Err(reason) => {
+        Err(Failure { reason, .. }) => {
             h.consecutive_fail += 1;
             h.consecutive_ok = 0;
             if b.is_up() && h.consecutive_fail >= cfg.fall {

@@ -171,11 +171,11 @@ pub enum CaptureCommand {
     },
 }
 
-fn parse_flavor(s: &str) -> Result<RuntimeFlavor, String> {
+fn parse_flavor(s: &str) -> Result<RuntimeFlavor, crate::config::InvalidValue> {
     match s {
         "per-core" => Ok(RuntimeFlavor::PerCore),
         "multi" => Ok(RuntimeFlavor::Multi),
-        _ => Err("expected per-core or multi".into()),
+        _ => Err(crate::config::InvalidValue("expected per-core or multi".into())),
     }
 }
 

@@ -61,10 +61,13 @@ impl Live {
 
     /// Reads the configuration again from where it came from (with what the cluster's store
     /// says laid over it).
-    pub fn read_again(&self) -> Result<Config, String> {
+    pub fn read_again(&self) -> Result<Config, ConfigError> {
         let c = match &self.source {
-            Some(read) => read().map_err(|e| e.to_string())?,
-            None => return Err("sluice was started without a configuration file (--config): there is nothing to reload".into()),
+            Some(read) => read()?,
+            None => {
+                let message = "sluice was started without a configuration file (--config): there is nothing to reload".into();
+                return Err(ConfigError { file: None, line: None, message });
+            }
         };
         Ok(match self.shared.lock().as_ref() {
             Some(s) => s.overlay(c),

@@ -37,7 +37,7 @@ pub struct Outcome {
 /// Reads the configuration again and applies it (call it on a tokio runtime: backends added
 /// start their checks there). Err: why it was refused, one line each; nothing was applied.
 pub fn reload(ctx: &Arc<Ctx>) -> Result<Outcome, Vec<String>> {
-    let new = ctx.config.read_again().map_err(|e| vec![e])?;
+    let new = ctx.config.read_again().map_err(|e| vec![e.to_string()])?;
     apply(ctx, new)
 }
 

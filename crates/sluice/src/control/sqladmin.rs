@@ -50,16 +50,28 @@ pub async fn serve(ctx: Arc<Ctx>, l: tokio::net::TcpListener) {
     }
 }
 
-fn io(e: std::io::Error) -> String {
-    e.to_string()
+/// Why a SQL admin session ended before its client quit (the client's doing, or its
+/// connection's).
+#[derive(Debug, thiserror::Error)]
+enum Ended {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("no {0} within {1:?}")]
+    Timeout(&'static str, std::time::Duration),
+    #[error("{0}")]
+    Refused(String),
 }
 
-async fn session(ctx: &Arc<Ctx>, mut c: PacketConn, users: &Users) -> Result<(), String> {
+fn io(e: std::io::Error) -> Ended {
+    Ended::Io(e)
+}
+
+async fn session(ctx: &Arc<Ctx>, mut c: PacketConn, users: &Users) -> Result<(), Ended> {
     let limit = ctx.config().admin.request_timeout;
-    tokio::time::timeout(limit, login(&mut c, users)).await.map_err(|_| format!("no login within {limit:?}"))??;
+    tokio::time::timeout(limit, login(&mut c, users)).await.map_err(|_| Ended::Timeout("login", limit))??;
     loop {
         let Ok(cmd) = tokio::time::timeout(limit * 60, read_command(&mut c)).await else {
-            return Err(format!("no statement for {:?}", limit * 60));
+            return Err(Ended::Timeout("statement", limit * 60));
         };
         let cmd = cmd?;
         match cmd.first() {
@@ -69,7 +81,7 @@ async fn session(ctx: &Arc<Ctx>, mut c: PacketConn, users: &Users) -> Result<(),
                 let answer = run(ctx, &sql).await;
                 tokio::time::timeout(limit * 12, reply(&mut c, answer))
                     .await
-                    .map_err(|_| "the client did not read the answer".to_string())??;
+                    .map_err(|_| Ended::Timeout("read of the answer by the client", limit * 12))??;
             }
             Some(&com::PING) | Some(&com::INIT_DB) => write_ok(&mut c, 1, "").await?,
             Some(_) => {
@@ -81,7 +93,7 @@ async fn session(ctx: &Arc<Ctx>, mut c: PacketConn, users: &Users) -> Result<(),
 
 /// The login: a greeting, the client's answer, its check (an auth switch to the native plugin
 /// when needed).
-async fn login(c: &mut PacketConn, users: &Users) -> Result<(), String> {
+async fn login(c: &mut PacketConn, users: &Users) -> Result<(), Ended> {
     let scramble = auth::make_scramble(random());
     let caps = cap::LONG_PASSWORD
         | cap::LONG_FLAG
@@ -106,7 +118,7 @@ async fn login(c: &mut PacketConn, users: &Users) -> Result<(), String> {
     g.write(&mut p);
     c.write_packet(&p, 0).await.map_err(io)?;
     let (seq, payload) = c.read_packet(1 << 16).await.map_err(io)?;
-    let hr = HandshakeResponse::parse(&payload).map_err(|_| "a malformed handshake response".to_string())?;
+    let hr = HandshakeResponse::parse(&payload).map_err(|_| Ended::Refused("a malformed handshake response".into()))?;
     let name = String::from_utf8_lossy(&hr.user).into_owned();
     let mut seq = seq.wrapping_add(1);
     let plugin = hr.auth_plugin.clone().unwrap_or_else(|| auth::NATIVE.to_vec());
@@ -132,7 +144,7 @@ async fn login(c: &mut PacketConn, users: &Users) -> Result<(), String> {
         let mut p = Vec::new();
         err_payload(&mut p, 1045, b"28000", &format!("Access denied for user '{name}' to the sluice admin listener"));
         c.write_packet(&p, seq).await.map_err(io)?;
-        return Err(format!("access denied for {name}"));
+        return Err(Ended::Refused(format!("access denied for {name}")));
     }
     write_ok(c, seq, "").await?;
     tracing::info!(user = %name, "SQL admin session began");
@@ -141,13 +153,13 @@ async fn login(c: &mut PacketConn, users: &Users) -> Result<(), String> {
 
 /// The next command; a statement larger than any this listener answers gets an error the
 /// client can show, then the connection is closed (the rest of the packet is not read).
-async fn read_command(c: &mut PacketConn) -> Result<Vec<u8>, String> {
+async fn read_command(c: &mut PacketConn) -> Result<Vec<u8>, Ended> {
     match c.read_packet(MAX_STATEMENT).await {
         Ok((_, cmd)) => Ok(cmd),
         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
             let msg = format!("a statement of more than {MAX_STATEMENT} bytes: this admin listener takes none that long");
             reply(c, Answer::Error(1153, msg)).await?;
-            Err(e.to_string())
+            Err(Ended::Io(e))
         }
         Err(e) => Err(io(e)),
     }
@@ -169,7 +181,7 @@ enum Answer {
     Error(u16, String),
 }
 
-async fn write_ok(c: &mut PacketConn, seq: u8, info: &str) -> Result<(), String> {
+async fn write_ok(c: &mut PacketConn, seq: u8, info: &str) -> Result<(), Ended> {
     let mut p = Vec::new();
     ok_payload(&mut p, 0, 0, 0, status::AUTOCOMMIT, 0);
     if !info.is_empty() {
@@ -178,7 +190,7 @@ async fn write_ok(c: &mut PacketConn, seq: u8, info: &str) -> Result<(), String>
     c.write_packet(&p, seq).await.map_err(io).map(|_| ())
 }
 
-async fn reply(c: &mut PacketConn, a: Answer) -> Result<(), String> {
+async fn reply(c: &mut PacketConn, a: Answer) -> Result<(), Ended> {
     match a {
         Answer::Done(info) => write_ok(c, 1, &info).await,
         Answer::Error(code, msg) => {

@@ -170,6 +170,21 @@ impl Session {
     }
 }
 
+/// Why a session handed over cannot be carried on here.
+#[derive(Debug, thiserror::Error)]
+enum Unpack {
+    /// The old process sent what this one does not read (another version's parcel).
+    #[error("the session's state: {0}")]
+    Parcel(String),
+    #[error("no {0} socket came with the session")]
+    Missing(&'static str),
+    #[error("the {0} socket: {1}")]
+    Socket(&'static str, std::io::Error),
+    /// This process's configuration or state does not fit the session.
+    #[error("{0}")]
+    Here(String),
+}
+
 /// Carries on a session the old process handed over: `text` its parcel, `fds` its client
 /// socket, then its backend socket when it held one. On a worker's runtime.
 pub async fn adopt(ctx: Arc<Ctx>, text: Vec<u8>, fds: Vec<OwnedFd>) {
@@ -185,20 +200,21 @@ pub async fn adopt(ctx: Arc<Ctx>, text: Vec<u8>, fds: Vec<OwnedFd>) {
     }
 }
 
-fn unpack(ctx: &Arc<Ctx>, text: &[u8], fds: Vec<OwnedFd>) -> Result<(Box<Session>, Admission), String> {
-    let p: Parcel = serde_json::from_slice(text).map_err(|e| format!("the session's state: {e}"))?;
+fn unpack(ctx: &Arc<Ctx>, text: &[u8], fds: Vec<OwnedFd>) -> Result<(Box<Session>, Admission), Unpack> {
+    let p: Parcel = serde_json::from_slice(text).map_err(|e| Unpack::Parcel(e.to_string()))?;
     let mut fds = fds.into_iter();
-    let client = fds.next().ok_or("no client socket came with the session")?;
-    let client = Stream::from_fd(client, p.client_unix).map_err(|e| format!("the client socket: {e}"))?;
+    let client = fds.next().ok_or(Unpack::Missing("client"))?;
+    let client = Stream::from_fd(client, p.client_unix).map_err(|e| Unpack::Socket("client", e))?;
     let backend = match p.backend_unix {
         Some(unix) => {
-            let fd = fds.next().ok_or("no backend socket came with the session")?;
-            PacketConn::new(Stream::from_fd(fd, unix).map_err(|e| format!("the backend socket: {e}"))?)
+            let fd = fds.next().ok_or(Unpack::Missing("backend"))?;
+            PacketConn::new(Stream::from_fd(fd, unix).map_err(|e| Unpack::Socket("backend", e))?)
         }
         None => PacketConn::detached(),
     };
     let list = ctx.backends.list();
-    let b = list.iter().find(|b| b.name == p.backend).ok_or_else(|| format!("backend {} is not configured here", p.backend))?;
+    let b =
+        list.iter().find(|b| b.name == p.backend).ok_or_else(|| Unpack::Here(format!("backend {} is not configured here", p.backend)))?;
     let handle = Arc::new(SessionHandle::new(p.id, p.client.clone(), p.listener.as_str().into()));
     handle.queries.store(p.queries, Ordering::Relaxed);
     {
@@ -209,7 +225,7 @@ fn unpack(ctx: &Arc<Ctx>, text: &[u8], fds: Vec<OwnedFd>) -> Result<(Box<Session
     }
     handle.bind_backend(b.index, &b.name, p.backend_thread_id);
     if !ctx.sessions.insert_new(handle.clone()) {
-        return Err(format!("session id {} is in use here", p.id));
+        return Err(Unpack::Here(format!("session id {} is in use here", p.id)));
     }
     ctx.connections.fetch_add(1, Ordering::Relaxed);
     ctx.metrics.client_connections.inc();

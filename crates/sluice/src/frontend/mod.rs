@@ -86,7 +86,7 @@ async fn proxied(ctx: &Ctx, stream: &mut Stream, peer: String, listener: &Listen
     let why = match read {
         Ok(Ok(source)) => return Some(source.map_or(peer, |s| s.to_string())),
         Ok(Err(why)) => why,
-        Err(_) => "no PROXY protocol header within handshake_timeout".into(),
+        Err(_) => ProxyHeaderError::Timeout,
     };
     ctx.metrics.reject(Reject::ProxyHeader);
     ctx.metrics.error(Side::Client);
@@ -96,26 +96,39 @@ async fn proxied(ctx: &Ctx, stream: &mut Stream, peer: String, listener: &Listen
 
 /// Reads a PROXY protocol header off a TCP connection: the client's address it names (None:
 /// LOCAL or UNKNOWN, the peer stands). Nothing may follow it before sluice's greeting.
-async fn read_proxy_header(stream: &mut Stream) -> Result<Option<std::net::SocketAddr>, String> {
+async fn read_proxy_header(stream: &mut Stream) -> Result<Option<std::net::SocketAddr>, ProxyHeaderError> {
     use sluice_proto::proxy_header::{Parsed, V2_MAX, parse};
     use tokio::io::AsyncReadExt;
-    let Stream::Tcp(tcp) = stream else { return Err("PROXY protocol headers are read on TCP listeners only".into()) };
+    let Stream::Tcp(tcp) = stream else { return Err(ProxyHeaderError::Bad("PROXY protocol headers are read on TCP listeners only")) };
     let mut buf = vec![0u8; V2_MAX];
     let mut n = 0;
     loop {
-        let got = tcp.read(&mut buf[n..]).await.map_err(|e| e.to_string())?;
+        let got = tcp.read(&mut buf[n..]).await.map_err(ProxyHeaderError::Io)?;
         if got == 0 {
-            return Err("the connection closed before its PROXY protocol header ended".into());
+            return Err(ProxyHeaderError::Bad("the connection closed before its PROXY protocol header ended"));
         }
         n += got;
         match parse(&buf[..n]) {
             Parsed::Incomplete if n < buf.len() => {}
-            Parsed::Incomplete => return Err("PROXY protocol header too long".into()),
-            Parsed::Invalid(why) => return Err(why.into()),
-            Parsed::Header { len, .. } if len < n => return Err("data after the PROXY protocol header, before the greeting".into()),
+            Parsed::Incomplete => return Err(ProxyHeaderError::Bad("PROXY protocol header too long")),
+            Parsed::Invalid(why) => return Err(ProxyHeaderError::Bad(why)),
+            Parsed::Header { len, .. } if len < n => {
+                return Err(ProxyHeaderError::Bad("data after the PROXY protocol header, before the greeting"));
+            }
             Parsed::Header { source, .. } => return Ok(source),
         }
     }
+}
+
+/// Why a PROXY protocol peer's connection is closed (the peer's fault).
+#[derive(Debug, thiserror::Error)]
+enum ProxyHeaderError {
+    #[error("{0}")]
+    Bad(&'static str),
+    #[error("{0}")]
+    Io(std::io::Error),
+    #[error("no PROXY protocol header within handshake_timeout")]
+    Timeout,
 }
 
 /// Admits the connection and logs the client in: its session, or None when it was refused or
