@@ -70,7 +70,7 @@ pub enum CtxError {
     Rsa(#[from] crate::auth::RsaError),
 }
 /// An upgrade asked for: where the new process's id (or why it failed) goes.
-pub type UpgradeAsk = tokio::sync::oneshot::Sender<Result<u32, String>>;
+pub type UpgradeAsk = tokio::sync::oneshot::Sender<Result<u32, crate::error::UpgradeError>>;
 
 pub struct Upgrades {
     tx: tokio::sync::mpsc::Sender<UpgradeAsk>,
@@ -84,10 +84,11 @@ impl Upgrades {
     }
 
     /// Asks for an upgrade; the new process's id once it accepts.
-    pub async fn ask(&self) -> Result<u32, String> {
+    pub async fn ask(&self) -> Result<u32, crate::error::UpgradeError> {
+        let closing = || crate::error::UpgradeError::Refused("sluice is shutting down".into());
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.tx.send(reply).await.map_err(|_| "sluice is shutting down".to_string())?;
-        answer.await.map_err(|_| "sluice is shutting down".to_string())?
+        self.tx.send(reply).await.map_err(|_| closing())?;
+        answer.await.map_err(|_| closing())?
     }
 
     /// The requests, for the one control loop that serves them.

@@ -48,6 +48,18 @@ pub enum Blame {
     Proxy,
 }
 
+/// Why an upgrade failed: the old process goes on as before.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    /// A system call on the way failed (sluice's host).
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    /// The other process did not play its part (it did not start, or said something else),
+    /// or this one is shutting down.
+    #[error("{0}")]
+    Refused(String),
+}
+
 #[derive(Debug)]
 pub struct Error {
     pub side: Side,

@@ -526,7 +526,7 @@ async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop: [&watch::
                 let _ = upgrade(ctx, &listening, stop).await;
             }
             Some(reply) = async { match asks.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
-                let _ = reply.send(upgrade(ctx, &listening, stop).await.map_err(|e| e.to_string()));
+                let _ = reply.send(upgrade(ctx, &listening, stop).await);
             }
             _ = tick.tick(), if handed_over => {
                 // Sessions go to the new process at their next wait for a command: the idle

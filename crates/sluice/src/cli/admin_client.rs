@@ -10,6 +10,7 @@
 //! The address and token come from `--admin`/`--token`, else `SLUICE_ADMIN`/`SLUICE_ADMIN_TOKEN`,
 //! else the configuration file's `[admin]` (`--config`), else 127.0.0.1:6034.
 
+use crate::config::InvalidValue;
 use std::io::{Read, Write};
 use std::time::Duration;
 
@@ -39,7 +40,7 @@ fn segment(s: &str) -> String {
         .collect()
 }
 
-fn call_of(verb: &CtlVerb) -> Result<Call, String> {
+fn call_of(verb: &CtlVerb) -> Result<Call, InvalidValue> {
     Ok(match verb {
         CtlVerb::Status => get("/health"),
         CtlVerb::Backends => get("/backends"),
@@ -62,10 +63,10 @@ fn call_of(verb: &CtlVerb) -> Result<Call, String> {
             "open" => post("/capture/open"),
             "start" => {
                 let body: Value = serde_json::from_str(options.as_deref().unwrap_or("{}"))
-                    .map_err(|e| format!("capture start: the options are not JSON: {e}"))?;
+                    .map_err(|e| InvalidValue(format!("capture start: the options are not JSON: {e}")))?;
                 Call { method: "POST", path: "/capture/start".into(), body: Some(body) }
             }
-            other => return Err(format!("capture: expected start, stop, open or status, not {other:?}")),
+            other => return Err(InvalidValue(format!("capture: expected start, stop, open or status, not {other:?}"))),
         },
     })
 }
@@ -111,9 +112,9 @@ pub fn run(args: &CtlArgs) -> i32 {
 }
 
 /// The admin API's address and token.
-fn target(args: &CtlArgs) -> Result<(String, Option<String>), String> {
+fn target(args: &CtlArgs) -> Result<(String, Option<String>), crate::config::ConfigError> {
     let file = match &args.config {
-        Some(p) => Some(crate::config::Config::load(p).map_err(|e| e.to_string())?),
+        Some(p) => Some(crate::config::Config::load(p)?),
         None => None,
     };
     let admin = args
@@ -131,11 +132,11 @@ fn target(args: &CtlArgs) -> Result<(String, Option<String>), String> {
 }
 
 /// One HTTP/1.1 exchange with the admin API (`Connection: close`); the status and the body.
-fn request(admin: &str, token: Option<&str>, call: &Call) -> Result<(u16, String), String> {
+fn request(admin: &str, token: Option<&str>, call: &Call) -> Result<(u16, String), std::io::Error> {
     use std::net::ToSocketAddrs;
-    let addr = admin.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("no address")?;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(120))).map_err(|e| e.to_string())?;
+    let addr = admin.to_socket_addrs()?.next().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(120)))?;
     // (The API takes a mutation only as JSON: `{}` when there is nothing to say.)
     let body = call.body.as_ref().map(Value::to_string).unwrap_or_else(|| if call.method == "GET" { String::new() } else { "{}".into() });
     let mut head =
@@ -146,19 +147,24 @@ fn request(admin: &str, token: Option<&str>, call: &Call) -> Result<(u16, String
     if let Some(t) = token {
         head.push_str(&format!("Authorization: Bearer {t}\r\n"));
     }
-    s.write_all(format!("{head}\r\n{body}").as_bytes()).map_err(|e| e.to_string())?;
+    s.write_all(format!("{head}\r\n{body}").as_bytes())?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).map_err(|e| e.to_string())?;
+    s.read_to_end(&mut raw)?;
     parse_response(&raw)
 }
 
-fn parse_response(raw: &[u8]) -> Result<(u16, String), String> {
+fn parse_response(raw: &[u8]) -> Result<(u16, String), std::io::Error> {
     let text = String::from_utf8_lossy(raw);
-    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("not an HTTP response: {text:?}"))?;
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| format!("not an HTTP response: {head:?}"))?;
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| not_http(format!("not an HTTP response: {text:?}")))?;
+    let status =
+        head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| not_http(format!("not an HTTP response: {head:?}")))?;
     let chunked =
         head.lines().any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding:") && l.to_ascii_lowercase().contains("chunked"));
     Ok((status, if chunked { dechunk(body) } else { body.to_string() }))
+}
+
+fn not_http(what: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what)
 }
 
 fn dechunk(mut body: &str) -> String {

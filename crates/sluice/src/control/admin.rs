@@ -458,7 +458,7 @@ async fn instances(State(ctx): State<Arc<Ctx>>) -> Response {
     }
     match crate::control::cluster::instances(&ctx).await {
         Ok(list) => Json(list).into_response(),
-        Err(e) => (StatusCode::BAD_GATEWAY, Json(serde_json::json!({ "error": e }))).into_response(),
+        Err(e) => (StatusCode::BAD_GATEWAY, Json(serde_json::json!({ "error": e.to_string() }))).into_response(),
     }
 }
 
@@ -469,7 +469,7 @@ async fn instances(State(ctx): State<Arc<Ctx>>) -> Response {
 async fn upgrade(State(ctx): State<Arc<Ctx>>) -> Response {
     match ctx.upgrades.ask().await {
         Ok(pid) => Json(serde_json::json!({ "new_pid": pid, "old_pid": std::process::id() })).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "error": e }))).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "error": e.to_string() }))).into_response(),
     }
 }
 

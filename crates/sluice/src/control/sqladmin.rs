@@ -343,7 +343,7 @@ async fn table_rows(ctx: &Ctx, table: &str) -> Result<Vec<Map<String, Value>>, A
             Value::Array(rows.into_iter().map(|(k, v)| serde_json::json!({ "key": k, "value": v })).collect())
         }
         "instances" if ctx.config().cluster.etcd.is_empty() => Value::Array(Vec::new()),
-        "instances" => Value::Array(crate::control::cluster::instances(ctx).await.map_err(|e| Answer::Error(1105, e))?),
+        "instances" => Value::Array(crate::control::cluster::instances(ctx).await.map_err(|e| Answer::Error(1105, e.to_string()))?),
         other => return Err(Answer::Error(1146, format!("Table 'sluice.{other}' doesn't exist: the tables are {TABLES}"))),
     };
     Ok(list.as_array().map(|a| a.iter().filter_map(|r| r.as_object().map(lift)).collect()).unwrap_or_default())

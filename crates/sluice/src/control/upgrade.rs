@@ -23,16 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Why an upgrade failed: the old process goes on as before.
-#[derive(Debug, thiserror::Error)]
-pub enum UpgradeError {
-    /// A system call on the way failed (sluice's host).
-    #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
-    /// The other process did not play its part (it did not start, or said something else).
-    #[error("{0}")]
-    Refused(String),
-}
+pub use crate::error::UpgradeError;
 
 /// An I/O error on the way, named.
 fn io(what: String) -> impl FnOnce(std::io::Error) -> UpgradeError {

@@ -3,6 +3,8 @@
 //! then sent its commands as they were captured, with prepared statement ids mapped to the
 //! target's, and each response summed up the way capture summed up the original.
 
+use super::NotReplayed;
+use crate::error::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -75,9 +77,9 @@ fn expect(payload: &[u8]) -> Option<Expect> {
 impl Conn {
     /// Logs in to `b` as `user` for the captured session `begin` (its capabilities, schema and
     /// character set) and brings the connection to its captured state.
-    pub async fn open(b: &Arc<Backend>, user: &str, password: &str, begin: &Begin, timeout: Duration) -> Result<Conn, String> {
-        let (conn, g) = bconn::open(b, timeout, bconn::Origin::Sluice).await.map_err(|e| e.message)?;
-        let tls = b.tls.decide(false, &g).map_err(|e| e.message)?;
+    pub async fn open(b: &Arc<Backend>, user: &str, password: &str, begin: &Begin, timeout: Duration) -> Result<Conn, Error> {
+        let (conn, g) = bconn::open(b, timeout, bconn::Origin::Sluice).await?;
+        let tls = b.tls.decide(false, &g)?;
         let mut caps = bconn::backend_capabilities(begin.capabilities, &g, tls) & !cap::CONNECT_ATTRS;
         if begin.schema.is_some() {
             caps |= cap::CONNECT_WITH_DB;
@@ -90,7 +92,7 @@ impl Conn {
             database: begin.schema.as_ref().map(|s| s.as_bytes().to_vec()),
             ..Default::default()
         };
-        let conn = bconn::login(b, conn, &g, hr, &Credential::Password(password.as_bytes().to_vec())).await.map_err(|e| e.message)?;
+        let conn = bconn::login(b, conn, &g, hr, &Credential::Password(password.as_bytes().to_vec())).await?;
         let tracker = ResponseTracker::new(caps & cap::DEPRECATE_EOF != 0, caps & cap::SESSION_TRACK != 0);
         let mut c = Conn { conn, caps, tracker, stmts: FxHashMap::default() };
         c.restore(begin, timeout).await?;
@@ -99,7 +101,7 @@ impl Conn {
 
     /// Variables, user variables and SQL PREPAREs through sluice's own restore (as a moved
     /// session's), then the captured session's prepared statements.
-    async fn restore(&mut self, begin: &Begin, timeout: Duration) -> Result<(), String> {
+    async fn restore(&mut self, begin: &Begin, timeout: Duration) -> Result<(), Error> {
         let mut want = SessionState {
             schema: begin.schema.as_deref().map(Into::into),
             multi_statements: self.caps & cap::MULTI_STATEMENTS != 0,
@@ -117,12 +119,12 @@ impl Conn {
         let mut have = ConnState { schema: want.schema.clone(), multi_statements: want.multi_statements, ..Default::default() };
         restore::bring(&mut self.conn, &mut have, &want, self.caps, timeout)
             .await
-            .map_err(|e| format!("restoring the session: {}", e.message))?;
+            .map_err(|e| Error { message: format!("restoring the session: {}", e.message), ..e })?;
         for (id, sql, types) in &begin.prepared {
             let text = String::from_utf8_lossy(sql);
             let (new, _, params) = restore::prepare(&mut self.conn, &text, self.caps, timeout)
                 .await
-                .map_err(|e| format!("preparing {text:?}: {}", e.message))?;
+                .map_err(|e| Error { message: format!("preparing {text:?}: {}", e.message), ..e })?;
             self.stmts.insert(*id, Stmt { id: new, params, types_sent: false, types: types.clone() });
         }
         Ok(())
@@ -131,14 +133,14 @@ impl Conn {
     /// Runs one captured command (`captured_stmt`: the id the capture says a COM_STMT_PREPARE
     /// gave); its summary. Err: the connection failed (or the command names an unknown
     /// statement), with why.
-    pub async fn run(&mut self, payload: &[u8], captured_stmt: u32) -> Result<Summary, String> {
+    pub async fn run(&mut self, payload: &[u8], captured_stmt: u32) -> Result<Summary, NotReplayed> {
         let started = Instant::now();
         let mut owned;
         let mut p = payload;
         let names = matches!(p[0], com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_CLOSE | com::STMT_RESET | com::STMT_SEND_LONG_DATA);
         if names && p.len() >= 5 {
             let id = u32::from_le_bytes([p[1], p[2], p[3], p[4]]);
-            let Some(s) = self.stmts.get_mut(&id) else { return Err(format!("statement {id} was not prepared in this replay")) };
+            let Some(s) = self.stmts.get_mut(&id) else { return Err(NotReplayed::NotPrepared(id)) };
             owned = p.to_vec();
             owned[1..5].copy_from_slice(&s.id.to_le_bytes());
             if p[0] == com::STMT_EXECUTE {
@@ -149,7 +151,7 @@ impl Conn {
             }
             p = &owned;
         }
-        self.conn.write_packet(p, 0).await.map_err(|e| format!("sending a command: {e}"))?;
+        self.conn.write_packet(p, 0).await.map_err(|e| NotReplayed::Failed(format!("sending a command: {e}")))?;
         let Some(expect) = expect(p) else { return Ok(Summary::default()) };
         let c = self.response(expect).await?;
         if let (com::STMT_PREPARE, Some((id, params))) = (p[0], c.prepared) {
@@ -168,11 +170,12 @@ impl Conn {
         })
     }
 
-    async fn response(&mut self, expect: Expect) -> Result<Collect, String> {
+    async fn response(&mut self, expect: Expect) -> Result<Collect, NotReplayed> {
         let mut sink = Collect::default();
         self.tracker.start(expect, 0);
         loop {
-            let scan = self.tracker.scan(&self.conn.rbuf, &mut sink).map_err(|e| format!("a malformed response: {e:?}"))?;
+            let scan =
+                self.tracker.scan(&self.conn.rbuf, &mut sink).map_err(|e| NotReplayed::Failed(format!("a malformed response: {e:?}")))?;
             self.conn.rbuf.advance(scan.consumed);
             match scan.state {
                 State::Done => return Ok(sink),
@@ -180,15 +183,15 @@ impl Conn {
                 State::LocalInfile => {
                     // The file was the client's: it is not in the capture. An empty one.
                     let seq = self.tracker.last_seq.wrapping_add(1);
-                    self.conn.write_packet(&[], seq).await.map_err(|e| format!("answering LOCAL INFILE: {e}"))?;
+                    self.conn.write_packet(&[], seq).await.map_err(|e| NotReplayed::Failed(format!("answering LOCAL INFILE: {e}")))?;
                     self.tracker.after_infile();
                 }
                 State::Pending => {
                     self.conn.rbuf.reserve(BUF_SIZE);
                     match self.conn.stream.read_buf(&mut self.conn.rbuf).await {
-                        Ok(0) => return Err("the server closed the connection".into()),
+                        Ok(0) => return Err(NotReplayed::Failed("the server closed the connection".into())),
                         Ok(_) => {}
-                        Err(e) => return Err(format!("reading a response: {e}")),
+                        Err(e) => return Err(NotReplayed::Failed(format!("reading a response: {e}"))),
                     }
                 }
             }

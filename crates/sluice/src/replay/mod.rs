@@ -81,7 +81,7 @@ pub struct Outcome {
     pub text: Option<String>,
     pub captured: Option<Summary>,
     /// The replay's summary, or why the command was not replayed.
-    pub replayed: Result<Summary, String>,
+    pub replayed: Result<Summary, NotReplayed>,
     /// Its result may differ by the order the server gave overlapping commands of other
     /// sessions (`overlap.rs`), or the replay ran it before all that ended before it in the
     /// capture had ended (a wait cut short), or its transaction was rolled back as in the
@@ -277,6 +277,28 @@ async fn replay_all(b: Arc<Backend>, sessions: BTreeMap<u64, Captured>, args: &A
     (out, order.cut())
 }
 
+/// Why a command was not replayed, or did not run to its end.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotReplayed {
+    /// Skipped on purpose ([`skip_reason`]).
+    #[error("{0}")]
+    Skipped(&'static str),
+    #[error("the session's state was not captured")]
+    NoState,
+    /// Its session could not log in or be brought to its captured state (the target's answer).
+    #[error("connecting: {0}")]
+    Connecting(String),
+    /// An earlier command of its session lost the connection.
+    #[error("the connection was lost")]
+    ConnectionLost,
+    /// The connection failed while it ran.
+    #[error("{0}")]
+    Failed(String),
+    /// It names a statement this replay did not prepare (the connection goes on).
+    #[error("statement {0} was not prepared in this replay")]
+    NotPrepared(u32),
+}
+
 /// Why a command is not replayed, if it is not.
 fn skip_reason(c: &Command, read_only: bool) -> Option<&'static str> {
     // (A capture file may be damaged: an empty command is not sent.)
@@ -341,7 +363,7 @@ async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, 
     };
     // (Commands not replayed are done at once: the others do not wait for them.)
     let Some((begin_at, begin)) = &s.begin else {
-        out.extend(s.commands.iter().map(|c| outcome(c, &texts, Err("the session's state was not captured".into()))));
+        out.extend(s.commands.iter().map(|c| outcome(c, &texts, Err(NotReplayed::NoState))));
         return (out, 0);
     };
     for (id, sql, _) in &begin.prepared {
@@ -352,7 +374,7 @@ async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, 
     let mut conn = match conn::Conn::open(&b, &args.user, &args.password, begin, timeout).await {
         Ok(c) => Some(c),
         Err(e) => {
-            let why = format!("connecting: {e}");
+            let why = NotReplayed::Connecting(e.message);
             out.extend(s.commands.iter().map(|c| outcome(c, &texts, Err(why.clone()))));
             return (out, 0);
         }
@@ -375,16 +397,17 @@ async fn replay_session(b: Arc<Backend>, s: Captured, t0: tokio::time::Instant, 
         if c.payload.first() == Some(&com::QUIT) {
             break;
         }
-        let not_run = skip_reason(c, args.read_only).map(String::from).or_else(|| conn.is_none().then(|| "the connection was lost".into()));
+        let not_run =
+            skip_reason(c, args.read_only).map(NotReplayed::Skipped).or_else(|| conn.is_none().then_some(NotReplayed::ConnectionLost));
         let (Some(open), None) = (conn.as_mut(), &not_run) else {
-            out.push(outcome(c, &texts, Err(not_run.unwrap_or_default())));
+            out.push(outcome(c, &texts, Err(not_run.unwrap_or(NotReplayed::ConnectionLost))));
             ord.order.done((c.at_us, c.end_us()), ord.roles[i]);
             continue;
         };
         tokio::time::sleep_until(at(c.at_us)).await;
         let (r, ran, out_of_order, retried) = run_in_order(open, &s.commands, i, &mut transaction, &mut out, args, ord, t0).await;
         ord.order.done((c.at_us, c.end_us()), ord.roles[i]);
-        if r.as_ref().is_err_and(|e| !e.starts_with("statement ")) {
+        if r.as_ref().is_err_and(|e| !matches!(e, NotReplayed::NotPrepared(_))) {
             conn = None;
         }
         out.push(Outcome { order_dependent: out_of_order || retried, ran: Some(ran), retried, ..outcome(c, &texts, r) });
@@ -416,7 +439,7 @@ async fn run_in_order(
     args: &Args,
     ord: Ordered<'_>,
     t0: tokio::time::Instant,
-) -> (Result<Summary, String>, (u64, u64), bool, bool) {
+) -> (Result<Summary, NotReplayed>, (u64, u64), bool, bool) {
     let c = &commands[i];
     let role = ord.roles[i];
     // (Commands skipped took no locks.)
@@ -469,7 +492,7 @@ const RETRIES: usize = 3;
 
 /// The server chose this command's transaction as a deadlock's victim, and the capture had no
 /// deadlock there.
-fn deadlocked(c: &Command, r: &Result<Summary, String>) -> bool {
+fn deadlocked(c: &Command, r: &Result<Summary, NotReplayed>) -> bool {
     r.as_ref().is_ok_and(|s| s.error == DEADLOCK) && c.captured.is_some_and(|s| s.error != DEADLOCK)
 }
 
@@ -485,7 +508,7 @@ async fn retry(
     earlier: &mut [Outcome],
     args: &Args,
     order: &Order,
-) -> Result<Summary, String> {
+) -> Result<Summary, NotReplayed> {
     let mut last = Ok(Summary { error: DEADLOCK, ..Summary::default() });
     for _ in 0..RETRIES {
         let (mut results, mut holding) = (Vec::with_capacity(commands.len()), false);

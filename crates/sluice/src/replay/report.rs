@@ -196,7 +196,7 @@ impl Tally {
         let replayed = match &o.replayed {
             Ok(s) => s,
             Err(why) => {
-                *r.skipped.entry(why.clone()).or_default() += 1;
+                *r.skipped.entry(why.to_string()).or_default() += 1;
                 return;
             }
         };

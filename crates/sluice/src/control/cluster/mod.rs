@@ -25,7 +25,7 @@ use serde_json::Value;
 
 use crate::config::{BackendConfig, Shared, UserConfig};
 use crate::ctx::Ctx;
-use etcd::{Etcd, b64};
+use etcd::{Etcd, EtcdError, b64};
 
 /// What an instance registers.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -58,14 +58,14 @@ pub async fn run(ctx: Arc<Ctx>, me: Instance) {
 }
 
 /// Reads the prefix, applies it, and watches it: applies it again at every change.
-async fn follow(ctx: &Arc<Ctx>, etcd: &Etcd, prefix: &str, drained: &mut BTreeSet<String>) -> Result<(), String> {
+async fn follow(ctx: &Arc<Ctx>, etcd: &Etcd, prefix: &str, drained: &mut BTreeSet<String>) -> Result<(), EtcdError> {
     let (revision, kvs) = etcd.range(prefix).await?;
     apply(ctx, prefix, &kvs, drained);
     let watch = serde_json::json!({ "create_request": {
         "key": b64(prefix.as_bytes()), "range_end": b64(&etcd::range_end(prefix)), "start_revision": (revision + 1).to_string() } });
     let mut events = etcd.stream("/v3/watch", &watch).await?;
     loop {
-        let msg = events.next().await?.ok_or("the watch ended")?;
+        let msg = events.next().await?.ok_or_else(|| EtcdError::Answer("the watch ended".into()))?;
         let changed = msg["result"]["events"].as_array().is_some_and(|e| {
             e.iter().any(|ev| !String::from_utf8_lossy(&etcd::unb64(&ev["kv"]["key"])).starts_with(&format!("{prefix}instances/")))
         });
@@ -85,19 +85,21 @@ fn shared_of(prefix: &str, kvs: &[(String, Vec<u8>)]) -> Shared {
         if name.is_empty() {
             continue;
         }
-        let read = |extra: (&str, Value)| -> Result<String, String> {
-            let mut v: Value = serde_json::from_slice(value).map_err(|e| format!("not JSON: {e}"))?;
-            let obj = v.as_object_mut().ok_or("not a JSON object")?;
+        // (A value that does not read is the fault of whoever wrote it to the store.)
+        let bad = |m: String| crate::config::InvalidValue(m);
+        let read = |extra: (&str, Value)| -> Result<String, crate::config::InvalidValue> {
+            let mut v: Value = serde_json::from_slice(value).map_err(|e| bad(format!("not JSON: {e}")))?;
+            let obj = v.as_object_mut().ok_or_else(|| bad("not a JSON object".into()))?;
             obj.retain(|_, v| !v.is_null());
             obj.insert(extra.0.into(), extra.1);
-            toml::to_string(&v).map_err(|e| e.to_string())
+            toml::to_string(&v).map_err(|e| bad(e.to_string()))
         };
         let outcome = match kind {
             "backends" => read(("name", Value::String(name.into())))
-                .and_then(|t| toml::from_str::<BackendConfig>(&t).map_err(|e| e.message().to_string()))
+                .and_then(|t| toml::from_str::<BackendConfig>(&t).map_err(|e| bad(e.message().to_string())))
                 .map(|b| s.backends.push(b)),
             "users" => read(("name", Value::String(name.into())))
-                .and_then(|t| toml::from_str::<UserConfig>(&t).map_err(|e| e.message().to_string()))
+                .and_then(|t| toml::from_str::<UserConfig>(&t).map_err(|e| bad(e.message().to_string())))
                 .map(|u| s.users.push(u)),
             "drain" => {
                 s.drained.push(name.to_string());
@@ -150,23 +152,24 @@ async fn register(etcd: Arc<Etcd>, key: String, value: String, ttl: Duration) {
     }
 }
 
-async fn keep_registered(etcd: &Etcd, key: &str, value: &str, ttl: Duration, every: Duration) -> Result<(), String> {
+async fn keep_registered(etcd: &Etcd, key: &str, value: &str, ttl: Duration, every: Duration) -> Result<(), EtcdError> {
     let grant = etcd.call("/v3/lease/grant", &serde_json::json!({ "TTL": ttl.as_secs().max(1).to_string() })).await?;
-    let id = grant["ID"].as_str().ok_or("no lease granted")?.to_string();
+    let id = grant["ID"].as_str().ok_or_else(|| EtcdError::Answer("no lease granted".into()))?.to_string();
     etcd.call("/v3/kv/put", &serde_json::json!({ "key": b64(key.as_bytes()), "value": b64(value.as_bytes()), "lease": id })).await?;
     loop {
         tokio::time::sleep(every).await;
         let mut s = etcd.stream("/v3/lease/keepalive", &serde_json::json!({ "ID": id })).await?;
-        let answer = tokio::time::timeout(Duration::from_secs(5), s.next()).await.map_err(|_| "keep-alive timed out")??;
+        let answer =
+            tokio::time::timeout(Duration::from_secs(5), s.next()).await.map_err(|_| EtcdError::Timeout("keep-alive".into()))??;
         // (A lease that expired answers with no TTL.)
         if answer.as_ref().and_then(|a| a["result"]["TTL"].as_str()).is_none_or(|t| t == "0") {
-            return Err("the lease expired".into());
+            return Err(EtcdError::Answer("the lease expired".into()));
         }
     }
 }
 
 /// The instances registered in the cluster now.
-pub async fn instances(ctx: &Ctx) -> Result<Vec<Value>, String> {
+pub async fn instances(ctx: &Ctx) -> Result<Vec<Value>, EtcdError> {
     let c = ctx.config().cluster.clone();
     let etcd = Etcd::new(&c)?;
     let (_, kvs) = etcd.range(&format!("{}instances/", c.prefix)).await?;
