@@ -8,36 +8,12 @@
 use sluice_proto::consts::com;
 use sluice_proto::packet::{HEADER, Header};
 
-use super::relay::{INSPECT_LIMIT, Session};
+use super::session::{INSPECT_LIMIT, Mark, Session};
 use crate::backend::pool::worker;
 use crate::capture::Kind;
 use crate::capture::record::{self, Begin, Summary, flag};
 use crate::capture::sums::RowSums;
 use crate::metrics::mono_ns;
-
-/// The session's side of the capture running.
-#[derive(Default)]
-pub(super) struct Mark {
-    /// The capture this was decided for.
-    generation: u64,
-    /// The capture takes this session.
-    on: bool,
-    /// Commands recorded (the next one's number is this + 1).
-    number: u64,
-    /// A command is recorded and its result is not yet.
-    pending: bool,
-    /// The recorded command: its flags, its whole length and its payload as recorded. Its
-    /// record is written with its result's, once it is through (one lock of the worker's
-    /// buffer per command, and the relay's clock readings: none of its own).
-    flags: u8,
-    len: u64,
-    payload: Vec<u8>,
-    /// When the relay forwarded it (`mono_ns`); 0 when sluice answered it itself.
-    started_ns: u64,
-    summary: Summary,
-    /// The row sums, lent to each recorded command's response (one allocation per session).
-    sums: Option<Box<RowSums>>,
-}
 
 /// What the relay saw of a recorded command's response.
 pub(super) struct Response {

@@ -12,7 +12,8 @@ use sluice_proto::packet::{HEADER, Header};
 use sluice_proto::response::Expect;
 use sluice_proto::sql::{self, Kill, KillTarget};
 
-use super::relay::{Flow, Session, relay_response};
+use super::response::relay_response;
+use super::session::{Flow, Session};
 use super::verify::{Relay, Verdict, verify};
 use crate::backend::conn::{self as bconn, Outcome};
 use crate::error::{Error, Result, Side};

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use super::client::ClientRest;
-use super::relay::{Session, tracker};
+use super::session::{Session, tracker};
 use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
 use crate::backend::pool::Fit;
@@ -30,12 +30,12 @@ pub(super) struct Dormant {
     credential: Option<Credential>,
     scramble: [u8; 20],
     user_slot: Option<crate::auth::UserSlot>,
-    profile: Option<super::login::Profile>,
+    profile: Option<super::session::Profile>,
     fit: Fit,
     touched: bool,
     multiplex: bool,
     split: bool,
-    causal: Option<Box<super::split::Causal>>,
+    causal: Option<Box<super::session::Causal>>,
     conn: Option<Box<ConnState>>,
     key: Option<Box<Key>>,
     slot: Option<Slot>,
@@ -44,7 +44,7 @@ pub(super) struct Dormant {
     client_ip: Option<std::net::IpAddr>,
     idle_since: Option<tokio::time::Instant>,
     resumed: bool,
-    capture: Option<Box<super::capture::Mark>>,
+    capture: Option<Box<super::session::Mark>>,
     config: Arc<crate::config::Config>,
 }
 

@@ -17,8 +17,9 @@ use serde::{Deserialize, Serialize};
 use sluice_proto::compress::Algorithm;
 
 use super::Admission;
-use super::login::{LoggedIn, Profile};
-use super::relay::Session;
+use super::login::LoggedIn;
+use super::session::Profile;
+use super::session::Session;
 use crate::backend::conn::Credential;
 use crate::backend::pool::Fit;
 use crate::backend::shared::ConnState;
@@ -56,7 +57,7 @@ struct Parcel {
     conn_gen: u32,
     touched: bool,
     multiplex: bool,
-    causal: Option<super::split::Causal>,
+    causal: Option<super::session::Causal>,
     /// Counted against its user's limit, and under `max_backend_connections`.
     user_slot: bool,
     slot: bool,

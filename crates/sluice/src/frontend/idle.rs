@@ -4,7 +4,7 @@
 //! drain starts a full task again.
 
 use std::future::Future;
-use std::pin::Pin;
+
 use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Duration;
@@ -15,7 +15,7 @@ use tokio::io::AsyncReadExt;
 
 use super::Admission;
 use super::client::ClientConn;
-use super::relay::{INSPECT_LIMIT, Session};
+use super::session::{INSPECT_LIMIT, Session};
 use crate::error::{Error, Result, Side};
 use crate::net::{BUF_SIZE, PacketConn, buffers};
 use crate::session::Registry;
@@ -267,21 +267,8 @@ pub(super) fn spawn(session: Box<Session>, admission: Admission) {
 /// The task of a parked session.
 pub(super) async fn parked(mut session: Box<Session>, admission: Admission) {
     session.wait_parked().await;
-    unparked(&session.handle, &session.ctx);
-    resume(session, admission);
-}
-
-/// Counts a session out of the parked ones.
-pub(super) fn unparked(handle: &crate::session::SessionHandle, ctx: &crate::ctx::Ctx) {
-    handle.parking.parked.store(false, Ordering::Relaxed);
-    ctx.metrics.parked_sessions.dec();
-}
-
-/// Serves a session that was parked again, in a full task of its own.
-pub(super) fn resume(mut session: Box<Session>, admission: Admission) {
-    session.resumed = true;
-    let live: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(super::live(session, admission, false));
-    tokio::spawn(live);
+    super::lot::unparked(&session.handle, &session.ctx);
+    super::lot::resume(session, admission);
 }
 
 /// Reads what a backend sent unasked (a shutdown or kill notice) to explain a lost connection.

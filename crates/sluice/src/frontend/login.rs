@@ -8,6 +8,7 @@ use sluice_proto::consts::{cap, err as code, mariadb_cap, status};
 use sluice_proto::handshake::{Greeting, HandshakeResponse, is_ssl_request};
 
 use super::Listener;
+use super::session::Profile;
 use super::verify::{AuthIo, Relay, Verdict, verify};
 use crate::auth::UserSlot;
 use crate::backend::conn::{self as bconn, Credential, Outcome};
@@ -44,12 +45,6 @@ struct Backed {
     /// What the connection carries (users mode).
     conn: Option<Box<ConnState>>,
 }
-
-/// What a new backend login on a session's behalf repeats (users mode): the client's handshake
-/// response without its auth response, kept encoded (an idle session's memory counts) and
-/// decoded when such a login needs it. The sessions of one application log in alike (the same
-/// user, schema and connection attributes): they share one copy.
-pub struct Profile(Arc<[u8]>);
 
 thread_local! {
     /// The profiles of this worker's sessions, each kept once.

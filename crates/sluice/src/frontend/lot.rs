@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use super::Admission;
 use super::dormant::Dormant;
-use super::relay::Session;
+use super::session::Session;
 use crate::net::Stream;
 use crate::sys::epoll::Epoll;
 
@@ -224,9 +224,9 @@ impl Lot {
             for p in out {
                 let _ = self.epoll.get_ref().delete(p.socket.fd());
                 let Parked { session, admission, socket, .. } = p;
-                super::idle::unparked(&session.handle, &session.ctx);
+                unparked(&session.handle, &session.ctx);
                 if let Some(session) = resume_socket(session, socket) {
-                    super::idle::resume(session, admission);
+                    resume(session, admission);
                 }
             }
         }
@@ -262,4 +262,17 @@ impl Lot {
         }
         out
     }
+}
+
+/// Counts a session out of the parked ones.
+pub(super) fn unparked(handle: &crate::session::SessionHandle, ctx: &crate::ctx::Ctx) {
+    handle.parking.parked.store(false, Ordering::Relaxed);
+    ctx.metrics.parked_sessions.dec();
+}
+
+/// Serves a session that was parked again, in a full task of its own.
+pub(super) fn resume(mut session: Box<Session>, admission: Admission) {
+    session.resumed = true;
+    let live: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(super::live(session, admission, false));
+    tokio::spawn(live);
 }

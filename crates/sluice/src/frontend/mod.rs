@@ -9,7 +9,9 @@ pub mod idle;
 mod login;
 mod lot;
 mod relay;
+mod response;
 mod rules;
+mod session;
 mod split;
 mod statement;
 mod switch;
@@ -133,7 +135,7 @@ enum ProxyHeaderError {
 
 /// Admits the connection and logs the client in: its session, or None when it was refused or
 /// the login failed.
-async fn admit(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Listener>) -> Option<(Box<relay::Session>, Admission)> {
+async fn admit(ctx: Arc<Ctx>, stream: Stream, peer: String, listener: Arc<Listener>) -> Option<(Box<session::Session>, Admission)> {
     ctx.metrics.client_connections_total.inc();
     ctx.metrics.client_connections.inc();
     let open = ctx.connections.fetch_add(1, Ordering::Relaxed);
@@ -188,14 +190,14 @@ async fn is_own_connection(ctx: &Ctx, peer: &str, stream: &Stream) -> bool {
 ///
 /// The session is boxed: it stays where it is when it parks and resumes, and the task's future
 /// does not hold it twice (an async fn keeps its arguments apart from its locals).
-async fn live(mut session: Box<relay::Session>, admission: Admission, first: bool) {
+async fn live(mut session: Box<session::Session>, admission: Admission, first: bool) {
     let result = if first { session.run().await } else { session.resume().await };
     let result = match result {
-        Ok(relay::Ended::Parked) => return idle::spawn(session, admission),
+        Ok(session::Ended::Parked) => return idle::spawn(session, admission),
         // Its sockets are closed here without a word: the connections live on in the new
         // process.
-        Ok(relay::Ended::HandedOff) => return drop((session, admission)),
-        Ok(relay::Ended::Done) => Ok(()),
+        Ok(session::Ended::HandedOff) => return drop((session, admission)),
+        Ok(session::Ended::Done) => Ok(()),
         Err(e) => Err(e),
     };
     if let Err(e) = &result {
@@ -214,7 +216,13 @@ async fn live(mut session: Box<relay::Session>, admission: Admission, first: boo
 
 /// Logs the client in (within handshake_timeout) and makes its session; None when the login
 /// failed, which is logged and counted here.
-async fn start(ctx: Arc<Ctx>, stream: Stream, handle: Arc<SessionHandle>, listener: &Listener, peer: &str) -> Option<Box<relay::Session>> {
+async fn start(
+    ctx: Arc<Ctx>,
+    stream: Stream,
+    handle: Arc<SessionHandle>,
+    listener: &Listener,
+    peer: &str,
+) -> Option<Box<session::Session>> {
     let id = handle.id;
     let tls = stream.is_tls();
     let login = tokio::time::timeout(ctx.config().proxy.handshake_timeout, login::login(&ctx, stream, &handle, listener)).await;
@@ -241,7 +249,7 @@ async fn start(ctx: Arc<Ctx>, stream: Stream, handle: Arc<SessionHandle>, listen
         i.compressed = logged_in.compression.is_some();
     }
     tracing::debug!(session = id, client = %peer, user = %logged_in.state.user, backend = %logged_in.guard.name, "session started");
-    Some(Box::new(relay::Session::new(ctx, handle, logged_in, listener.multiplex)))
+    Some(Box::new(session::Session::new(ctx, handle, logged_in, listener.multiplex)))
 }
 
 /// On whose behalf the session's backend connections are opened (what a backend with
@@ -284,7 +292,7 @@ async fn refuse_early(stream: Stream, code: u16, msg: &str) {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), conn.write_packet(&p, 0)).await;
 }
 
-impl relay::Session {
+impl session::Session {
     /// Leaves the backend connection in its backend's pool when the session ended `clean`ly
     /// and the connection is too (nothing in flight or unread, no KILL), after
     /// COM_RESET_CONNECTION has ended whatever the session left open on it: a transaction, locks,
@@ -356,7 +364,7 @@ mod tests {
         let task = serve(ctx, Stream::Tcp(c), "peer".into(), listener);
         let size = std::mem::size_of_val(&task);
         assert!(size <= 2048, "a session's task takes {size} bytes");
-        fn future_size<F: std::future::Future>(_: fn(Box<relay::Session>, Admission) -> F) -> usize {
+        fn future_size<F: std::future::Future>(_: fn(Box<session::Session>, Admission) -> F) -> usize {
             std::mem::size_of::<F>()
         }
         let parked = future_size(idle::parked);

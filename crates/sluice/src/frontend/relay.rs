@@ -8,87 +8,23 @@ use std::sync::atomic::Ordering;
 use bytes::Buf;
 use sluice_proto::consts::{com, err as code};
 use sluice_proto::packet::{HEADER, Header, RequestWalker};
-use sluice_proto::response::{Expect, ResponseTracker, State};
+use sluice_proto::response::Expect;
 
 use super::client::ClientConn;
 use super::idle::Wait;
 use super::login::LoggedIn;
+use super::response::relay_response;
 use super::rules::Seen;
+use super::session::{Ended, Flow, INSPECT_LIMIT, Session, tracker};
 use super::statement::Done;
-use crate::backend::BackendGuard;
-use crate::backend::conn::Credential;
-use crate::backend::shared::{ConnState, Key, Slot};
+use crate::backend::shared::Key;
 use crate::ctx::Ctx;
 use crate::error::{Error, Result, Side};
 use crate::metrics::{Split, mono_ns};
-use crate::net::{BUF_SIZE, LARGE_BUF_SIZE, PacketConn};
 use crate::route::digest::Outcome;
 use crate::session::deadline::Watch;
-use crate::session::{SessionHandle, SessionState, StateSink};
+use crate::session::{SessionHandle, StateSink};
 use sluice_proto::sql::SqlPrepare;
-
-/// Commands up to this size are read whole before being forwarded; larger ones are streamed.
-pub(super) const INSPECT_LIMIT: usize = 1 << 20;
-
-pub struct Session {
-    pub(super) ctx: Arc<Ctx>,
-    pub(super) handle: Arc<SessionHandle>,
-    pub(super) client: ClientConn,
-    pub(super) backend: PacketConn,
-    pub(super) guard: BackendGuard,
-    pub(super) tracker: ResponseTracker,
-    pub(super) state: SessionState,
-    pub(super) client_caps: u32,
-    pub(super) backend_caps: u32,
-    pub(super) mariadb: bool,
-    pub(super) credential: Option<Credential>,
-    /// The scramble of sluice's greeting (COM_CHANGE_USER replies are computed over it).
-    pub(super) scramble: [u8; 20],
-    /// The connection counted against its user's limit (given back when the session ends).
-    pub(super) user_slot: Option<crate::auth::UserSlot>,
-    /// What a new backend login on the session's behalf repeats (users mode).
-    pub(super) profile: Option<super::login::Profile>,
-    /// Why the backend connection was lost while the session was idle; the session moves to a
-    /// new one at its next command.
-    pub(super) lost: Option<Box<str>>,
-    /// Which clients may reuse the backend connection once this session ends.
-    pub(super) fit: crate::backend::pool::Fit,
-    /// The waker last stored in the handle's [`crate::session::Wake`].
-    pub(super) waker: Option<std::task::Waker>,
-    /// The backend connection ran something for this session after its login (a command other
-    /// than COM_PING, a move's restore): it must be reset before another session may have it.
-    pub(super) touched: bool,
-    /// Users-mode sessions of a multiplexing listener give their connection back at every safe
-    /// point (`switch.rs`).
-    pub(super) multiplex: bool,
-    /// Statements are routed one by one: reads to replicas, the rest to the primary
-    /// (`split.rs`; users mode; such a session multiplexes).
-    pub(super) split: bool,
-    /// Causal reads: the session's last write and where it is known applied (split only).
-    pub(super) causal: Option<Box<super::split::Causal>>,
-    /// What the backend connection carries (users mode); None while the session holds none.
-    pub(super) conn: Option<Box<ConnState>>,
-    /// Which spare connections the session may take (users mode: sluice holds credentials).
-    pub(super) key: Option<Box<Key>>,
-    /// The connection's place under `max_backend_connections`.
-    pub(super) slot: Option<Slot>,
-    /// Connections taken so far (prepared statements made on an earlier one are prepared
-    /// again on their first use).
-    pub(super) conn_gen: u32,
-    /// The pins last counted (bits by `Pin::ALL` index), so that each is counted as it begins.
-    pub(super) pinned: u32,
-    /// The client's address (for query rules).
-    pub(super) client_ip: Option<std::net::IpAddr>,
-    /// When the session began to wait for its next command (for `idle_timeout`, which a park
-    /// does not restart).
-    pub(super) idle_since: Option<tokio::time::Instant>,
-    /// It just came back from a park: its first wait looks at the client before parking again.
-    pub(super) resumed: bool,
-    /// Its side of traffic capture (once a capture has seen it).
-    pub(super) capture: Option<Box<super::capture::Mark>>,
-    /// The configuration in force when the session began (it keeps it across reloads).
-    pub(super) config: Arc<crate::config::Config>,
-}
 
 /// Where a command goes.
 enum Route {
@@ -137,40 +73,6 @@ struct Later {
     close: Option<u32>,
     /// Which of the client's own tracking settings to read back first (`statement::TRACKS_*`).
     track: Option<u8>,
-}
-
-/// How [`Session::run`] returned.
-pub(super) enum Ended {
-    /// The session is over.
-    Done,
-    /// The session is idle and parked (`idle.rs`): it resumes in a task of its own.
-    Parked,
-    /// It went to the new process of an upgrade (`handoff.rs`), with its connections.
-    HandedOff,
-}
-
-/// What to do after a command.
-pub(crate) enum Flow {
-    Continue,
-    Close,
-}
-
-/// The tracker of a session's responses: what it follows depends on the capabilities the
-/// client and the backend agreed to, and whether the backend is MariaDB.
-/// `tracked`: what the client's own session tracks, when sluice tracks more.
-pub(super) fn tracker(
-    client_caps: u32,
-    backend_caps: u32,
-    mariadb: bool,
-    tracked: Option<&sluice_proto::basic::Tracked>,
-) -> ResponseTracker {
-    use sluice_proto::consts::cap;
-    let deprecate_eof = backend_caps & cap::DEPRECATE_EOF != 0;
-    let session_track = backend_caps & cap::SESSION_TRACK != 0;
-    let client_track = client_caps & cap::SESSION_TRACK != 0;
-    let mut t = ResponseTracker::new(deprecate_eof, session_track).strip_session_track(!client_track, mariadb);
-    t.filter_session_track(tracked.cloned());
-    t
 }
 
 impl Session {
@@ -687,107 +589,6 @@ impl Session {
                 return Ok(());
             }
             self.fill_client().await?;
-        }
-    }
-}
-
-/// Follows the backend's response to one command (the tracker started for it) and writes it to
-/// the client as it arrives.
-pub(super) async fn relay_response(
-    tracker: &mut ResponseTracker,
-    backend: &mut PacketConn,
-    client: &mut ClientConn,
-    sink: &mut StateSink<'_>,
-    ctx: &Ctx,
-    mut watch: Watch<'_>,
-) -> Result<()> {
-    // Whether the last read filled the buffer: the response is large, read it in large pieces.
-    let mut filled = false;
-    loop {
-        let scan = tracker.scan(&backend.rbuf, sink).map_err(|e| Error::malformed(Side::Backend, e))?;
-        if let Some(id) = sink.patch_stmt_id.take() {
-            // The PREPARE_OK just parsed starts the buffer: give the client its own id.
-            backend.rbuf[HEADER + 1..HEADER + 5].copy_from_slice(&id.to_le_bytes());
-        }
-        if scan.consumed > 0 {
-            if let Some(c) = sink.capture.as_mut() {
-                c.extend_from_slice(&backend.rbuf[..scan.consumed]);
-            }
-            client.write(&backend.rbuf[..scan.consumed]).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
-            ctx.metrics.bytes_to_clients.inc_by(scan.consumed as u64);
-            backend.rbuf.advance(scan.consumed);
-        }
-        match scan.state {
-            State::Done => {
-                if !backend.rbuf.is_empty() {
-                    return Err(Error::backend("backend sent more than one response"));
-                }
-                return Ok(());
-            }
-            // The rare paths are boxed: their futures stay out of every session's task.
-            State::LocalInfile => {
-                Box::pin(relay_infile(backend, client, ctx)).await?;
-                tracker.after_infile();
-            }
-            State::Rewrite { len } => {
-                // (An answer rewritten on its way is not kept whole.)
-                sink.capture = None;
-                let packet = &backend.rbuf[..len];
-                let plain = tracker.rewrite_ok(&packet[HEADER..]);
-                let payload = plain.as_deref().unwrap_or(&packet[HEADER..]);
-                let seq = packet[3];
-                Box::pin(client.write_packet(payload, seq)).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
-                backend.rbuf.advance(len);
-            }
-            State::Pending => {
-                let want = if filled { LARGE_BUF_SIZE } else { BUF_SIZE };
-                if backend.rbuf.capacity() - backend.rbuf.len() < want / 4 {
-                    backend.rbuf.reserve(want);
-                }
-                let room = backend.rbuf.capacity() - backend.rbuf.len();
-                let e = match watch.read(&mut backend.stream, &mut backend.rbuf).await {
-                    Ok(0) => Error::backend("the backend closed the connection in the middle of a response"),
-                    Ok(n) => {
-                        filled = n == room;
-                        continue;
-                    }
-                    Err(e) => Error::io(Side::Backend, "reading response", e),
-                };
-                // The client gets an error it can show, when the response can still end cleanly.
-                if tracker.at_packet_boundary() {
-                    let mut p = Vec::new();
-                    sluice_proto::basic::err_payload(&mut p, code::SERVER_LOST, b"HY000", &format!("sluice: {}", e.message));
-                    let _ = Box::pin(client.write_packet(&p, tracker.last_seq.wrapping_add(1))).await;
-                }
-                return Err(e);
-            }
-        }
-    }
-}
-
-/// LOCAL INFILE: the client's file arrives as packets ending with an empty one.
-async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &Ctx) -> Result<()> {
-    let mut walk = RequestWalker::until_empty();
-    loop {
-        let n = walk.scan(&client.rbuf);
-        if n > 0 {
-            backend
-                .stream
-                .write_within(ctx.config().proxy.response_timeout, &client.rbuf[..n])
-                .await
-                .map_err(|e| Error::io(Side::Backend, "forwarding file", e))?;
-            ctx.metrics.bytes_from_clients.inc_by(n as u64);
-            client.rbuf.advance(n);
-        }
-        if walk.done {
-            return Ok(());
-        }
-        match client.fill().await {
-            Ok(0) => {
-                return Err(Error::client("client closed the connection during LOAD DATA LOCAL"));
-            }
-            Ok(_) => {}
-            Err(e) => return Err(Error::io(Side::Client, "reading file data", e)),
         }
     }
 }

@@ -11,7 +11,7 @@ use sluice_proto::consts::MAX_PAYLOAD;
 use sluice_proto::consts::{com, status};
 use sluice_proto::packet::{HEADER, Header};
 
-use super::relay::{Flow, INSPECT_LIMIT, Session};
+use super::session::{Flow, INSPECT_LIMIT, Session};
 use crate::error::{Error, Result, Side};
 use crate::route::cache::Key;
 use crate::route::digest::{Outcome, Statement};

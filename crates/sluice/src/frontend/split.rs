@@ -22,25 +22,13 @@ use sluice_proto::rw::{Class, Why};
 
 use sluice_proto::response::Expect;
 
-use super::relay::Session;
+use super::session::Session;
 use crate::backend::balance::Want;
 use crate::backend::restore;
 use crate::config::{CausalReads, ReadOnlyTransactions, Role};
 use crate::error::{Error, Result, Side};
 use crate::metrics::Split;
 use crate::route::rules::RouteTo;
-
-/// Causal reads (`causal_reads = "session"`): the session's last write, and the replicas known
-/// to have applied it.
-#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
-pub(super) struct Causal {
-    /// The GTID waited for.
-    gtid: String,
-    /// Replicas that have applied it (bits by backend index, modulo 64).
-    seen: u64,
-    /// The statement about to run must wait on its replica first.
-    due: bool,
-}
 
 fn replica_bit(index: usize) -> u64 {
     1 << (index % 64)
@@ -66,7 +54,7 @@ impl Session {
     pub(super) fn wants(&self, cmd: u8, body_end: usize, route: Option<RouteTo>) -> Option<(Target, Split)> {
         let class = match cmd {
             // A statement longer than what is read before forwarding is not seen whole.
-            com::QUERY | com::STMT_PREPARE if body_end >= HEADER + super::relay::INSPECT_LIMIT => Class::Primary(Why::Write),
+            com::QUERY | com::STMT_PREPARE if body_end >= HEADER + super::session::INSPECT_LIMIT => Class::Primary(Why::Write),
             com::QUERY | com::STMT_PREPARE => {
                 let text = self.client.rbuf.get(HEADER + 1..body_end)?;
                 sluice_proto::rw::classify_in(text, self.state.mode_for(text))

@@ -4,7 +4,7 @@
 
 use sluice_proto::sql::SqlPrepare;
 
-use super::relay::Session;
+use super::session::Session;
 use sluice_proto::packet::HEADER;
 
 /// A SQL PREPARE or DEALLOCATE and the query that ran it.

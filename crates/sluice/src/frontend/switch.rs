@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use sluice_proto::consts::{cap, com, err as code};
 use sluice_proto::packet::frame;
 
-use super::relay::Session;
+use super::session::Session;
 use crate::backend::Backend;
 use crate::backend::conn as bconn;
 use crate::backend::link::{self, backend_response};
@@ -357,9 +357,9 @@ impl Session {
     /// on the connection only when the session holds one, prepared it there, and does not
     /// multiplex (a multiplexed session leaves it prepared there for the next session of its
     /// key). No answer either way.
-    pub(super) async fn close_statement(&mut self, client_id: u32) -> Result<super::relay::Flow> {
+    pub(super) async fn close_statement(&mut self, client_id: u32) -> Result<super::session::Flow> {
         self.skip_request().await?;
-        let Some(p) = self.state.prepared.remove(&client_id) else { return Ok(super::relay::Flow::Continue) };
+        let Some(p) = self.state.prepared.remove(&client_id) else { return Ok(super::session::Flow::Continue) };
         self.handle.publish(&self.state);
         // (The last client that held one open: closed wherever it is prepared.)
         let last = p.counted && self.ctx.open_statements.release(&p.sql);
@@ -373,7 +373,7 @@ impl Session {
             }
             self.close_on_backend(p.backend_id).await?;
         }
-        Ok(super::relay::Flow::Continue)
+        Ok(super::session::Flow::Continue)
     }
 
     /// Moves the session after its backend connection was lost; when it cannot move, the client

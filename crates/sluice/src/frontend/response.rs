@@ -1,0 +1,116 @@
+//! The relay of a response: the backend's answer to one command followed header by header by
+//! the response tracker and written to the client straight from the read buffer, a LOCAL
+//! INFILE upload relayed the other way.
+
+use bytes::Buf;
+use sluice_proto::consts::err as code;
+use sluice_proto::packet::{HEADER, RequestWalker};
+use sluice_proto::response::{ResponseTracker, State};
+
+use super::client::ClientConn;
+use crate::ctx::Ctx;
+use crate::error::{Error, Result, Side};
+use crate::net::{BUF_SIZE, LARGE_BUF_SIZE, PacketConn};
+use crate::session::StateSink;
+use crate::session::deadline::Watch;
+
+/// Follows the backend's response to one command (the tracker started for it) and writes it to
+/// the client as it arrives.
+pub(super) async fn relay_response(
+    tracker: &mut ResponseTracker,
+    backend: &mut PacketConn,
+    client: &mut ClientConn,
+    sink: &mut StateSink<'_>,
+    ctx: &Ctx,
+    mut watch: Watch<'_>,
+) -> Result<()> {
+    // Whether the last read filled the buffer: the response is large, read it in large pieces.
+    let mut filled = false;
+    loop {
+        let scan = tracker.scan(&backend.rbuf, sink).map_err(|e| Error::malformed(Side::Backend, e))?;
+        if let Some(id) = sink.patch_stmt_id.take() {
+            // The PREPARE_OK just parsed starts the buffer: give the client its own id.
+            backend.rbuf[HEADER + 1..HEADER + 5].copy_from_slice(&id.to_le_bytes());
+        }
+        if scan.consumed > 0 {
+            if let Some(c) = sink.capture.as_mut() {
+                c.extend_from_slice(&backend.rbuf[..scan.consumed]);
+            }
+            client.write(&backend.rbuf[..scan.consumed]).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
+            ctx.metrics.bytes_to_clients.inc_by(scan.consumed as u64);
+            backend.rbuf.advance(scan.consumed);
+        }
+        match scan.state {
+            State::Done => {
+                if !backend.rbuf.is_empty() {
+                    return Err(Error::backend("backend sent more than one response"));
+                }
+                return Ok(());
+            }
+            // The rare paths are boxed: their futures stay out of every session's task.
+            State::LocalInfile => {
+                Box::pin(relay_infile(backend, client, ctx)).await?;
+                tracker.after_infile();
+            }
+            State::Rewrite { len } => {
+                // (An answer rewritten on its way is not kept whole.)
+                sink.capture = None;
+                let packet = &backend.rbuf[..len];
+                let plain = tracker.rewrite_ok(&packet[HEADER..]);
+                let payload = plain.as_deref().unwrap_or(&packet[HEADER..]);
+                let seq = packet[3];
+                Box::pin(client.write_packet(payload, seq)).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
+                backend.rbuf.advance(len);
+            }
+            State::Pending => {
+                let want = if filled { LARGE_BUF_SIZE } else { BUF_SIZE };
+                if backend.rbuf.capacity() - backend.rbuf.len() < want / 4 {
+                    backend.rbuf.reserve(want);
+                }
+                let room = backend.rbuf.capacity() - backend.rbuf.len();
+                let e = match watch.read(&mut backend.stream, &mut backend.rbuf).await {
+                    Ok(0) => Error::backend("the backend closed the connection in the middle of a response"),
+                    Ok(n) => {
+                        filled = n == room;
+                        continue;
+                    }
+                    Err(e) => Error::io(Side::Backend, "reading response", e),
+                };
+                // The client gets an error it can show, when the response can still end cleanly.
+                if tracker.at_packet_boundary() {
+                    let mut p = Vec::new();
+                    sluice_proto::basic::err_payload(&mut p, code::SERVER_LOST, b"HY000", &format!("sluice: {}", e.message));
+                    let _ = Box::pin(client.write_packet(&p, tracker.last_seq.wrapping_add(1))).await;
+                }
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// LOCAL INFILE: the client's file arrives as packets ending with an empty one.
+async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &Ctx) -> Result<()> {
+    let mut walk = RequestWalker::until_empty();
+    loop {
+        let n = walk.scan(&client.rbuf);
+        if n > 0 {
+            backend
+                .stream
+                .write_within(ctx.config().proxy.response_timeout, &client.rbuf[..n])
+                .await
+                .map_err(|e| Error::io(Side::Backend, "forwarding file", e))?;
+            ctx.metrics.bytes_from_clients.inc_by(n as u64);
+            client.rbuf.advance(n);
+        }
+        if walk.done {
+            return Ok(());
+        }
+        match client.fill().await {
+            Ok(0) => {
+                return Err(Error::client("client closed the connection during LOAD DATA LOCAL"));
+            }
+            Ok(_) => {}
+            Err(e) => return Err(Error::io(Side::Client, "reading file data", e)),
+        }
+    }
+}
