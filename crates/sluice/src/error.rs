@@ -34,20 +34,6 @@ pub enum Retry {
     Unsafe,
 }
 
-/// Whose fault a failure of the control plane or of the tools was (the data plane's errors say
-/// it with [`Side`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Blame {
-    /// Whoever asked: an API request, a command-line argument, an input file out of bounds.
-    Caller,
-    /// The configuration or the host: files, folders, certificates, descriptors.
-    Setup,
-    /// A remote party: a backend, the etcd store, the replay's target.
-    Remote,
-    /// Sluice itself.
-    Proxy,
-}
-
 /// Why an upgrade failed: the old process goes on as before.
 #[derive(Debug, thiserror::Error)]
 pub enum UpgradeError {

@@ -47,7 +47,8 @@ const QUEUE: usize = 256;
 /// The largest `rotate_mib`.
 pub const MAX_ROTATE_MIB: u64 = 4096;
 
-/// What went wrong with a capture, or with reading one back.
+/// What went wrong with a capture, or with reading one back: the caller's fault (`Invalid`,
+/// `State`, `KeyFile`, `NotAKey`, `Damaged`) or the host's (`Path`, `Io`).
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     /// The request's options are out of bounds, or its name is not a name.
@@ -71,17 +72,6 @@ pub enum CaptureError {
     /// A file of the capture does not read as one (damaged, cut short, or not a capture).
     #[error("{}: {why}", path.display())]
     Damaged { path: PathBuf, why: String },
-}
-
-impl CaptureError {
-    pub fn blame(&self) -> crate::error::Blame {
-        use crate::error::Blame;
-        match self {
-            CaptureError::Invalid(_) | CaptureError::State(_) | CaptureError::Damaged { .. } => Blame::Caller,
-            CaptureError::KeyFile(_) | CaptureError::NotAKey(_) => Blame::Caller,
-            CaptureError::Path(_) | CaptureError::Io { .. } => Blame::Setup,
-        }
-    }
 }
 
 /// What a capture takes and where it goes (`POST /capture/start`).

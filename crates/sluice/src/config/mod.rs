@@ -327,12 +327,6 @@ pub fn check_name(what: &str, name: &str) -> Result<(), InvalidValue> {
 #[error("{0}")]
 pub struct InvalidValue(pub String);
 
-impl From<InvalidValue> for String {
-    fn from(e: InvalidValue) -> String {
-        e.0
-    }
-}
-
 fn one() -> u32 {
     1
 }

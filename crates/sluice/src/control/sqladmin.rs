@@ -62,10 +62,6 @@ enum Ended {
     Refused(String),
 }
 
-fn io(e: std::io::Error) -> Ended {
-    Ended::Io(e)
-}
-
 async fn session(ctx: &Arc<Ctx>, mut c: PacketConn, users: &Users) -> Result<(), Ended> {
     let limit = ctx.config().admin.request_timeout;
     tokio::time::timeout(limit, login(&mut c, users)).await.map_err(|_| Ended::Timeout("login", limit))??;
@@ -116,8 +112,8 @@ async fn login(c: &mut PacketConn, users: &Users) -> Result<(), Ended> {
     };
     let mut p = Vec::new();
     g.write(&mut p);
-    c.write_packet(&p, 0).await.map_err(io)?;
-    let (seq, payload) = c.read_packet(1 << 16).await.map_err(io)?;
+    c.write_packet(&p, 0).await?;
+    let (seq, payload) = c.read_packet(1 << 16).await?;
     let hr = HandshakeResponse::parse(&payload).map_err(|_| Ended::Refused("a malformed handshake response".into()))?;
     let name = String::from_utf8_lossy(&hr.user).into_owned();
     let mut seq = seq.wrapping_add(1);
@@ -133,8 +129,8 @@ async fn login(c: &mut PacketConn, users: &Users) -> Result<(), Ended> {
             Check::SwitchToNative | Check::FullAuth => {
                 let mut p = Vec::new();
                 write_auth_switch(&mut p, auth::NATIVE, &scramble);
-                c.write_packet(&p, seq).await.map_err(io)?;
-                let (s, reply) = c.read_packet(1 << 16).await.map_err(io)?;
+                c.write_packet(&p, seq).await?;
+                let (s, reply) = c.read_packet(1 << 16).await?;
                 seq = s.wrapping_add(1);
                 matches!(u.check(auth::NATIVE, &scramble, &reply), Check::Ok)
             }
@@ -143,7 +139,7 @@ async fn login(c: &mut PacketConn, users: &Users) -> Result<(), Ended> {
     if !ok {
         let mut p = Vec::new();
         err_payload(&mut p, 1045, b"28000", &format!("Access denied for user '{name}' to the sluice admin listener"));
-        c.write_packet(&p, seq).await.map_err(io)?;
+        c.write_packet(&p, seq).await?;
         return Err(Ended::Refused(format!("access denied for {name}")));
     }
     write_ok(c, seq, "").await?;
@@ -161,7 +157,7 @@ async fn read_command(c: &mut PacketConn) -> Result<Vec<u8>, Ended> {
             reply(c, Answer::Error(1153, msg)).await?;
             Err(Ended::Io(e))
         }
-        Err(e) => Err(io(e)),
+        Err(e) => Err(Ended::Io(e)),
     }
 }
 
@@ -187,7 +183,7 @@ async fn write_ok(c: &mut PacketConn, seq: u8, info: &str) -> Result<(), Ended> 
     if !info.is_empty() {
         sluice_proto::packet::put_lenenc_bytes(&mut p, info.as_bytes());
     }
-    c.write_packet(&p, seq).await.map_err(io).map(|_| ())
+    c.write_packet(&p, seq).await.map(|_| ()).map_err(Ended::Io)
 }
 
 async fn reply(c: &mut PacketConn, a: Answer) -> Result<(), Ended> {
@@ -205,30 +201,30 @@ async fn reply(c: &mut PacketConn, a: Answer) -> Result<(), Ended> {
                 b"HY000"
             };
             err_payload(&mut p, code, state, &msg);
-            c.write_packet(&p, 1).await.map_err(io).map(|_| ())
+            c.write_packet(&p, 1).await.map(|_| ()).map_err(Ended::Io)
         }
         Answer::Rows { table, columns, rows } => {
             let mut seq = 1u8;
             let mut p = Vec::new();
             put_lenenc(&mut p, columns.len() as u64);
-            seq = c.write_packet(&p, seq).await.map_err(io)?;
+            seq = c.write_packet(&p, seq).await?;
             for name in &columns {
                 p.clear();
                 resultset::column_def(&mut p, &table, name);
-                seq = c.write_packet(&p, seq).await.map_err(io)?;
+                seq = c.write_packet(&p, seq).await?;
             }
             p.clear();
             eof_payload(&mut p, 0, status::AUTOCOMMIT);
-            seq = c.write_packet(&p, seq).await.map_err(io)?;
+            seq = c.write_packet(&p, seq).await?;
             for r in &rows {
                 p.clear();
                 let values: Vec<Option<&str>> = r.iter().map(|v| v.as_deref()).collect();
                 resultset::text_row(&mut p, &values);
-                seq = c.write_packet(&p, seq).await.map_err(io)?;
+                seq = c.write_packet(&p, seq).await?;
             }
             p.clear();
             eof_payload(&mut p, 0, status::AUTOCOMMIT);
-            c.write_packet(&p, seq).await.map_err(io).map(|_| ())
+            c.write_packet(&p, seq).await.map(|_| ()).map_err(Ended::Io)
         }
     }
 }

@@ -95,7 +95,8 @@ pub struct Outcome {
     pub retried: bool,
 }
 
-/// Why a replay could not run, or could not write its report.
+/// Why a replay could not run, or could not write its report: the caller's fault (`Arguments`,
+/// `NotWhole`, most of `Capture`) or the host's (`Path`, `Io`).
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
     /// The command line asks for something out of bounds.
@@ -113,17 +114,6 @@ pub enum ReplayError {
     /// Writing the report, or starting the replay, failed.
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
-}
-
-impl ReplayError {
-    pub fn blame(&self) -> crate::error::Blame {
-        use crate::error::Blame;
-        match self {
-            ReplayError::Arguments(_) | ReplayError::NotWhole(_) => Blame::Caller,
-            ReplayError::Capture(e) => e.blame(),
-            ReplayError::Path(_) | ReplayError::Io { .. } => Blame::Setup,
-        }
-    }
 }
 
 /// The captured sessions of `dir`, by id. A record's time or latency past `limit_us` (from the
