@@ -148,17 +148,38 @@ async fn login(c: &mut PacketConn, users: &Users) -> Result<(), Ended> {
 }
 
 /// The next command; a statement larger than any this listener answers gets an error the
-/// client can show, then the connection is closed (the rest of the packet is not read).
+/// client can show, then the connection is closed: the end sent first, then the rest of what
+/// the client sends read and dropped for a moment (bounded), so that the close does not reset
+/// the connection under a client still writing, which would lose the error before it is read.
 async fn read_command(c: &mut PacketConn) -> Result<Vec<u8>, Ended> {
     match c.read_packet(MAX_STATEMENT).await {
         Ok((_, cmd)) => Ok(cmd),
         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
             let msg = format!("a statement of more than {MAX_STATEMENT} bytes: this admin listener takes none that long");
             reply(c, Answer::Error(1153, msg)).await?;
+            linger(&mut c.stream).await;
             Err(Ended::Io(e))
         }
         Err(e) => Err(Ended::Io(e)),
     }
+}
+
+/// Sends the end of the connection, then reads and drops what the client still sends: for at
+/// most a second, or 64 MiB.
+async fn linger(stream: &mut Stream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut buf = vec![0u8; 64 << 10];
+        let mut left = 64usize << 20;
+        while left > 0 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
 }
 
 /// The largest statement the listener reads.
