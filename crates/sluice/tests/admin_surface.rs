@@ -139,7 +139,7 @@ async fn a_backend_that_is_sluice_itself_is_refused() {
     assert_eq!(code, 202, "{out}");
     let e = mysql_async::Conn::new(opts(&s.listen, "app", "apppw")).await.expect_err("a login through the loop");
     assert!(e.to_string().contains("a loop"), "{e}");
-    assert!(s.log_text().contains("refusing a login from sluice's own backend connection"));
+    assert!(s.log_shows("refusing a login from sluice's own backend connection"));
     let sessions = json(&admin_get(&s, "/sessions", None).1);
     assert!(sessions.as_array().unwrap().len() <= 2, "no sessions pile up: {sessions}");
 }

@@ -121,7 +121,7 @@ async fn health_falls_and_rises() {
     db.restart();
     wait_for("backend up after rise successes", || backend_up(&s, &db.addr()) == Some(true));
     assert_eq!(cli(s.port(), "app", "apppw", &[], "SELECT 1").unwrap(), "1");
-    assert!(s.log_text().contains("backend is down") && s.log_text().contains("backend is up again"));
+    assert!(s.log_shows("backend is down") && s.log_shows("backend is up again"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

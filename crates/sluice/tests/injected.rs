@@ -60,11 +60,12 @@ impl Rig {
     }
 }
 
-/// Runs `f` with the hang bound.
+/// Whether the log shows `text` now.
 fn s_log_has(r: &Rig, text: &str) -> bool {
     r.s.log_text().contains(text)
 }
 
+/// Runs `f` with the hang bound.
 async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(HANG, f).await.unwrap_or_else(|_| panic!("{what}: no answer (hang)"))
 }

@@ -69,7 +69,7 @@ async fn out_of_descriptors_is_sluices_own_fault_and_passes() {
     // not connect either.
     wait_for("a health check meets the want of descriptors", || s.log_text().contains("health check not made"));
     assert!(backend_up(&s), "the backend was blamed for sluice's own want of descriptors: {}", admin_get(&s, "/backends", None).1);
-    assert!(s.log_text().contains("accept failed"), "the failures are logged");
+    assert!(s.log_shows("accept failed"), "the failures are logged");
     drop(held);
     wait_for("a login works again", || {
         let rt = tokio::runtime::Handle::current();

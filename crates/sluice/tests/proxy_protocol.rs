@@ -81,7 +81,7 @@ async fn a_trusted_balancer_gives_the_client_address_and_others_cannot() {
     let bad = mysql_async::Conn::new(mysql_async::Opts::from(opts(&lb3, "app", "apppw"))).await;
     assert!(bad.is_err(), "a bad header");
     assert_eq!(metric(&s, "sluice_rejected_connections_total{reason=\"proxy_header\"}"), 2);
-    assert!(s.log_text().contains("closing a connection from a PROXY protocol peer"));
+    assert!(s.log_shows("closing a connection from a PROXY protocol peer"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

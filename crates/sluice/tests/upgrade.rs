@@ -98,7 +98,7 @@ fn an_upgrade_under_sysbench_and_a_connect_storm_refuses_nothing() {
     // not: the old process has none left and ends while sysbench runs on.
     assert_eq!(s.wait_exit(std::time::Duration::from_secs(60)), Some(0), "the old process exits once it handed its sessions over");
     let gone = t0.elapsed();
-    assert!(s.log_text().contains("the last session of the old process ended"));
+    assert!(s.log_shows("the last session of the old process ended"));
     let (before, t) = (storm.done(), load.progress().transactions);
     wait_for("new connections go to the new process", || storm.done() > before + 100);
     wait_for("sysbench goes on", || load.progress().transactions > t + 100);

@@ -84,6 +84,21 @@ impl SluiceProc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Whether the log shows `text`, waiting up to ten seconds for it: the log reaches its file
+    /// through a thread of the test's, so a line written just now may not be there yet.
+    pub fn log_shows(&self, text: &str) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.log_text().contains(text) {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Sends a signal by name (e.g. "TERM") to the process.
     pub fn signal(&self, sig: &str) {
         let _ = Command::new("kill").arg(format!("-{sig}")).arg(self.pid().to_string()).status();
