@@ -32,12 +32,21 @@ pub fn parts(sql: &[u8]) -> Parts<'_> {
 
 /// [`parts`] of text a session in `mode` sent.
 pub fn parts_in(sql: &[u8], mode: Mode) -> Parts<'_> {
-    Parts { sql, lex: Lexer::with_mode(sql, mode), last: None, before_last: None }
+    Parts { lex: Lexer::with_mode(sql, mode), norm: Normalizer::new(sql, mode) }
 }
 
 pub struct Parts<'a> {
-    sql: &'a [u8],
     lex: Lexer<'a>,
+    norm: Normalizer<'a>,
+}
+
+/// Turns tokens into parts as the lexer gives them, taking from it the further tokens a part
+/// is made of (a signed or introduced literal, a list of literals): [`Parts`] is a lexer and
+/// this, and a reader that wants the tokens as well feeds it itself (`crate::scan`). The
+/// tokens it takes beyond the one it is given are literals and punctuation only.
+pub struct Normalizer<'a> {
+    sql: &'a [u8],
+    mode: Mode,
     last: Option<Part<'a>>,
     before_last: Option<Part<'a>>,
 }
@@ -58,7 +67,11 @@ fn is_any(word: &[u8], list: &[&str]) -> bool {
     list.iter().any(|k| word.eq_ignore_ascii_case(k.as_bytes()))
 }
 
-impl<'a> Parts<'a> {
+impl<'a> Normalizer<'a> {
+    pub fn new(sql: &'a [u8], mode: Mode) -> Self {
+        Normalizer { sql, mode, last: None, before_last: None }
+    }
+
     /// Whether a `-` or `+` here would be a sign.
     fn sign_allowed(&self) -> bool {
         match self.last {
@@ -80,7 +93,7 @@ impl<'a> Parts<'a> {
 
     /// Takes the literal that starts with `t` (and the tokens that belong to it) from `lex`;
     /// false when `t` does not start one. `sign`: a leading `-` or `+` is a sign.
-    fn literal(sql: &[u8], lex: &mut Lexer<'a>, t: &Token, sign: bool) -> bool {
+    fn literal<L: Iterator<Item = Token> + Clone>(sql: &[u8], mode: Mode, lex: &mut L, t: &Token, sign: bool) -> bool {
         match t.kind {
             Kind::Number => {
                 // `1e-5`: the lexer stops the number before the exponent's sign.
@@ -94,7 +107,7 @@ impl<'a> Parts<'a> {
                 }
                 true
             }
-            Kind::Quoted => lex.mode().is_string_quote(t.text(sql)[0]),
+            Kind::Quoted => mode.is_string_quote(t.text(sql)[0]),
             Kind::Word => {
                 // A charset introducer or a hex, bit or national string: `_utf8mb4'a'`, `x'0f'`.
                 let w = t.text(sql);
@@ -113,7 +126,7 @@ impl<'a> Parts<'a> {
                     loop {
                         match ahead.next() {
                             Some(n) if n.kind == Kind::Punct && matches!(n.text(sql), b"-" | b"+") => {}
-                            Some(n) if Self::literal(sql, &mut ahead, &n, false) => {
+                            Some(n) if Self::literal(sql, mode, &mut ahead, &n, false) => {
                                 *lex = ahead;
                                 return true;
                             }
@@ -129,18 +142,17 @@ impl<'a> Parts<'a> {
 
     /// After a `(`: takes a list of literals up to its `)` (or the `...` of one normalized
     /// already) and returns true, or takes nothing and returns false.
-    fn list(&mut self) -> bool {
-        let sql = self.sql;
-        let mut ahead = self.lex.clone();
+    fn list<L: Iterator<Item = Token> + Clone>(sql: &[u8], mode: Mode, lex: &mut L) -> bool {
+        let mut ahead = lex.clone();
         // `(...)`: a list normalized already.
         let mut dots = ahead.clone();
         if (0..3).all(|_| dots.next().is_some_and(|t| t.is_punct(sql, b'.'))) && dots.next().is_some_and(|t| t.is_punct(sql, b')')) {
-            self.lex = dots;
+            *lex = dots;
             return true;
         }
         loop {
             let Some(t) = ahead.next() else { return false };
-            if !Self::literal(sql, &mut ahead, &t, true) {
+            if !Self::literal(sql, mode, &mut ahead, &t, true) {
                 return false;
             }
             match ahead.next() {
@@ -149,7 +161,7 @@ impl<'a> Parts<'a> {
                 _ => return false,
             }
         }
-        self.lex = ahead;
+        *lex = ahead;
         true
     }
 
@@ -160,44 +172,57 @@ impl<'a> Parts<'a> {
     }
 }
 
+impl<'a> Normalizer<'a> {
+    /// The part that token `t`, just taken from `lex`, begins (None: it adds nothing to the
+    /// shape, as a further row of a `VALUES` list).
+    #[inline]
+    pub fn feed<L: Iterator<Item = Token> + Clone>(&mut self, t: &Token, lex: &mut L) -> Option<Part<'a>> {
+        let (sql, mode) = (self.sql, self.mode);
+        let text = t.text(sql);
+        // (What can only be no literal is passed over without a call.)
+        let literal = match t.kind {
+            Kind::Number => Self::literal(sql, mode, lex, t, false),
+            Kind::Quoted => mode.is_string_quote(text[0]),
+            // Only `_charset` and one-letter words introduce a literal.
+            Kind::Word => {
+                (text[0] == b'_' || text.len() == 1) && sql.get(t.at.end) == Some(&b'\'') && Self::literal(sql, mode, lex, t, false)
+            }
+            Kind::Variable => false,
+            Kind::Punct => match text[0] {
+                b'?' => true,
+                // (Whether a `-` or `+` is a sign is asked only of those.)
+                b'-' | b'+' => self.sign_allowed() && Self::literal(sql, mode, lex, t, true),
+                _ => false,
+            },
+        };
+        if literal {
+            return self.emit(Part::Value);
+        }
+        match t.kind {
+            Kind::Word => self.emit(Part::Word(text)),
+            Kind::Punct if text == b"(" && self.list_allowed() && Self::list(sql, mode, lex) => self.emit(Part::List),
+            Kind::Punct if text == b"," && self.last == Some(Part::List) => {
+                // Another row of literals after a VALUES row adds nothing to the shape.
+                let mut ahead = lex.clone();
+                if ahead.next().is_some_and(|t| t.is_punct(sql, b'(')) && Self::list(sql, mode, &mut ahead) {
+                    *lex = ahead;
+                    return None;
+                }
+                self.emit(Part::Keep(text))
+            }
+            _ => self.emit(Part::Keep(text)),
+        }
+    }
+}
+
 impl<'a> Iterator for Parts<'a> {
     type Item = Part<'a>;
 
     fn next(&mut self) -> Option<Part<'a>> {
-        let sql = self.sql;
         loop {
             let t = self.lex.next()?;
-            let text = t.text(sql);
-            let literal = match t.kind {
-                // (Only `_charset` and one-letter words introduce a literal: most words are
-                // passed over without a look.)
-                Kind::Word => (text[0] == b'_' || text.len() == 1) && Self::literal(sql, &mut self.lex, &t, false),
-                Kind::Variable => false,
-                _ => {
-                    // (Whether a `-` or `+` is a sign is asked only of those.)
-                    let sign = t.kind == Kind::Punct && matches!(text[0], b'-' | b'+') && self.sign_allowed();
-                    Self::literal(sql, &mut self.lex, &t, sign)
-                }
-            };
-            if literal {
-                return self.emit(Part::Value);
-            }
-            match t.kind {
-                Kind::Word => return self.emit(Part::Word(text)),
-                Kind::Punct if text == b"(" && self.list_allowed() && self.list() => return self.emit(Part::List),
-                Kind::Punct if text == b"," && self.last == Some(Part::List) => {
-                    // Another row of literals after a VALUES row adds nothing to the shape.
-                    let mut ahead = self.lex.clone();
-                    if ahead.next().is_some_and(|t| t.is_punct(sql, b'(')) {
-                        let saved = std::mem::replace(&mut self.lex, ahead);
-                        if self.list() {
-                            continue;
-                        }
-                        self.lex = saved;
-                    }
-                    return self.emit(Part::Keep(text));
-                }
-                _ => return self.emit(Part::Keep(text)),
+            if let Some(p) = self.norm.feed(&t, &mut self.lex) {
+                return Some(p);
             }
         }
     }
@@ -213,18 +238,49 @@ pub fn digest(sql: &[u8]) -> u64 {
 
 /// [`digest`] of text a session in `mode` sent.
 pub fn digest_in(sql: &[u8], mode: Mode) -> u64 {
-    let mut h = FNV_OFFSET;
-    let mut byte = |b: u8| h = (h ^ u64::from(b)).wrapping_mul(FNV_PRIME);
-    for p in parts_in(sql, mode) {
-        match p {
-            Part::Word(w) => w.iter().for_each(|b| byte(b.to_ascii_lowercase())),
-            Part::Keep(k) => k.iter().for_each(|&b| byte(b)),
-            Part::Value => byte(b'?'),
-            Part::List => b"(...)".iter().for_each(|&b| byte(b)),
-        }
-        byte(b' ');
+    let mut h = Hasher::default();
+    parts_in(sql, mode).for_each(|p| h.part(p));
+    h.digest()
+}
+
+/// A digest as its parts come: 64-bit FNV-1a over the normalized text, each part followed by
+/// a space.
+#[derive(Debug, Clone, Copy)]
+pub struct Hasher(u64);
+
+impl Default for Hasher {
+    fn default() -> Self {
+        Hasher(FNV_OFFSET)
     }
-    h.max(1)
+}
+
+impl Hasher {
+    #[inline]
+    fn bytes(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(FNV_PRIME);
+        }
+    }
+
+    #[inline]
+    pub fn part(&mut self, p: Part) {
+        match p {
+            Part::Word(w) => {
+                for &b in w {
+                    self.0 = (self.0 ^ u64::from(b.to_ascii_lowercase())).wrapping_mul(FNV_PRIME);
+                }
+            }
+            Part::Keep(k) => self.bytes(k),
+            Part::Value => self.bytes(b"?"),
+            Part::List => self.bytes(b"(...)"),
+        }
+        self.bytes(b" ");
+    }
+
+    /// The digest (never 0).
+    pub fn digest(self) -> u64 {
+        self.0.max(1)
+    }
 }
 
 /// The normalized text of SQL text, appended to `out`, at most `limit` bytes of it (whole

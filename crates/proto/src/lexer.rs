@@ -115,40 +115,64 @@ impl<'a> Lexer<'a> {
         self.mode
     }
 
-    /// Skips whitespace, comments, and the markers of executable comments.
-    fn skip_space(&mut self) {
+    /// Skips the comment (or an executable comment's marker) at `pos`; false when there is
+    /// none there.
+    #[cold]
+    fn skip_comment(&mut self) -> bool {
         let s = self.sql;
-        loop {
-            self.pos = end_of(s, self.pos, SPACE);
-            // (Only these bytes begin a comment or end an executable one.)
-            if !matches!(s.get(self.pos), Some(b'#' | b'-' | b'/' | b'*')) {
-                return;
+        let rest = &s[self.pos..];
+        match rest {
+            [b'#', ..] | [b'-', b'-', b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c, ..] => {
+                self.pos = memchr::memchr(b'\n', rest).map_or(s.len(), |p| self.pos + p + 1)
             }
-            let rest = &s[self.pos..];
-            match rest {
-                [b'#', ..] | [b'-', b'-', b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c, ..] => {
-                    self.pos = memchr::memchr(b'\n', rest).map_or(s.len(), |p| self.pos + p + 1)
+            [b'-', b'-'] => self.pos = s.len(),
+            [b'/', b'*', b'!', ..] | [b'/', b'*', b'M', b'!', ..] => {
+                self.pos += if rest[2] == b'M' { 4 } else { 3 };
+                // The version the body needs (5 or 6 digits) is not code.
+                while s.get(self.pos).is_some_and(u8::is_ascii_digit) {
+                    self.pos += 1;
                 }
-                [b'-', b'-'] => self.pos = s.len(),
-                [b'/', b'*', b'!', ..] | [b'/', b'*', b'M', b'!', ..] => {
-                    self.pos += if rest[2] == b'M' { 4 } else { 3 };
-                    // The version the body needs (5 or 6 digits) is not code.
-                    while s.get(self.pos).is_some_and(u8::is_ascii_digit) {
-                        self.pos += 1;
-                    }
-                    self.executable = true;
+                self.executable = true;
+            }
+            [b'/', b'*', ..] => {
+                self.pos = match memchr::memmem::find(&rest[2..], b"*/") {
+                    Some(p) => self.pos + 2 + p + 2,
+                    None => s.len(),
                 }
-                [b'/', b'*', ..] => {
-                    self.pos = match memchr::memmem::find(&rest[2..], b"*/") {
-                        Some(p) => self.pos + 2 + p + 2,
-                        None => s.len(),
-                    }
+            }
+            [b'*', b'/', ..] if self.executable => {
+                self.executable = false;
+                self.pos += 2;
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// The token of a byte that is neither a digit nor a word's: a quoted text, a variable or
+    /// punctuation.
+    #[inline]
+    fn other(&mut self, c: u8, start: usize) -> Kind {
+        let s = self.sql;
+        match c {
+            b'\'' | b'"' | b'`' => {
+                self.pos = skip_quoted_in(s, start + 1, c, self.mode);
+                Kind::Quoted
+            }
+            b'@' => {
+                self.pos += 1;
+                if s.get(self.pos) == Some(&b'@') {
+                    self.pos += 1;
                 }
-                [b'*', b'/', ..] if self.executable => {
-                    self.executable = false;
-                    self.pos += 2;
+                match s.get(self.pos) {
+                    Some(&q @ (b'\'' | b'"' | b'`')) => self.pos = skip_quoted_in(s, self.pos + 1, q, self.mode),
+                    _ => self.pos = end_of(s, self.pos, WORD | DOT),
                 }
-                _ => return,
+                Kind::Variable
+            }
+            _ => {
+                self.pos += 1;
+                Kind::Punct
             }
         }
     }
@@ -157,40 +181,34 @@ impl<'a> Lexer<'a> {
 impl Iterator for Lexer<'_> {
     type Item = Token;
 
+    #[inline]
     fn next(&mut self) -> Option<Token> {
-        self.skip_space();
         let s = self.sql;
-        let start = self.pos;
-        let c = *s.get(start)?;
-        let class = CLASS[usize::from(c)];
-        let kind = if class & DIGIT != 0 {
-            self.pos = end_of(s, start, WORD | DOT);
-            Kind::Number
-        } else if class & WORD != 0 {
-            self.pos = end_of(s, start, WORD);
-            Kind::Word
-        } else {
-            match c {
-                b'\'' | b'"' | b'`' => {
-                    self.pos = skip_quoted_in(s, start + 1, c, self.mode);
-                    Kind::Quoted
-                }
-                b'@' => {
-                    self.pos += 1;
-                    if s.get(self.pos) == Some(&b'@') {
-                        self.pos += 1;
-                    }
-                    match s.get(self.pos) {
-                        Some(&q @ (b'\'' | b'"' | b'`')) => self.pos = skip_quoted_in(s, self.pos + 1, q, self.mode),
-                        _ => self.pos = end_of(s, self.pos, WORD | DOT),
-                    }
-                    Kind::Variable
-                }
-                _ => {
-                    self.pos += 1;
-                    Kind::Punct
+        let mut start = self.pos;
+        // Whitespace and comments first, a byte's class at a time.
+        let (c, class) = loop {
+            let c = *s.get(start)?;
+            let class = CLASS[usize::from(c)];
+            if class & SPACE != 0 {
+                start += 1;
+                continue;
+            }
+            if class & COMMENT != 0 {
+                self.pos = start;
+                if self.skip_comment() {
+                    start = self.pos;
+                    continue;
                 }
             }
+            break (c, class);
+        };
+        let kind = if class & (DIGIT | WORD) != 0 {
+            let (kind, mask) = if class & DIGIT != 0 { (Kind::Number, WORD | DOT) } else { (Kind::Word, WORD) };
+            self.pos = end_of(s, start + 1, mask);
+            kind
+        } else {
+            self.pos = start;
+            self.other(c, start)
         };
         Some(Token { kind, at: start..self.pos })
     }
@@ -202,6 +220,8 @@ const SPACE: u8 = 1;
 const WORD: u8 = 2;
 const DIGIT: u8 = 4;
 const DOT: u8 = 8;
+/// `#`, `-`, `/`, `*`: what a comment begins (or an executable one ends) with.
+const COMMENT: u8 = 16;
 
 /// The class of every byte: one load per byte instead of a chain of comparisons.
 static CLASS: [u8; 256] = {
@@ -221,22 +241,21 @@ static CLASS: [u8; 256] = {
         if c == b'.' {
             t[i] |= DOT;
         }
+        if matches!(c, b'#' | b'-' | b'/' | b'*') {
+            t[i] |= COMMENT;
+        }
         i += 1;
     }
     t
 };
 
 /// The index of the first byte from `from` on whose class has none of the bits of `mask`.
+#[inline]
 fn end_of(s: &[u8], from: usize, mask: u8) -> usize {
-    let mut i = from;
-    while i < s.len() && CLASS[usize::from(s[i])] & mask != 0 {
-        i += 1;
+    match s.get(from..) {
+        Some(rest) => rest.iter().position(|&c| CLASS[usize::from(c)] & mask == 0).map_or(s.len(), |p| from + p),
+        None => s.len(),
     }
-    i
-}
-
-pub fn is_word_byte(c: u8) -> bool {
-    CLASS[usize::from(c)] & WORD != 0
 }
 
 /// The index after a quoted string or identifier whose body starts at `from` and whose quote

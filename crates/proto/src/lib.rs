@@ -19,6 +19,7 @@ pub mod replication;
 pub mod response;
 pub mod resultset;
 pub mod rw;
+pub mod scan;
 pub mod sql;
 pub mod uservar;
 

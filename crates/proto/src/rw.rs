@@ -53,7 +53,10 @@ pub enum Why {
     Multi,
 }
 
-type Tokens<'a> = Peekable<Lexer<'a>>;
+/// The tokens a classifier reads, from the lexer or from tokens lexed once for every reader.
+trait Tokens: Iterator<Item = Token> {}
+
+impl<I: Iterator<Item = Token>> Tokens for I {}
 
 /// Classifies a query (one statement, or several separated by `;`: reads only if all are).
 pub fn classify(sql: &[u8]) -> Class {
@@ -62,7 +65,12 @@ pub fn classify(sql: &[u8]) -> Class {
 
 /// [`classify`] of text a session in `mode` sent.
 pub fn classify_in(sql: &[u8], mode: crate::lexer::Mode) -> Class {
-    let mut tokens = Lexer::with_mode(sql, mode).peekable();
+    classify_tokens(sql, Lexer::with_mode(sql, mode))
+}
+
+/// [`classify`] of tokens lexed already (`crate::scan::Tokens`).
+pub fn classify_tokens(sql: &[u8], tokens: impl Iterator<Item = Token>) -> Class {
+    let mut tokens = tokens.peekable();
     let mut found: Option<Class> = None;
     while tokens.peek().is_some() {
         let Some(c) = statement(sql, &mut tokens) else { continue };
@@ -76,7 +84,7 @@ pub fn classify_in(sql: &[u8], mode: crate::lexer::Mode) -> Class {
 }
 
 /// Classifies the next statement and consumes it with its `;`; None for an empty one.
-fn statement(sql: &[u8], t: &mut Tokens<'_>) -> Option<Class> {
+fn statement(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Option<Class> {
     let mut first = t.next()?;
     while first.is_punct(sql, b'(') {
         first = t.next()?;
@@ -112,12 +120,12 @@ fn statement(sql: &[u8], t: &mut Tokens<'_>) -> Option<Class> {
     Some(class)
 }
 
-fn next_is(sql: &[u8], t: &mut Tokens<'_>, kw: &str) -> bool {
+fn next_is(sql: &[u8], t: &mut Peekable<impl Tokens>, kw: &str) -> bool {
     t.peek().is_some_and(|n| n.is_word(sql, kw))
 }
 
 /// Consumes the rest of the statement and its `;`.
-fn skip_rest(sql: &[u8], t: &mut Tokens<'_>) {
+fn skip_rest(sql: &[u8], t: &mut Peekable<impl Tokens>) {
     for tok in t.by_ref() {
         if tok.is_punct(sql, b';') {
             return;
@@ -127,7 +135,7 @@ fn skip_rest(sql: &[u8], t: &mut Tokens<'_>) {
 
 /// The rest of a `SELECT`, `VALUES`, `TABLE` or `WITH` statement: a read unless something in it
 /// says otherwise. The first reason for the primary wins.
-fn read(sql: &[u8], t: &mut Tokens<'_>) -> Class {
+fn read(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Class {
     let mut class = Class::Read;
     let mut prev: Option<Token> = None;
     while let Some(tok) = t.next() {
@@ -166,19 +174,20 @@ fn word_in_read(sql: &[u8], tok: &Token, prev: Option<&Token>, next: Option<&Tok
     if next.is_some_and(|n| n.is_punct(sql, b'(')) {
         return function(text, prev.is_some_and(|p| p.is_punct(sql, b'.')));
     }
-    let eq = |kw: &str| text.eq_ignore_ascii_case(kw.as_bytes());
-    if eq("INTO") {
-        Some(Class::Primary(Why::Into))
-    } else if (eq("UPDATE") || eq("SHARE")) && (prev_is("FOR") || prev_is("IN")) {
-        Some(Class::Primary(Why::LockingRead))
-    } else if eq("VALUE") && (prev_is("NEXT") || prev_is("PREVIOUS")) {
-        Some(Class::Primary(Why::SideEffect))
-    } else if eq("INSERT") || eq("UPDATE") || eq("DELETE") || eq("REPLACE") {
+    let eq = |kw: &[u8]| text.eq_ignore_ascii_case(kw);
+    let locking = || prev_is("FOR") || prev_is("IN");
+    // (By length first: most words are none of these, and are passed over at once.)
+    let why = match text.len() {
+        4 if eq(b"INTO") => Why::Into,
+        5 if eq(b"SHARE") && locking() => Why::LockingRead,
+        6 if eq(b"UPDATE") && locking() => Why::LockingRead,
+        5 if eq(b"VALUE") && (prev_is("NEXT") || prev_is("PREVIOUS")) => Why::SideEffect,
         // The statement of a WITH, or data-changing words anywhere else.
-        Some(Class::Primary(Why::Write))
-    } else {
-        None
-    }
+        6 if eq(b"INSERT") || eq(b"UPDATE") || eq(b"DELETE") => Why::Write,
+        7 if eq(b"REPLACE") => Why::Write,
+        _ => return None,
+    };
+    Some(Class::Primary(why))
 }
 
 /// A word followed by `(`: a keyword, a function known to be free of side effects, or not.
@@ -491,7 +500,7 @@ const PURE_FUNCTIONS: &[&[u8]] = &[
 
 /// `SHOW ...`: metadata that replicates reads anywhere; warnings belong to the statement before;
 /// the rest (status, variables, processes, replication) differs from server to server.
-fn show(sql: &[u8], t: &mut Tokens<'_>) -> Class {
+fn show(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Class {
     let Some(w1) = t.next() else { return Class::Primary(Why::ServerSpecific) };
     let w2 = t.peek().cloned();
     let is = |tok: &Token, kws: &[&str]| kws.iter().any(|k| tok.is_word(sql, k));
@@ -526,7 +535,7 @@ fn show(sql: &[u8], t: &mut Tokens<'_>) -> Class {
 
 /// `SET ...`: session state, unless it names the next transaction, a global, a user variable,
 /// a password or a role.
-fn set(sql: &[u8], t: &mut Tokens<'_>) -> Class {
+fn set(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Class {
     let mut class = match t.peek() {
         Some(w) if ["TRANSACTION"].iter().any(|k| w.is_word(sql, k)) => Class::Primary(Why::Transaction),
         Some(w) if ["STATEMENT", "PASSWORD", "ROLE", "DEFAULT"].iter().any(|k| w.is_word(sql, k)) => Class::Primary(Why::Write),
@@ -551,7 +560,7 @@ fn set(sql: &[u8], t: &mut Tokens<'_>) -> Class {
 
 /// `START TRANSACTION [READ ONLY | READ WRITE | WITH CONSISTENT SNAPSHOT], ...`; any other
 /// `START` (a replica's threads) is for the primary's administrator.
-fn start(sql: &[u8], t: &mut Tokens<'_>) -> Class {
+fn start(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Class {
     if !next_is(sql, t, "TRANSACTION") {
         skip_rest(sql, t);
         return Class::Primary(Why::Write);

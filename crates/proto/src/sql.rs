@@ -300,45 +300,63 @@ pub fn hazards(sql: &[u8]) -> u16 {
 
 /// [`hazards`] of text a session in `mode` sent.
 pub fn hazards_in(sql: &[u8], mode: lexer::Mode) -> u16 {
-    let mut found = 0;
-    let mut prev = Prev::default();
-    // Where the token before is (looked at only after the rare words that need it).
-    let mut before = 0..0;
+    let mut h = Hazards::default();
     for t in lexer::Lexer::with_mode(sql, mode) {
+        h.token(&t, sql, mode);
+    }
+    h.found
+}
+
+/// The [`hazard`] bits found so far, token by token (`crate::scan` feeds it as well).
+#[derive(Default)]
+pub struct Hazards {
+    pub found: u16,
+    prev: Prev,
+    /// Where the token before is (looked at only after the rare words that need it).
+    before: std::ops::Range<usize>,
+}
+
+impl Hazards {
+    /// Looks at the next token of `sql`.
+    #[inline]
+    pub fn token(&mut self, t: &Token, sql: &[u8], mode: lexer::Mode) {
         let text = t.text(sql);
         match t.kind {
-            Kind::Variable if text.len() > 1 && text[1] != b'@' => found |= hazard::USER_VARIABLE,
-            Kind::Quoted if prev.code_next => {
+            Kind::Variable if text.len() > 1 && text[1] != b'@' => self.found |= hazard::USER_VARIABLE,
+            Kind::Quoted if self.prev.code_next => {
                 if let Some(inner) = lexer::unquote_in(text, mode) {
-                    found |= hazards_in(&inner, mode);
+                    self.found |= hazards_in(&inner, mode);
                 }
             }
-            Kind::Word => {
-                let eq = |k: &[u8]| text.eq_ignore_ascii_case(k);
-                let was = |k: &[u8]| sql[before.clone()].eq_ignore_ascii_case(k);
-                // (By length first: most words are none of these, and are passed over at once.)
-                found |= match text.len() {
-                    2 if eq(b"XA") => hazard::XA,
-                    // `FLUSH ... WITH READ LOCK`, `BACKUP LOCK`, `BACKUP STAGE`.
-                    4 if text[0] | 0x20 == b'l' && eq(b"LOCK") && (was(b"READ") || was(b"BACKUP")) => hazard::LOCK,
-                    5 | 6 if prev.lock && (eq(b"TABLE") || eq(b"TABLES")) => hazard::LOCK,
-                    5 if text[0] | 0x20 == b's' && eq(b"STAGE") && was(b"BACKUP") => hazard::LOCK,
-                    7 if eq(b"PREPARE") => hazard::SQL_PREPARE,
-                    7 if eq(b"HANDLER") => hazard::HANDLER,
-                    8 if eq(b"GET_LOCK") => hazard::LOCK,
-                    9 if eq(b"TEMPORARY") => hazard::TEMPORARY_TABLE,
-                    9 if eq(b"ROW_COUNT") => hazard::ROW_COUNT,
-                    11 if prev.set && eq(b"TRANSACTION") => hazard::SET_TRANSACTION,
-                    19 if eq(b"SQL_CALC_FOUND_ROWS") => hazard::FOUND_ROWS,
-                    _ => 0,
-                };
-            }
+            Kind::Word => self.found |= self.word(text, sql),
             _ => {}
         }
-        prev.after(&t, sql);
-        before = t.at;
+        self.prev.after(t, sql);
+        self.before = t.at.clone();
     }
-    found
+
+    /// The hazard a word is.
+    #[inline]
+    fn word(&self, text: &[u8], sql: &[u8]) -> u16 {
+        let eq = |k: &[u8]| text.eq_ignore_ascii_case(k);
+        let was = |k: &[u8]| sql[self.before.clone()].eq_ignore_ascii_case(k);
+        // (By length first: most words are none of these, and are passed over at once.)
+        match text.len() {
+            2 if eq(b"XA") => hazard::XA,
+            // `FLUSH ... WITH READ LOCK`, `BACKUP LOCK`, `BACKUP STAGE`.
+            4 if text[0] | 0x20 == b'l' && eq(b"LOCK") && (was(b"READ") || was(b"BACKUP")) => hazard::LOCK,
+            5 | 6 if self.prev.lock && (eq(b"TABLE") || eq(b"TABLES")) => hazard::LOCK,
+            5 if text[0] | 0x20 == b's' && eq(b"STAGE") && was(b"BACKUP") => hazard::LOCK,
+            7 if eq(b"PREPARE") => hazard::SQL_PREPARE,
+            7 if eq(b"HANDLER") => hazard::HANDLER,
+            8 if eq(b"GET_LOCK") => hazard::LOCK,
+            9 if eq(b"TEMPORARY") => hazard::TEMPORARY_TABLE,
+            9 if eq(b"ROW_COUNT") => hazard::ROW_COUNT,
+            11 if self.prev.set && eq(b"TRANSACTION") => hazard::SET_TRANSACTION,
+            19 if eq(b"SQL_CALC_FOUND_ROWS") => hazard::FOUND_ROWS,
+            _ => 0,
+        }
+    }
 }
 
 /// What the tokens before the current one were, as [`hazards`] and [`user_variables`] need.
@@ -354,9 +372,13 @@ struct Prev {
 }
 
 impl Prev {
+    #[inline]
     fn after(&mut self, t: &Token, sql: &[u8]) {
+        if t.kind != Kind::Word {
+            return self.after_other(t.is_punct(sql, b';'));
+        }
         let text = t.text(sql);
-        let is = |kw: &[u8]| t.kind == Kind::Word && text.eq_ignore_ascii_case(kw);
+        let is = |kw: &[u8]| text.eq_ignore_ascii_case(kw);
         // (By length first: the words looked for are 3, 4, 7 and 9 letters long.)
         let (mut prepare, mut from, mut lock, mut set, mut execute, mut immediate) = (false, false, false, false, false, false);
         match text.len() {
@@ -366,11 +388,21 @@ impl Prev {
             9 => immediate = is(b"IMMEDIATE"),
             _ => {}
         }
-        self.prepare = (self.prepare || prepare) && !t.is_punct(sql, b';');
+        self.prepare |= prepare;
         self.code_next = (self.execute && immediate) || (self.prepare && from);
         self.lock = lock;
         self.set = set;
         self.execute = execute;
+    }
+
+    /// After a token that is no word (`semicolon`: a `;`, which ends a PREPARE).
+    #[inline]
+    fn after_other(&mut self, semicolon: bool) {
+        self.prepare &= !semicolon;
+        self.code_next = false;
+        self.lock = false;
+        self.set = false;
+        self.execute = false;
     }
 }
 

@@ -3,20 +3,21 @@
 
 #![deny(unsafe_code)]
 
-pub mod auth;
-pub mod backend;
+pub(crate) mod auth;
+pub(crate) mod backend;
 pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod control;
 pub mod ctx;
-pub mod error;
-pub mod frontend;
-pub mod metrics;
+pub(crate) mod error;
+pub(crate) mod frontend;
+pub(crate) mod metrics;
 pub mod net;
 pub mod replay;
-pub mod route;
+pub(crate) mod route;
 pub mod runtime;
-pub mod session;
+pub(crate) mod session;
 #[allow(unsafe_code)]
 pub mod sys;
+pub(crate) mod worker;

@@ -73,20 +73,8 @@ fn main() {
 }
 
 /// `sluice replay`: prints the totals (and where the report is); the exit code.
-fn replay(r: &sluice::cli::ReplayArgs) -> i32 {
-    let password = r.password.clone().or_else(|| std::env::var("SLUICE_REPLAY_PASSWORD").ok()).unwrap_or_default();
-    let args = sluice::replay::Args {
-        input: r.input.clone(),
-        target: r.target.clone(),
-        user: r.user.clone(),
-        password,
-        speed: r.speed,
-        read_only: r.read_only,
-        report: r.report.clone(),
-        key_file: r.key_file.clone(),
-        unordered: r.unordered,
-    };
-    match sluice::replay::run(&args) {
+fn replay(args: &sluice::replay::Args) -> i32 {
+    match sluice::replay::run(args) {
         Ok(rep) => {
             println!(
                 "replayed {} of {} commands ({} sessions) in {:.1} s: {} same, {} different, {} different where the order of \
@@ -103,7 +91,7 @@ fn replay(r: &sluice::cli::ReplayArgs) -> i32 {
             for (why, n) in &rep.skipped {
                 println!("not replayed: {why}: {n}");
             }
-            if let Some(d) = &r.report {
+            if let Some(d) = &args.report {
                 println!("report: {}", d.join("report.md").display());
             }
             if rep.capture_dropped_records > 0 {

@@ -15,33 +15,10 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
 use crate::error::Side;
+use crate::worker::{SHARDS, shard};
 
 /// Latency buckets in seconds: 50 µs to 10 s.
 const BUCKETS: [f64; 16] = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
-
-/// Shards per sharded series; worker threads beyond this share shards.
-const SHARDS: usize = 16;
-
-thread_local! {
-    static SHARD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// Makes the calling thread record into shard `i` (workers call this once when they start;
-/// other threads use shard 0).
-pub fn set_thread_shard(i: usize) {
-    SHARD.with(|s| s.set(i % SHARDS));
-}
-
-#[inline]
-fn shard() -> usize {
-    SHARD.with(|s| s.get())
-}
-
-/// The shard the calling thread records into (other per-worker tables use it too).
-#[inline]
-pub fn thread_shard() -> usize {
-    shard()
-}
 
 #[derive(Debug, Default)]
 #[repr(align(64))]
@@ -314,7 +291,7 @@ impl Reject {
 pub struct Metrics {
     registry: Registry,
     pub client_connections: Gauge,
-    /// Idle sessions parked (`frontend/idle.rs`, `frontend/lot.rs`).
+    /// Idle sessions parked (`frontend/idle/`).
     pub parked_sessions: Gauge,
     pub session_parks: Counter,
     /// Sessions an upgrade handed over to the new process (counted by the old one), and

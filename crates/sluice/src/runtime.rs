@@ -265,8 +265,7 @@ fn spawn_per_core(
         std::thread::Builder::new()
             .name(format!("sluice-w{i}"))
             .spawn(move || {
-                crate::metrics::set_thread_shard(i + 1);
-                crate::backend::pool::set_worker(i + 1);
+                crate::worker::enter(i + 1);
                 let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                     Ok(rt) => rt,
                     Err(e) => {
@@ -294,7 +293,7 @@ fn spawn_multi(
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .thread_name("sluice-w")
-        .on_thread_start(move || crate::metrics::set_thread_shard(next_shard.fetch_add(1, std::sync::atomic::Ordering::Relaxed)))
+        .on_thread_start(move || crate::worker::enter_shared(next_shard.fetch_add(1, std::sync::atomic::Ordering::Relaxed)))
         .enable_all()
         .build()
         .map_err(io("starting a worker"))?;
@@ -359,53 +358,55 @@ fn start_accept(ctx: Arc<Ctx>, b: Sock, info: Arc<Listener>, stop: watch::Receiv
     match b {
         Sock::Tcp(socks, _) => {
             for s in socks {
-                let (ctx, info, mut stop) = (ctx.clone(), info.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let l = match tokio::net::TcpListener::from_std(s) {
-                        Ok(l) => l,
-                        Err(e) => return tracing::error!(error = %e, "listener"),
-                    };
-                    let mut backoff = crate::net::AcceptBackoff::default();
-                    loop {
-                        tokio::select! {
-                            r = l.accept() => match r {
-                                Ok((s, peer)) => {
-                                    backoff.succeeded();
-                                    // TCP_NODELAY and keepalive come from the listener.
-                                    tokio::spawn(frontend::serve(ctx.clone(), Stream::Tcp(s), peer.to_string(), info.clone()));
-                                }
-                                Err(e) => backoff.failed(&e, &ctx.metrics.accept_errors).await,
-                            },
-                            _ = stop.changed() => return,
-                        }
-                    }
-                });
+                match tokio::net::TcpListener::from_std(s) {
+                    Ok(l) => spawn_accept(ctx.clone(), Acceptor::Tcp(l), info.clone(), stop.clone()),
+                    Err(e) => tracing::error!(error = %e, "listener"),
+                }
             }
         }
-        Sock::Unix(s, path) => {
-            let mut stop = stop;
-            tokio::spawn(async move {
-                let l = match tokio::net::UnixListener::from_std(s) {
-                    Ok(l) => l,
-                    Err(e) => return tracing::error!(error = %e, "listener"),
-                };
-                let peer = format!("unix:{}", path.display());
-                let mut backoff = crate::net::AcceptBackoff::default();
-                loop {
-                    tokio::select! {
-                        r = l.accept() => match r {
-                            Ok((s, _)) => {
-                                backoff.succeeded();
-                                tokio::spawn(frontend::serve(ctx.clone(), Stream::Unix(s), peer.clone(), info.clone()));
-                            }
-                            Err(e) => backoff.failed(&e, &ctx.metrics.accept_errors).await,
-                        },
-                        _ = stop.changed() => return,
-                    }
-                }
-            });
+        Sock::Unix(s, path) => match tokio::net::UnixListener::from_std(s) {
+            Ok(l) => spawn_accept(ctx, Acceptor::Unix(l, format!("unix:{}", path.display())), info, stop),
+            Err(e) => tracing::error!(error = %e, "listener"),
+        },
+    }
+}
+
+/// A listening socket an accept loop takes clients from.
+enum Acceptor {
+    Tcp(tokio::net::TcpListener),
+    /// With the name its clients are known by (the socket's path).
+    Unix(tokio::net::UnixListener, String),
+}
+
+impl Acceptor {
+    /// The next client and its name.
+    async fn accept(&self) -> std::io::Result<(Stream, String)> {
+        match self {
+            // TCP_NODELAY and keepalive come from the listener.
+            Acceptor::Tcp(l) => l.accept().await.map(|(s, peer)| (Stream::Tcp(s), peer.to_string())),
+            Acceptor::Unix(l, name) => l.accept().await.map(|(s, _)| (Stream::Unix(s), name.clone())),
         }
     }
+}
+
+/// Accepts clients until `stop` changes, each served by a task of its own; failed accepts
+/// (out of descriptors) back off and are counted.
+fn spawn_accept(ctx: Arc<Ctx>, l: Acceptor, info: Arc<Listener>, mut stop: watch::Receiver<bool>) {
+    tokio::spawn(async move {
+        let mut backoff = crate::net::AcceptBackoff::default();
+        loop {
+            tokio::select! {
+                r = l.accept() => match r {
+                    Ok((s, peer)) => {
+                        backoff.succeeded();
+                        tokio::spawn(frontend::serve(ctx.clone(), s, peer, info.clone()));
+                    }
+                    Err(e) => backoff.failed(&e, &ctx.metrics.accept_errors).await,
+                },
+                _ = stop.changed() => return,
+            }
+        }
+    });
 }
 
 fn spawn_control(

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use sluice_proto::consts::{com, err as code, mariadb_cap};
+use sluice_proto::consts::{err as code, mariadb_cap};
 use sluice_proto::handshake::{Greeting, HandshakeResponse};
 
 use super::conn::{self, Origin};
@@ -33,17 +33,6 @@ pub async fn open_any(backends: &Backends, tried: &mut Vec<(usize, Error)>, orig
         let b = pick(backends, tried)?;
         if let Some(o) = open_on(b, tried, origin).await {
             return Ok(o);
-        }
-    }
-}
-
-/// Like `open_any`, but takes a pooled connection of the chosen backend when one fits (made
-/// for a client whose connection is TLS as well, or plain as well, when that matters there).
-pub async fn link_any(backends: &Backends, tried: &mut Vec<(usize, Error)>, fit: Fit, client_tls: bool, origin: Origin) -> Result<Link> {
-    loop {
-        let b = pick(backends, tried)?;
-        if let Some(link) = link_on(b, tried, fit, client_tls, origin).await {
-            return Ok(link);
         }
     }
 }
@@ -113,21 +102,4 @@ pub const TRACK_ALL: &[u8] = b"SET SESSION session_track_system_variables='*', s
 /// Variables that [`TRACK_ALL`] sets, which sluice keeps as they are on every connection.
 pub fn sluice_owns(variable: &str) -> bool {
     matches!(variable, "session_track_system_variables" | "session_track_state_change")
-}
-
-/// Runs one statement that answers with OK or ERR during session set-up, within `limit`.
-pub async fn set_up_query(conn: &mut PacketConn, sql: &[u8], limit: std::time::Duration) -> Result<()> {
-    conn::bounded(limit, "session set-up", async {
-        let mut p = Vec::with_capacity(sql.len() + 1);
-        p.push(com::QUERY);
-        p.extend_from_slice(sql);
-        conn.write_packet(&p, 0).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
-        let (_, r) = conn.read_packet(1 << 20).await.map_err(|e| Error::io(Side::Backend, "session set-up", e))?;
-        match r.first() {
-            Some(0x00) => Ok(()),
-            Some(0xff) => Err(Error::from_backend_err(&r)),
-            _ => Err(Error::backend("unexpected answer to a set-up statement")),
-        }
-    })
-    .await
 }

@@ -18,19 +18,7 @@ use parking_lot::Mutex;
 
 use crate::net::PacketConn;
 
-thread_local! {
-    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// Tells the pool which worker runtime the calling thread drives. Per-core workers call this
-/// once at start; threads of the shared multi-threaded runtime all stay 0.
-pub fn set_worker(i: usize) {
-    WORKER.with(|w| w.set(i));
-}
-
-pub fn worker() -> usize {
-    WORKER.with(|w| w.get())
-}
+use crate::worker::index as worker;
 
 /// What a pooled connection was logged in with; a login reuses it only if these match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -157,9 +145,9 @@ mod tests {
         assert!(p.take(Fit { backend_tls: true, ..a }).is_none(), "a plain client's connection is not a TLS client's");
         assert_eq!(p.take(a).map(|c| c.fit), Some(a));
         assert!(p.take(a).is_none(), "the other one has other capabilities");
-        set_worker(7);
+        crate::worker::enter(7);
         assert!(p.take(b).is_none(), "another worker's connection is not taken");
-        set_worker(0);
+        crate::worker::enter(0);
         assert_eq!(p.take(b).map(|c| c.fit), Some(b));
         assert_eq!(p.count(), 0);
     }

@@ -22,9 +22,10 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use super::pool::{Fit, worker};
+use super::pool::Fit;
 use crate::metrics::BackendMetrics;
 use crate::net::PacketConn;
+use crate::worker::index as worker;
 
 /// A statement prepared on one backend connection.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

@@ -50,7 +50,7 @@ pub enum Command {
     #[command(subcommand)]
     Capture(CaptureCommand),
     /// Play a traffic capture against a server and compare the results with the captured ones.
-    Replay(ReplayArgs),
+    Replay(crate::replay::Args),
     /// Talk to a running sluice through its admin API (exit codes: 0 done, 1 refused, 2 bad
     /// command line, 3 unreachable, 4 sluice failed or is not ready).
     Ctl(CtlArgs),
@@ -119,39 +119,6 @@ pub enum CtlVerb {
         /// For start: the options as JSON, e.g. '{"name": "cap", "duration": "60s"}'.
         options: Option<String>,
     },
-}
-
-#[derive(Debug, clap::Args)]
-pub struct ReplayArgs {
-    /// The capture directory.
-    #[arg(long)]
-    pub input: PathBuf,
-    /// The server to replay against, HOST:PORT or a Unix socket path.
-    #[arg(long)]
-    pub target: String,
-    /// Every session logs in as this user.
-    #[arg(long)]
-    pub user: String,
-    /// Its password (or in the SLUICE_REPLAY_PASSWORD environment variable).
-    #[arg(long)]
-    pub password: Option<String>,
-    /// Time runs this many times faster than it did when captured (0.001 to 1000).
-    #[arg(long, default_value_t = 1.0)]
-    pub speed: f64,
-    /// Replay only commands that change nothing (for a replica).
-    #[arg(long)]
-    pub read_only: bool,
-    /// Write report.md and report.json here.
-    #[arg(long)]
-    pub report: Option<PathBuf>,
-    /// The key file of an encrypted capture.
-    #[arg(long)]
-    pub key_file: Option<PathBuf>,
-    /// Keep the captured times only: commands of different sessions may then run in another
-    /// order than they did (by default a command waits for every command that had ended when
-    /// it began).
-    #[arg(long)]
-    pub unordered: bool,
 }
 
 #[derive(Debug, Subcommand)]

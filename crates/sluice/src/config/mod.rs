@@ -154,7 +154,7 @@ pub struct ProxyConfig {
     /// Testing aid: users-mode sessions move to a fresh connection on the next backend at every
     /// safe point, so that a client library's test suite runs across many connections.
     pub move_every_statement: bool,
-    /// Testing aid: multiplexed sessions park (`frontend/idle.rs`) whenever they wait for a
+    /// Testing aid: multiplexed sessions park (`frontend/idle/`) whenever they wait for a
     /// command, not only once idle for a second, so that a client library's test suite runs
     /// through parks.
     pub park_every_command: bool,

@@ -9,11 +9,11 @@ use sluice_proto::consts::com;
 use sluice_proto::packet::{HEADER, Header};
 
 use super::session::{INSPECT_LIMIT, Mark, Session};
-use crate::backend::pool::worker;
 use crate::capture::Kind;
 use crate::capture::record::{self, Begin, Summary, flag};
 use crate::capture::sums::RowSums;
 use crate::metrics::mono_ns;
+use crate::worker::index as worker;
 
 /// What the relay saw of a recorded command's response.
 pub(super) struct Response {

@@ -427,7 +427,7 @@ async fn reuse_spare(
 
 /// The error a login gets when no connection to `b` became free within `queue_timeout`.
 fn queue_full(b: &Backend, waited: std::time::Duration, ctx: &Ctx) -> Refusal {
-    let msg = super::switch::queue_message(ctx, b, waited);
+    let msg = super::multiplex::queue_message(ctx, b, waited);
     refuse(Reject::NoBackend, Error::new(Side::Proxy, code::CON_COUNT, msg).state(b"08004"))
 }
 

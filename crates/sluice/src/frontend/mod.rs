@@ -3,18 +3,16 @@
 mod capture;
 mod client;
 mod commands;
-mod dormant;
 pub mod handoff;
 pub mod idle;
 mod login;
-mod lot;
+mod multiplex;
 mod relay;
 mod response;
 mod rules;
 mod session;
 mod split;
 mod statement;
-mod switch;
 mod verify;
 
 use std::sync::Arc;
@@ -186,7 +184,7 @@ async fn is_own_connection(ctx: &Ctx, peer: &str, stream: &Stream) -> bool {
     ctx.own.is_own_connection(peer, local)
 }
 
-/// Serves the session's commands until it ends (then ends it) or parks (`idle.rs`).
+/// Serves the session's commands until it ends (then ends it) or parks (`idle/`).
 ///
 /// The session is boxed: it stays where it is when it parks and resumes, and the task's future
 /// does not hold it twice (an async fn keeps its arguments apart from its locals).

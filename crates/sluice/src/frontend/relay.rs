@@ -135,7 +135,7 @@ impl Session {
     }
 
     /// Serves commands until the session ends (`Ended::Done`), or until it parks, idle
-    /// (`idle.rs`), from where [`Session::resume`] carries on.
+    /// (`idle/`), from where [`Session::resume`] carries on.
     pub async fn run(&mut self) -> Result<Ended> {
         self.handle.publish(&self.state);
         // A multiplexed session holds no connection until its first statement.
@@ -193,7 +193,7 @@ impl Session {
         }
         let body_end = HEADER + h.len.min(INSPECT_LIMIT);
         // The read/write split and the rules' routes: where the statement should run.
-        let aim = if self.split || seen.route.is_some() { self.wants(cmd, body_end, seen.route) } else { None };
+        let aim = if self.split || seen.route.is_some() { self.wants(cmd, body_end, seen.route, seen.class) } else { None };
         if let Some((target, _)) = aim
             && self.leaves_replica(target)
         {
@@ -205,7 +205,7 @@ impl Session {
         {
             return self.refuse_command(e).await;
         }
-        let mut done = Done::default();
+        let mut done = Done { scanned: seen.hazards, ..Done::default() };
         let expect = match self.route(cmd, body_end, &mut done) {
             Route::Relay(expect) => expect,
             // The backend connection is pooled or closed when the session ends.

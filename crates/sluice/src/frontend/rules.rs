@@ -28,6 +28,48 @@ pub(super) struct Seen {
     pub(super) route: Option<RouteTo>,
     /// Its text, when its answer is to be kept by the result cache.
     pub(super) cache: Option<Box<[u8]>>,
+    /// The hazards of a query, when the pass that took its digest found them.
+    pub(super) hazards: Option<u16>,
+    /// The split's class of a query or prepare, when it was read with the rest.
+    pub(super) class: Option<sluice_proto::rw::Class>,
+}
+
+/// What one reading of a statement's text found.
+#[derive(Default)]
+struct Read {
+    digest: u64,
+    hazards: Option<u16>,
+    class: Option<sluice_proto::rw::Class>,
+}
+
+/// Reads a statement once in `mode` for its digest (`digests`), its hazards and its class, as
+/// wanted: the split's classifier and the rest share the tokens, lexed once into the worker's
+/// buffer; the digest and the hazards alone share one pass of the lexer.
+fn read_once(text: &[u8], mode: sluice_proto::lexer::Mode, digests: bool, hazards: bool, class: bool) -> Read {
+    use sluice_proto::scan::{scan, scan_tokens};
+    let scanned = |s: sluice_proto::scan::Scan| Read { digest: s.digest, hazards: hazards.then_some(s.hazards), class: None };
+    if !class {
+        return match (digests, hazards) {
+            (true, _) => scanned(scan::<true>(text, mode)),
+            (false, true) => scanned(scan::<false>(text, mode)),
+            (false, false) => Read::default(),
+        };
+    }
+    crate::worker::with_tokens(|buf| {
+        let Some(tokens) = buf.lex(text, mode) else {
+            // (Too many tokens to keep: each reader lexes.)
+            let mut read = if digests || hazards { scanned(scan::<true>(text, mode)) } else { Read::default() };
+            read.class = Some(sluice_proto::rw::classify_in(text, mode));
+            return read;
+        };
+        let mut read = match (digests, hazards) {
+            (true, _) => scanned(scan_tokens::<true>(text, mode, tokens.iter().cloned())),
+            (false, true) => scanned(scan_tokens::<false>(text, mode, tokens.iter().cloned())),
+            (false, false) => Read::default(),
+        };
+        read.class = Some(sluice_proto::rw::classify_tokens(text, tokens.iter().cloned()));
+        read
+    })
 }
 
 impl Session {
@@ -55,8 +97,20 @@ impl Session {
     pub(super) fn see(&self, cmd: u8, body_end: usize, len: usize) -> Seen {
         let Some(text) = self.statement_text(cmd, body_end, len) else { return Seen::default() };
         let rules = &self.ctx.rules;
-        let mode = if self.ctx.digests.enabled || !rules.is_empty() { self.state.reading_shown(text) } else { Default::default() };
-        let digest = if self.ctx.digests.enabled || !rules.is_empty() { sluice_proto::digest::digest_in(text, mode) } else { 0 };
+        let digests = self.ctx.digests.enabled || !rules.is_empty();
+        // What else reads the text: the hazards of a query (`note_query`), the split's class
+        // of a query or prepare (an execute's is its prepare's).
+        let wants_hazards = cmd == com::QUERY && self.credential.is_some();
+        let wants_class = self.split && cmd != com::STMT_EXECUTE;
+        let (mode, read) = match self.state.readings(text) {
+            // One reading: one lexing for every reader.
+            crate::session::Readings(m, None) => (m, read_once(text, m, digests, wants_hazards, wants_class)),
+            _ => {
+                let mode = self.state.reading_shown(text);
+                (mode, Read { digest: if digests { sluice_proto::digest::digest_in(text, mode) } else { 0 }, ..Read::default() })
+            }
+        };
+        let Read { digest, hazards, class } = read;
         let schema = self.state.schema.as_deref();
         if self.ctx.digests.enabled && cmd != com::STMT_PREPARE {
             self.ctx.digests.begin(&Statement { digest, text, schema, mode });
@@ -67,7 +121,7 @@ impl Session {
         let hinted =
             if self.multiplex { crate::route::rules::hint(text).and_then(|t| rules.route_to(std::str::from_utf8(t).ok()?)) } else { None };
         let route = hinted.or_else(|| rule.and_then(|i| rules.list[i].action.route));
-        Seen { digest: if cmd == com::STMT_PREPARE { 0 } else { digest }, rule, route, cache: None }
+        Seen { digest: if cmd == com::STMT_PREPARE { 0 } else { digest }, rule, route, cache: None, hazards, class }
     }
 
     /// Acts on the statement's rule before it is forwarded: a blocked statement is answered
@@ -88,6 +142,8 @@ impl Session {
             return Ok(None);
         }
         if let Some((re, with)) = &a.rewrite {
+            // (The statement that runs is another: its hazards and class are looked for in it.)
+            (seen.hazards, seen.class) = (None, None);
             let text = &self.client.rbuf[HEADER + 1..HEADER + h.len];
             let new = re.replace_all(text, with.as_bytes());
             if let std::borrow::Cow::Owned(new) = new

@@ -44,13 +44,13 @@ pub struct Session {
     pub(super) lost: Option<Box<str>>,
     /// Which clients may reuse the backend connection once this session ends.
     pub(super) fit: crate::backend::pool::Fit,
-    /// The waker last stored in the handle's [`crate::session::Wake`].
+    /// The waker last stored in the handle's `Wake`.
     pub(super) waker: Option<std::task::Waker>,
     /// The backend connection ran something for this session after its login (a command other
     /// than COM_PING, a move's restore): it must be reset before another session may have it.
     pub(super) touched: bool,
     /// Users-mode sessions of a multiplexing listener give their connection back at every safe
-    /// point (`switch.rs`).
+    /// point (`multiplex.rs`).
     pub(super) multiplex: bool,
     /// Statements are routed one by one: reads to replicas, the rest to the primary
     /// (`split.rs`; users mode; such a session multiplexes).
@@ -85,7 +85,7 @@ pub struct Session {
 pub(super) enum Ended {
     /// The session is over.
     Done,
-    /// The session is idle and parked (`idle.rs`): it resumes in a task of its own.
+    /// The session is idle and parked (`idle/`): it resumes in a task of its own.
     Parked,
     /// It went to the new process of an upgrade (`handoff.rs`), with its connections.
     HandedOff,

@@ -51,10 +51,12 @@ impl Session {
     /// `route`: where a query rule or a comment says it should run, which wins over the
     /// classification except for session state, what the previous statement left, and a
     /// session with autocommit off.
-    pub(super) fn wants(&self, cmd: u8, body_end: usize, route: Option<RouteTo>) -> Option<(Target, Split)> {
+    /// `read`: the class, when the statement's text was read already.
+    pub(super) fn wants(&self, cmd: u8, body_end: usize, route: Option<RouteTo>, read: Option<Class>) -> Option<(Target, Split)> {
         let class = match cmd {
             // A statement longer than what is read before forwarding is not seen whole.
             com::QUERY | com::STMT_PREPARE if body_end >= HEADER + super::session::INSPECT_LIMIT => Class::Primary(Why::Write),
+            com::QUERY | com::STMT_PREPARE if read.is_some() => read?,
             com::QUERY | com::STMT_PREPARE => {
                 let text = self.client.rbuf.get(HEADER + 1..body_end)?;
                 sluice_proto::rw::classify_in(text, self.state.mode_for(text))

@@ -14,6 +14,8 @@ pub(super) type SqlPrepareQuery = (SqlPrepare, String);
 /// leaves for the next one only (its hazards), and what it does to the session's state.
 #[derive(Default)]
 pub(super) struct Done {
+    /// The query's hazards, found already by the pass that took its digest.
+    pub(super) scanned: Option<u16>,
     pub(super) preparing: Option<Box<[u8]>>,
     /// COM_INIT_DB's schema, or the collation a `SET NAMES ... COLLATE` gives the connection
     /// (the server reports only the character sets): recorded once the command succeeded.
@@ -81,7 +83,10 @@ impl Session {
     pub(super) fn note_query(&mut self, body_end: usize, done: &mut Done) {
         use sluice_proto::sql::{self, hazard};
         let text = &self.client.rbuf[HEADER + 1..body_end];
-        let mut found = sql::hazards_in(text, self.state.mode_for(text));
+        let mut found = match done.scanned.take() {
+            Some(found) => found,
+            None => sluice_proto::scan::scan::<false>(text, self.state.mode_for(text)).hazards,
+        };
         done.explained = found != 0;
         done.plain_set = !done.explained && is_plain_set(text);
         // (A SET alone, or one the lexer found something in: not every statement.)

@@ -29,18 +29,37 @@ use crate::capture::files;
 use crate::capture::record::{Begin, Record, Summary, flag};
 use order::Order;
 
-/// What `sluice replay` is asked to do.
-#[derive(Debug, Clone)]
+/// What `sluice replay` is asked to do (its command line).
+#[derive(Debug, Clone, clap::Args)]
 pub struct Args {
+    /// The capture directory.
+    #[arg(long)]
     pub input: PathBuf,
+    /// The server to replay against, HOST:PORT or a Unix socket path.
+    #[arg(long)]
     pub target: String,
+    /// Every session logs in as this user.
+    #[arg(long)]
     pub user: String,
+    /// Its password (or in the SLUICE_REPLAY_PASSWORD environment variable; never shown).
+    #[arg(long, env = "SLUICE_REPLAY_PASSWORD", hide_env_values = true, default_value = "", hide_default_value = true)]
     pub password: String,
+    /// Time runs this many times faster than it did when captured (0.001 to 1000).
+    #[arg(long, default_value_t = 1.0)]
     pub speed: f64,
+    /// Replay only commands that change nothing (for a replica).
+    #[arg(long)]
     pub read_only: bool,
+    /// Write report.md and report.json here.
+    #[arg(long)]
     pub report: Option<PathBuf>,
+    /// The key file of an encrypted capture.
+    #[arg(long)]
     pub key_file: Option<PathBuf>,
-    /// Keep only the captured times, not the order of commands across sessions.
+    /// Keep the captured times only: commands of different sessions may then run in another
+    /// order than they did (by default a command waits for every command that had ended when
+    /// it began).
+    #[arg(long)]
     pub unordered: bool,
 }
 

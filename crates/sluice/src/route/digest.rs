@@ -145,7 +145,7 @@ impl Digests {
     }
 
     fn shard(&self) -> &Mutex<Table> {
-        &self.shards[crate::metrics::thread_shard() % self.shards.len()]
+        &self.shards[crate::worker::shard() % self.shards.len()]
     }
 
     /// Makes sure a statement's digest has an entry (its text normalized when it is new), so

@@ -202,7 +202,7 @@ impl Rules {
         if self.patterns.is_empty() {
             return f(None);
         }
-        let mut m = self.matches[crate::metrics::thread_shard() % self.matches.len()].lock();
+        let mut m = self.matches[crate::worker::shard() % self.matches.len()].lock();
         if !m.contains_key(&digest) {
             if m.len() >= MATCHES_KEPT {
                 m.clear();

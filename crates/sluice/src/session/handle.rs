@@ -27,7 +27,7 @@ pub struct SessionInfo {
     pub move_asked: Option<&'static str>,
     pub queries: u64,
     pub busy: bool,
-    /// Idle and parked: waiting for its client in the parking lot (`frontend/lot.rs`).
+    /// Idle and parked: waiting for its client in the parking lot (`frontend/idle/lot.rs`).
     pub parked: bool,
 }
 

@@ -21,7 +21,7 @@ mod handle;
 mod parcel;
 pub mod parking;
 pub mod vars;
-pub use handle::{EXPIRED, MOVE_ANYWHERE, NO_MOVE, NOT_WAITING, Published, Registry, SessionHandle, SessionInfo, Wake};
+pub use handle::{EXPIRED, NOT_WAITING, Registry, SessionHandle, SessionInfo};
 pub use parcel::StateParcel;
 
 /// A prepared statement as the client knows it.
@@ -416,7 +416,7 @@ impl SessionState {
 
     /// Forgets what COM_RESET_CONNECTION or COM_CHANGE_USER resets on the server.
     pub fn reset(&mut self) {
-        // (The server's default sql_mode again: users mode reads it back, `switch.rs`.)
+        // (The server's default sql_mode again: users mode reads it back, `frontend/multiplex.rs`.)
         self.lex = None;
         self.prepared.clear();
         self.variables.clear();

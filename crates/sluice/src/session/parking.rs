@@ -4,7 +4,7 @@
 //! idle session keeps it, with its socket's registration in tokio's reactor. A multiplexed
 //! session that holds no backend connection needs neither between commands: once it has been
 //! idle for a sweep interval, it is asked to park, and it then waits for its client in its
-//! worker's parking lot (`frontend/lot.rs`; a TLS session in a small task of its own, since
+//! worker's parking lot (`frontend/idle/lot.rs`; a TLS session in a small task of its own, since
 //! rustls keeps the socket). Busy sessions are never asked, so parking costs the relay nothing:
 //! the sweep compares the command counts it saw on its previous round with the current ones.
 

@@ -1,7 +1,11 @@
-//! Between commands: the wait for the next one, and parked sessions. An idle multiplexed
-//! session, asked by the sweep (`crate::session::parking`), leaves its task, which is sized for a command
-//! in flight, and waits for its client in a small one; its next command, a kill, a move or the
+//! Between commands: the wait for the next one (here), and parked sessions. An idle multiplexed
+//! session, asked by the sweep (`crate::session::parking`), leaves its task, which is sized for
+//! a command in flight: it waits for its client in the worker's parking lot (`lot.rs`), in the
+//! small form a session takes there (`dormant.rs`); its next command, a kill, a move or the
 //! drain starts a full task again.
+
+mod dormant;
+mod lot;
 
 use std::future::Future;
 
@@ -252,12 +256,12 @@ pub(super) fn spawn(session: Box<Session>, admission: Admission) {
     metrics.parked_sessions.inc();
     let (handle, ctx) = (session.handle.clone(), session.ctx.clone());
     handle.parking.parked.store(true, Ordering::Relaxed);
-    match super::lot::park(session, admission) {
-        super::lot::Outcome::Parked => {}
-        super::lot::Outcome::Back(session, admission) => {
+    match lot::park(session, admission) {
+        lot::Outcome::Parked => {}
+        lot::Outcome::Back(session, admission) => {
             tokio::spawn(parked(session, admission));
         }
-        super::lot::Outcome::Gone => {
+        lot::Outcome::Gone => {
             handle.parking.parked.store(false, Ordering::Relaxed);
             ctx.metrics.parked_sessions.dec();
         }
@@ -267,8 +271,8 @@ pub(super) fn spawn(session: Box<Session>, admission: Admission) {
 /// The task of a parked session.
 pub(super) async fn parked(mut session: Box<Session>, admission: Admission) {
     session.wait_parked().await;
-    super::lot::unparked(&session.handle, &session.ctx);
-    super::lot::resume(session, admission);
+    lot::unparked(&session.handle, &session.ctx);
+    lot::resume(session, admission);
 }
 
 /// Reads what a backend sent unasked (a shutdown or kill notice) to explain a lost connection.

@@ -19,9 +19,9 @@ use parking_lot::Mutex;
 use tokio::io::unix::AsyncFd;
 use tokio::time::Instant;
 
-use super::Admission;
 use super::dormant::Dormant;
-use super::session::Session;
+use crate::frontend::Admission;
+use crate::frontend::session::Session;
 use crate::net::Stream;
 use crate::sys::epoll::Epoll;
 
@@ -273,6 +273,6 @@ pub(super) fn unparked(handle: &crate::session::SessionHandle, ctx: &crate::ctx:
 /// Serves a session that was parked again, in a full task of its own.
 pub(super) fn resume(mut session: Box<Session>, admission: Admission) {
     session.resumed = true;
-    let live: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(super::live(session, admission, false));
+    let live: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(crate::frontend::live(session, admission, false));
     tokio::spawn(live);
 }

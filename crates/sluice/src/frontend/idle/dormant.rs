@@ -9,13 +9,13 @@
 
 use std::sync::Arc;
 
-use super::client::ClientRest;
-use super::session::{Session, tracker};
 use crate::backend::BackendGuard;
 use crate::backend::conn::Credential;
 use crate::backend::pool::Fit;
 use crate::backend::shared::{ConnState, Key, Slot};
 use crate::ctx::Ctx;
+use crate::frontend::client::ClientRest;
+use crate::frontend::session::{Session, tracker};
 use crate::net::{PacketConn, Stream};
 use crate::session::SessionHandle;
 
@@ -30,12 +30,12 @@ pub(super) struct Dormant {
     credential: Option<Credential>,
     scramble: [u8; 20],
     user_slot: Option<crate::auth::UserSlot>,
-    profile: Option<super::session::Profile>,
+    profile: Option<crate::frontend::session::Profile>,
     fit: Fit,
     touched: bool,
     multiplex: bool,
     split: bool,
-    causal: Option<Box<super::session::Causal>>,
+    causal: Option<Box<crate::frontend::session::Causal>>,
     conn: Option<Box<ConnState>>,
     key: Option<Box<Key>>,
     slot: Option<Slot>,
@@ -44,7 +44,7 @@ pub(super) struct Dormant {
     client_ip: Option<std::net::IpAddr>,
     idle_since: Option<tokio::time::Instant>,
     resumed: bool,
-    capture: Option<Box<super::session::Mark>>,
+    capture: Option<Box<crate::frontend::session::Mark>>,
     config: Arc<crate::config::Config>,
 }
 
