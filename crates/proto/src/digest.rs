@@ -175,7 +175,7 @@ impl<'a> Normalizer<'a> {
 impl<'a> Normalizer<'a> {
     /// The part that token `t`, just taken from `lex`, begins (None: it adds nothing to the
     /// shape, as a further row of a `VALUES` list).
-    #[inline]
+    #[inline(always)]
     pub fn feed<L: Iterator<Item = Token> + Clone>(&mut self, t: &Token, lex: &mut L) -> Option<Part<'a>> {
         let (sql, mode) = (self.sql, self.mode);
         let text = t.text(sql);

@@ -115,6 +115,11 @@ impl<'a> Lexer<'a> {
         self.mode
     }
 
+    /// Where the next token is looked for.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
     /// Skips the comment (or an executable comment's marker) at `pos`; false when there is
     /// none there.
     #[cold]

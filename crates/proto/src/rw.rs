@@ -53,10 +53,7 @@ pub enum Why {
     Multi,
 }
 
-/// The tokens a classifier reads, from the lexer or from tokens lexed once for every reader.
-trait Tokens: Iterator<Item = Token> {}
-
-impl<I: Iterator<Item = Token>> Tokens for I {}
+type Tokens<'a> = Peekable<Lexer<'a>>;
 
 /// Classifies a query (one statement, or several separated by `;`: reads only if all are).
 pub fn classify(sql: &[u8]) -> Class {
@@ -65,12 +62,7 @@ pub fn classify(sql: &[u8]) -> Class {
 
 /// [`classify`] of text a session in `mode` sent.
 pub fn classify_in(sql: &[u8], mode: crate::lexer::Mode) -> Class {
-    classify_tokens(sql, Lexer::with_mode(sql, mode))
-}
-
-/// [`classify`] of tokens lexed already (`crate::scan::Tokens`).
-pub fn classify_tokens(sql: &[u8], tokens: impl Iterator<Item = Token>) -> Class {
-    let mut tokens = tokens.peekable();
+    let mut tokens = Lexer::with_mode(sql, mode).peekable();
     let mut found: Option<Class> = None;
     while tokens.peek().is_some() {
         let Some(c) = statement(sql, &mut tokens) else { continue };
@@ -83,8 +75,114 @@ pub fn classify_tokens(sql: &[u8], tokens: impl Iterator<Item = Token>) -> Class
     found.unwrap_or(Class::Primary(Why::Write))
 }
 
+/// The classifier fed one token at a time, in the pass that reads a statement for everything
+/// else (`crate::scan`). It knows the class of a text of one statement that its first word
+/// decides or that reads as a read, exactly as [`classify`] does; it gives up (None) on several
+/// statements and on `SHOW`, `SET`, `BEGIN`, `START` and `GET`, which [`classify_in`] then reads.
+#[derive(Debug, Default)]
+pub struct Classifier {
+    step: Step,
+    /// A read's class so far.
+    class: Option<Class>,
+    /// In a read: the token before the held one, and the held one (looked at once the token
+    /// after it is known).
+    prev: Option<Token>,
+    held: Option<Token>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Before the first word (after any `(` or empty statement).
+    #[default]
+    Start,
+    /// In a `SELECT`, `VALUES`, `TABLE` or `WITH`.
+    Read,
+    /// In a statement its first word decided.
+    Rest(Class),
+    /// After the statement's `;`.
+    Ended(Class),
+    GaveUp,
+}
+
+impl Classifier {
+    /// Takes the next token of `sql`.
+    #[inline]
+    pub fn token(&mut self, t: &Token, sql: &[u8]) {
+        match self.step {
+            Step::Start => self.step = first_word(t, sql),
+            Step::Read => {
+                if let Some(held) = self.held.take() {
+                    self.look(&held, Some(t), sql);
+                    self.prev = Some(held);
+                }
+                if t.is_punct(sql, b';') {
+                    self.step = Step::Ended(self.class.unwrap_or(Class::Read));
+                } else {
+                    self.held = Some(t.clone());
+                }
+            }
+            Step::Rest(c) if t.is_punct(sql, b';') => self.step = Step::Ended(c),
+            // Another statement: the full classifier reads them all.
+            Step::Ended(_) if !t.is_punct(sql, b';') => self.step = Step::GaveUp,
+            _ => {}
+        }
+    }
+
+    /// The class once every token was taken; None: [`classify_in`] must read the text.
+    pub fn finish(mut self, sql: &[u8]) -> Option<Class> {
+        match self.step {
+            Step::Start => Some(Class::Primary(Why::Write)),
+            Step::Read => {
+                if let Some(held) = self.held.take() {
+                    self.look(&held, None, sql);
+                }
+                Some(self.class.unwrap_or(Class::Read))
+            }
+            Step::Rest(c) | Step::Ended(c) => Some(c),
+            Step::GaveUp => None,
+        }
+    }
+
+    /// What a token of a read says, the first reason for the primary winning (as `read`).
+    #[inline]
+    fn look(&mut self, tok: &Token, next: Option<&Token>, sql: &[u8]) {
+        let found = match tok.kind {
+            Kind::Variable => variable(sql, tok, next),
+            Kind::Word => word_in_read(sql, tok, self.prev.as_ref(), next),
+            _ => None,
+        };
+        match (self.class, found) {
+            (Some(Class::Primary(_)), _) | (_, None) => {}
+            (_, Some(c)) => self.class = Some(c),
+        }
+    }
+}
+
+/// The step a statement's first token leads to (as `statement`).
+fn first_word(t: &Token, sql: &[u8]) -> Step {
+    if t.is_punct(sql, b'(') || t.is_punct(sql, b';') {
+        return Step::Start;
+    }
+    let is = |kws: &[&str]| kws.iter().any(|k| t.is_word(sql, k));
+    if is(&["SELECT", "VALUES", "TABLE", "WITH"]) {
+        Step::Read
+    } else if is(&["SHOW", "SET", "BEGIN", "START", "GET"]) {
+        Step::GaveUp
+    } else if is(&["DESCRIBE", "DESC", "EXPLAIN", "HELP"]) {
+        Step::Rest(Class::Read)
+    } else if is(&["USE"]) {
+        Step::Rest(Class::Session)
+    } else if is(&["COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "XA"]) {
+        Step::Rest(Class::Primary(Why::Transaction))
+    } else if is(&["CALL"]) {
+        Step::Rest(Class::Primary(Why::Procedure))
+    } else {
+        Step::Rest(Class::Primary(Why::Write))
+    }
+}
+
 /// Classifies the next statement and consumes it with its `;`; None for an empty one.
-fn statement(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Option<Class> {
+fn statement(sql: &[u8], t: &mut Tokens<'_>) -> Option<Class> {
     let mut first = t.next()?;
     while first.is_punct(sql, b'(') {
         first = t.next()?;
@@ -120,12 +218,12 @@ fn statement(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Option<Class> {
     Some(class)
 }
 
-fn next_is(sql: &[u8], t: &mut Peekable<impl Tokens>, kw: &str) -> bool {
+fn next_is(sql: &[u8], t: &mut Tokens<'_>, kw: &str) -> bool {
     t.peek().is_some_and(|n| n.is_word(sql, kw))
 }
 
 /// Consumes the rest of the statement and its `;`.
-fn skip_rest(sql: &[u8], t: &mut Peekable<impl Tokens>) {
+fn skip_rest(sql: &[u8], t: &mut Tokens<'_>) {
     for tok in t.by_ref() {
         if tok.is_punct(sql, b';') {
             return;
@@ -135,7 +233,7 @@ fn skip_rest(sql: &[u8], t: &mut Peekable<impl Tokens>) {
 
 /// The rest of a `SELECT`, `VALUES`, `TABLE` or `WITH` statement: a read unless something in it
 /// says otherwise. The first reason for the primary wins.
-fn read(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Class {
+fn read(sql: &[u8], t: &mut Tokens<'_>) -> Class {
     let mut class = Class::Read;
     let mut prev: Option<Token> = None;
     while let Some(tok) = t.next() {
@@ -158,6 +256,7 @@ fn read(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Class {
 }
 
 /// `@@name` differs between servers; `@name :=` assigns a user variable.
+#[inline]
 fn variable(sql: &[u8], tok: &Token, next: Option<&Token>) -> Option<Class> {
     if tok.text(sql).starts_with(b"@@") {
         Some(Class::Primary(Why::ServerSpecific))
@@ -168,6 +267,7 @@ fn variable(sql: &[u8], tok: &Token, next: Option<&Token>) -> Option<Class> {
     }
 }
 
+#[inline]
 fn word_in_read(sql: &[u8], tok: &Token, prev: Option<&Token>, next: Option<&Token>) -> Option<Class> {
     let text = tok.text(sql);
     let prev_is = |kw: &str| prev.is_some_and(|p| p.is_word(sql, kw));
@@ -500,7 +600,7 @@ const PURE_FUNCTIONS: &[&[u8]] = &[
 
 /// `SHOW ...`: metadata that replicates reads anywhere; warnings belong to the statement before;
 /// the rest (status, variables, processes, replication) differs from server to server.
-fn show(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Class {
+fn show(sql: &[u8], t: &mut Tokens<'_>) -> Class {
     let Some(w1) = t.next() else { return Class::Primary(Why::ServerSpecific) };
     let w2 = t.peek().cloned();
     let is = |tok: &Token, kws: &[&str]| kws.iter().any(|k| tok.is_word(sql, k));
@@ -535,7 +635,7 @@ fn show(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Class {
 
 /// `SET ...`: session state, unless it names the next transaction, a global, a user variable,
 /// a password or a role.
-fn set(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Class {
+fn set(sql: &[u8], t: &mut Tokens<'_>) -> Class {
     let mut class = match t.peek() {
         Some(w) if ["TRANSACTION"].iter().any(|k| w.is_word(sql, k)) => Class::Primary(Why::Transaction),
         Some(w) if ["STATEMENT", "PASSWORD", "ROLE", "DEFAULT"].iter().any(|k| w.is_word(sql, k)) => Class::Primary(Why::Write),
@@ -560,7 +660,7 @@ fn set(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Class {
 
 /// `START TRANSACTION [READ ONLY | READ WRITE | WITH CONSISTENT SNAPSHOT], ...`; any other
 /// `START` (a replica's threads) is for the primary's administrator.
-fn start(sql: &[u8], t: &mut Peekable<impl Tokens>) -> Class {
+fn start(sql: &[u8], t: &mut Tokens<'_>) -> Class {
     if !next_is(sql, t, "TRANSACTION") {
         skip_rest(sql, t);
         return Class::Primary(Why::Write);

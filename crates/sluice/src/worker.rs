@@ -41,15 +41,3 @@ pub fn index() -> usize {
 pub fn shard() -> usize {
     PLACE.with(|p| p.get().shard)
 }
-
-thread_local! {
-    /// The tokens of the statement the worker's session reads now (`sluice_proto::scan::Tokens`).
-    static TOKENS: std::cell::RefCell<sluice_proto::scan::Tokens> = std::cell::RefCell::default();
-}
-
-/// Runs `f` with the calling thread's token buffer: a statement's tokens lexed once for every
-/// reader, in a buffer that stops allocating once it has grown.
-#[inline]
-pub fn with_tokens<T>(f: impl FnOnce(&mut sluice_proto::scan::Tokens) -> T) -> T {
-    TOKENS.with(|t| f(&mut t.borrow_mut()))
-}

@@ -93,6 +93,38 @@ pub fn backend_response(hr: &HandshakeResponse, g: &Greeting, client_caps: u32, 
     }
 }
 
+/// What a users-mode login on a session's behalf sends: the client's handshake response (its
+/// user, schema, character set and attributes; sluice holds the credentials), the capabilities
+/// of the client's leg and whether it is TLS (backend TLS in "auto" mode follows it).
+pub struct AsClient<'a> {
+    pub hr: &'a HandshakeResponse,
+    pub client_caps: u32,
+    pub client_tls: bool,
+    pub credential: &'a conn::Credential,
+    /// A session that logged in already: the capabilities and the kind of server (MariaDB or
+    /// not) its connections have, which another connection must share.
+    pub same_as: Option<(u32, bool)>,
+}
+
+/// Logs in on a new connection (`conn`, greeted with `g`) as the client with the credentials
+/// sluice holds, in the client's schema: the one users-mode login, at a client's login and for
+/// a session that takes another connection. The connection and the capabilities in force.
+pub async fn log_in_as(b: &Backend, conn: PacketConn, g: &Greeting, l: &AsClient<'_>) -> Result<(PacketConn, u32)> {
+    use sluice_proto::consts::cap;
+    let tls = b.tls.decide(l.client_tls, g)?;
+    let mut bhr = backend_response(l.hr, g, l.client_caps, tls);
+    bhr.capabilities |= if bhr.database.is_some() { cap::CONNECT_WITH_DB } else { 0 };
+    let mariadb = g.capabilities & cap::LONG_PASSWORD == 0;
+    // (Whether the new connection is TLS may differ: nothing after the login depends on it.)
+    if let Some((caps, was_mariadb)) = l.same_as
+        && ((bhr.capabilities ^ caps) & !(cap::CONNECT_WITH_DB | cap::SSL) != 0 || mariadb != was_mariadb)
+    {
+        return Err(Error::connect("its capabilities differ from those of the session's first backend"));
+    }
+    let caps = bhr.capabilities;
+    Ok((conn::login(b, conn, g, bhr, l.credential).await?, caps))
+}
+
 /// Makes the backend report every session variable a statement changes (SESSION_TRACK), so
 /// that a session can be recreated with them, and every change of session state (so that one
 /// sluice cannot see in a statement's text, a stored routine's, is known). Sent once after a

@@ -386,23 +386,6 @@ async fn reuse_as(b: &Backend, idle: &mut Idle, hr: &HandshakeResponse, cred: &C
     bconn::answer_auth(b, &mut idle.conn, cred).await.map(|_| ())
 }
 
-/// Users mode on a new connection: logs in with the credentials sluice holds, over TLS when the
-/// backend's TLS mode says so. Returns the connection and the capabilities in force with it.
-async fn log_in_fresh(
-    b: &Backend,
-    conn: PacketConn,
-    g: &Greeting,
-    hr: &HandshakeResponse,
-    client_caps: u32,
-    client_tls: bool,
-    cred: &Credential,
-) -> Result<(PacketConn, u32)> {
-    let tls = b.tls.decide(client_tls, g)?;
-    let bhr = backend_response(hr, g, client_caps, tls);
-    let caps = bhr.capabilities;
-    Ok((bconn::login(b, conn, g, bhr, cred).await?, caps))
-}
-
 /// A spare connection of the client's user, brought to the login's schema: the connection,
 /// its state, capabilities and whether it is MariaDB. None when it went stale (its place is
 /// kept for a new one); an error from the backend (an unknown schema) is the client's.
@@ -664,7 +647,8 @@ async fn log_in_as(
         },
         Link::Fresh(Opened { backend, conn, greeting: g }) => {
             let (thread_id, mariadb) = (g.connection_id, g.capabilities & cap::LONG_PASSWORD == 0);
-            match log_in_fresh(&backend, conn, &g, a.hr, a.client_caps, a.client_tls, credential).await {
+            let l = link::AsClient { hr: a.hr, client_caps: a.client_caps, client_tls: a.client_tls, credential, same_as: None };
+            match link::log_in_as(&backend, conn, &g, &l).await {
                 Ok((conn, backend_caps)) => Ok(Some((conn, backend, thread_id, backend_caps, mariadb))),
                 Err(e) if e.retry == crate::error::Retry::Safe => {
                     a.tried.push((backend.index, e));

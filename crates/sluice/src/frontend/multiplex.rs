@@ -26,7 +26,7 @@ use sluice_proto::packet::frame;
 use super::session::Session;
 use crate::backend::Backend;
 use crate::backend::conn as bconn;
-use crate::backend::link::{self, backend_response};
+use crate::backend::link;
 use crate::backend::restore;
 use crate::backend::shared::{ConnState, Key, OnConn, Slot, Spare, Taken};
 use crate::error::{Error, Result, Retry, Side};
@@ -241,23 +241,21 @@ impl Session {
             return Err(Error::proxy(code::UNKNOWN_ERROR, "sluice holds no credentials for this session"));
         };
         let (conn, g) = bconn::open(b, b.connect_timeout, super::origin(&self.handle)).await?;
-        let client_tls = self.client.stream.is_tls();
-        let tls = b.tls.decide(client_tls, &g)?;
-        let mut bhr = backend_response(&profile.get(), &g, self.client_caps(), tls);
-        bhr.database = self.state.schema.as_ref().map(|s| s.as_bytes().to_vec());
-        bhr.capabilities |= if bhr.database.is_some() { cap::CONNECT_WITH_DB } else { 0 };
-        let mariadb = g.capabilities & cap::LONG_PASSWORD == 0;
-        // (Whether the new connection is TLS may differ: nothing after the login depends on it.)
-        if (bhr.capabilities ^ self.backend_caps()) & !(cap::CONNECT_WITH_DB | cap::SSL) != 0 || mariadb != self.mariadb {
-            return Err(Error::connect("its capabilities differ from those of the session's first backend"));
-        }
-        let multi = bhr.capabilities & cap::MULTI_STATEMENTS != 0;
-        let conn = bconn::login(b, conn, &g, bhr, credential).await?;
+        let mut hr = profile.get();
+        hr.database = self.state.schema.as_ref().map(|s| s.as_bytes().to_vec());
+        let l = link::AsClient {
+            hr: &hr,
+            client_caps: self.client_caps(),
+            client_tls: self.client.stream.is_tls(),
+            credential,
+            same_as: Some((self.backend_caps(), self.mariadb)),
+        };
+        let (conn, caps) = link::log_in_as(b, conn, &g, &l).await?;
         let attrs = self.key.as_ref().map_or(0, |k| k.attrs);
         let state = ConnState {
             schema: self.state.schema.clone(),
             thread_id: g.connection_id,
-            multi_statements: multi,
+            multi_statements: caps & cap::MULTI_STATEMENTS != 0,
             attrs,
             ..Default::default()
         };

@@ -42,34 +42,20 @@ struct Read {
     class: Option<sluice_proto::rw::Class>,
 }
 
-/// Reads a statement once in `mode` for its digest (`digests`), its hazards and its class, as
-/// wanted: the split's classifier and the rest share the tokens, lexed once into the worker's
-/// buffer; the digest and the hazards alone share one pass of the lexer.
+/// Reads a statement once in `mode` for what is wanted of it: its digest (`digests`), its
+/// hazards, its class (one pass of the lexer; a class the pass cannot tell, of a text of
+/// several statements or a `SHOW`, `SET`, `BEGIN`, `START` or `GET`, is read apart).
 fn read_once(text: &[u8], mode: sluice_proto::lexer::Mode, digests: bool, hazards: bool, class: bool) -> Read {
-    use sluice_proto::scan::{scan, scan_tokens};
-    let scanned = |s: sluice_proto::scan::Scan| Read { digest: s.digest, hazards: hazards.then_some(s.hazards), class: None };
-    if !class {
-        return match (digests, hazards) {
-            (true, _) => scanned(scan::<true>(text, mode)),
-            (false, true) => scanned(scan::<false>(text, mode)),
-            (false, false) => Read::default(),
-        };
-    }
-    crate::worker::with_tokens(|buf| {
-        let Some(tokens) = buf.lex(text, mode) else {
-            // (Too many tokens to keep: each reader lexes.)
-            let mut read = if digests || hazards { scanned(scan::<true>(text, mode)) } else { Read::default() };
-            read.class = Some(sluice_proto::rw::classify_in(text, mode));
-            return read;
-        };
-        let mut read = match (digests, hazards) {
-            (true, _) => scanned(scan_tokens::<true>(text, mode, tokens.iter().cloned())),
-            (false, true) => scanned(scan_tokens::<false>(text, mode, tokens.iter().cloned())),
-            (false, false) => Read::default(),
-        };
-        read.class = Some(sluice_proto::rw::classify_tokens(text, tokens.iter().cloned()));
-        read
-    })
+    use sluice_proto::scan::scan;
+    let s = match (digests, class) {
+        (true, true) => scan::<true, true>(text, mode),
+        (true, false) => scan::<true, false>(text, mode),
+        (false, true) => scan::<false, true>(text, mode),
+        (false, false) if hazards => scan::<false, false>(text, mode),
+        (false, false) => return Read::default(),
+    };
+    let class = class.then(|| s.class.unwrap_or_else(|| sluice_proto::rw::classify_in(text, mode)));
+    Read { digest: s.digest, hazards: hazards.then_some(s.hazards), class }
 }
 
 impl Session {
