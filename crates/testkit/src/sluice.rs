@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::Duration;
 
 pub struct SluiceProc {
@@ -16,6 +16,8 @@ pub struct SluiceProc {
     pub log: PathBuf,
     /// Its working folder, its own (where captures go unless configured elsewhere).
     pub dir: PathBuf,
+    /// Lines written to the log so far, told to whoever waits for one.
+    lines: Arc<(Mutex<u64>, Condvar)>,
 }
 
 fn field(line: &str, key: &str) -> Option<String> {
@@ -43,12 +45,16 @@ impl SluiceProc {
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = mpsc::channel();
         let log_path = log.clone();
+        let lines = Arc::new((Mutex::new(0u64), Condvar::new()));
+        let written = lines.clone();
         std::thread::spawn(move || {
             use std::io::Write;
             let mut f = std::fs::File::create(&log_path).expect("log file");
             let mut sent = false;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let _ = writeln!(f, "{line}");
+                *written.0.lock().unwrap() += 1;
+                written.1.notify_all();
                 if !sent && line.contains("sluice ready") {
                     let _ = tx.send((field(&line, "listeners"), field(&line, "admin")));
                     sent = true;
@@ -62,6 +68,7 @@ impl SluiceProc {
                 admin: admin.filter(|a| !a.is_empty() && a != "none"),
                 log,
                 dir,
+                lines,
             },
             _ => {
                 let _ = child.kill();
@@ -85,17 +92,19 @@ impl SluiceProc {
     }
 
     /// Whether the log shows `text`, waiting up to ten seconds for it: the log reaches its file
-    /// through a thread of the test's, so a line written just now may not be there yet.
+    /// through a thread of the test's, so a line written just now may not be there yet (each
+    /// line it writes wakes this wait).
     pub fn log_shows(&self, text: &str) -> bool {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let (count, written) = &*self.lines;
+        let mut seen = count.lock().unwrap();
         loop {
             if self.log_text().contains(text) {
                 return true;
             }
-            if std::time::Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else { return false };
+            let now = *seen;
+            seen = written.wait_timeout_while(seen, left, |n| *n == now).unwrap().0;
         }
     }
 

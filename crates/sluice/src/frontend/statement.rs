@@ -85,7 +85,7 @@ impl Session {
         let text = &self.client.rbuf[HEADER + 1..body_end];
         let mut found = match done.scanned.take() {
             Some(found) => found,
-            None => sluice_proto::scan::scan::<false, false>(text, self.state.mode_for(text)).hazards,
+            None => sql::hazards_in(text, self.state.mode_for(text)),
         };
         done.explained = found != 0;
         done.plain_set = !done.explained && is_plain_set(text);
