@@ -284,7 +284,7 @@ allow_absolute_paths = true
         rules = "".join(f'[[rules]]\nname = "r{i}"\nmatch = "^select nothing_{i} from"\nblock = "no"\n' for i in range(100))
         plain = 'tls = "off"\n'
         self.start_sluice_users("feat-bare", workers, plain, "", backend + off)
-        self.start_sluice_users("feat-digests", workers, plain, "", backend)
+        self.start_sluice_users("feat-digests", workers, plain, "", backend + '[digests]\nenabled = true\n')
         self.start_sluice_users("feat-rules100", workers, plain, "", backend + off + rules)
         self.start_sluice_users("feat-mux", workers, plain, "multiplex = true\n", backend + off)
         self.start_sluice_users("feat-split", workers, plain, "", backend + off + '[routing]\nsplit = true\n')

@@ -283,6 +283,99 @@ impl Hasher {
     }
 }
 
+/// A key of a statement that is finer than its digest, and far cheaper: texts of one key have one
+/// digest, texts of one digest may have several keys. It hashes the text as written, a machine
+/// word at a time, with its literals (numbers and strings) and its comments cut out, so a
+/// table of the keys seen (`sluice::route::digest`) gives the digest of a statement again
+/// without normalizing it, and statements that differ in their values alone share a key.
+///
+/// Why one key means one digest: the key hashes every byte outside literals and comments, and
+/// for each literal its kind and what the normalizer reads of it (a number starts with a digit,
+/// which no word or variable before it could end at; a string with its quote), and for each gap that held a comment whether an executable
+/// comment is open after it (the lexer's one state between tokens). Two texts of one key
+/// therefore lex into the same tokens but for the values of literals, and normalize alike.
+///
+/// A statement comes from a client, who may try to make it collide with another's key (and take
+/// that one's digest, and its rules): the hash is a folded multiply keyed with the process's
+/// own random seed, which a client never sees (keys are never shown).
+#[derive(Debug, Clone, Copy)]
+pub struct Key {
+    h: u64,
+    k: u64,
+}
+
+/// What a mark in a [`Key`] stands for.
+const LITERAL: u64 = 1 << 62;
+const GAP: u64 = 1 << 61;
+
+#[inline(always)]
+fn fold(a: u64, b: u64) -> u64 {
+    let x = u128::from(a) * u128::from(b);
+    (x as u64) ^ ((x >> 64) as u64)
+}
+
+impl Key {
+    /// A key of text read in `mode`, with `seed` (two random words of the process).
+    #[inline]
+    pub fn new(seed: [u64; 2], mode: Mode) -> Key {
+        let bits = u64::from(mode.no_backslash_escapes) | u64::from(mode.ansi_quotes) << 1;
+        Key { h: seed[0] ^ bits, k: seed[1] | 1 }
+    }
+
+    #[inline(always)]
+    fn word(&mut self, w: u64) {
+        self.h = fold(self.h ^ w, self.k);
+    }
+
+    /// Hashes `sql[from..to]`, the text between two marks.
+    #[inline]
+    pub fn run(&mut self, sql: &[u8], from: usize, to: usize) {
+        let run = &sql[from..to];
+        let mut words = run.chunks_exact(8);
+        for w in &mut words {
+            self.word(u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]));
+        }
+        let tail = words.remainder().len();
+        if tail > 0 {
+            // The last `tail` bytes: the 8 that end at `to`, shifted (the text before the run
+            // is the text's too), or, in a text shorter than 8, bytes taken one by one.
+            let w = match sql.get(to.wrapping_sub(8)..to) {
+                Some(w) if to >= 8 => u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]) >> (64 - 8 * tail),
+                _ => words.remainder().iter().rev().fold(0, |w, &b| w << 8 | u64::from(b)),
+            };
+            self.word(w);
+        }
+        // (The run's length ends it: a tail's zero bytes are not the text's.)
+        self.word(run.len() as u64);
+    }
+
+    /// A literal token `t`, the run before it hashed already: its kind and what the normalizer
+    /// reads of it beyond that (a string's quote; whether a number ends with an `e`, which may
+    /// take a signed exponent after it), never its value.
+    #[inline]
+    pub fn literal(&mut self, sql: &[u8], t: &Token) {
+        let text = t.text(sql);
+        let mark = match t.kind {
+            Kind::Number => 1 << 8 | u64::from(text[text.len() - 1] | 0x20 == b'e'),
+            _ => 2 << 8 | u64::from(text[0]),
+        };
+        self.word(LITERAL | mark);
+    }
+
+    /// A gap between tokens that held a comment (its text is not hashed); `executable`: an
+    /// executable comment is open after it.
+    #[inline]
+    pub fn gap(&mut self, executable: bool) {
+        self.word(GAP | u64::from(executable));
+    }
+
+    /// The key (never 0).
+    #[inline]
+    pub fn finish(self) -> u64 {
+        self.h.max(1)
+    }
+}
+
 /// The normalized text of SQL text, appended to `out`, at most `limit` bytes of it (whole
 /// tokens; a cut text ends with `...`).
 pub fn normalize(sql: &[u8], out: &mut Vec<u8>, limit: usize) {

@@ -99,6 +99,8 @@ pub struct Lexer<'a> {
     /// Inside an executable comment: its `*/` is skipped.
     executable: bool,
     mode: Mode,
+    /// Comments (and executable comments' ends) skipped so far.
+    comments: u32,
 }
 
 impl<'a> Lexer<'a> {
@@ -108,7 +110,7 @@ impl<'a> Lexer<'a> {
 
     /// A lexer of text as a session in `mode` sends it.
     pub fn with_mode(sql: &'a [u8], mode: Mode) -> Self {
-        Lexer { sql, pos: 0, executable: false, mode }
+        Lexer { sql, pos: 0, executable: false, mode, comments: 0 }
     }
 
     pub fn mode(&self) -> Mode {
@@ -118,6 +120,18 @@ impl<'a> Lexer<'a> {
     /// Where the next token is looked for.
     pub fn position(&self) -> usize {
         self.pos
+    }
+
+    /// How many comments (and ends of executable ones) were skipped so far.
+    #[inline]
+    pub fn comments(&self) -> u32 {
+        self.comments
+    }
+
+    /// Whether the lexer is inside an executable comment (its `*/` to be skipped).
+    #[inline]
+    pub fn in_executable(&self) -> bool {
+        self.executable
     }
 
     /// Skips the comment (or an executable comment's marker) at `pos`; false when there is
@@ -151,6 +165,7 @@ impl<'a> Lexer<'a> {
             }
             _ => return false,
         }
+        self.comments += 1;
         true
     }
 

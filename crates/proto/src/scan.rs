@@ -5,7 +5,7 @@
 //!
 //! [`hazard`]: crate::sql::hazard
 
-use crate::digest::{Hasher, Normalizer};
+use crate::digest::{Hasher, Key, Normalizer};
 use crate::lexer::{Kind, Lexer, Mode, Token};
 use crate::rw::{Class, Classifier};
 use crate::sql::Hazards;
@@ -17,24 +17,61 @@ pub struct Scan {
     pub hazards: u16,
     /// `digest::digest_in`'s value; 0 when it was not asked for.
     pub digest: u64,
+    /// The statement's [`Key`]; 0 when it was not asked for.
+    pub key: u64,
     /// `rw::classify_in`'s class, when it was asked for and the pass could tell it (see
     /// [`Classifier`]).
     pub class: Option<Class>,
+    /// Whether the text holds a comment (or an executable comment's end).
+    pub commented: bool,
 }
 
 /// Scans `sql` as a session in `mode` sent it; `DIGEST`: take the digest too, `CLASS`: the
 /// split's class.
 #[inline]
 pub fn scan<const DIGEST: bool, const CLASS: bool>(sql: &[u8], mode: Mode) -> Scan {
+    pass::<DIGEST, false, CLASS>(sql, mode, [0; 2])
+}
+
+/// Scans `sql` for its hazards and its [`Key`] (with `seed`), and its class when `CLASS`: what
+/// a table of keys turns into a digest without the normalizer's work.
+#[inline]
+pub fn scan_keyed<const CLASS: bool>(sql: &[u8], mode: Mode, seed: [u64; 2]) -> Scan {
+    pass::<false, true, CLASS>(sql, mode, seed)
+}
+
+#[inline(always)]
+fn pass<const DIGEST: bool, const KEY: bool, const CLASS: bool>(sql: &[u8], mode: Mode, seed: [u64; 2]) -> Scan {
     let mut lex = Lexer::with_mode(sql, mode);
     let mut hazards = Hazards::default();
     let mut norm = Normalizer::new(sql, mode);
     let mut hash = Hasher::default();
     let mut class = Classifier::default();
+    let mut key = Key::new(seed, mode);
+    // (The key's run: from `run` to the end of the last token; comments skipped before it.)
+    let (mut run, mut last_end, mut comments) = (0, 0, 0);
     while let Some(t) = lex.next() {
         hazards.token(&t, sql, mode);
         if CLASS {
             class.token(&t, sql);
+        }
+        if KEY {
+            if lex.comments() != comments {
+                key.run(sql, run, last_end);
+                key.gap(lex.in_executable());
+                (run, comments) = (t.at.start, lex.comments());
+            }
+            let literal = match t.kind {
+                Kind::Number => true,
+                Kind::Quoted => mode.is_string_quote(sql[t.at.start]),
+                _ => false,
+            };
+            if literal {
+                key.run(sql, run, t.at.start);
+                key.literal(sql, &t);
+                run = t.at.end;
+            }
+            last_end = t.at.end;
         }
         if !DIGEST {
             continue;
@@ -55,7 +92,16 @@ pub fn scan<const DIGEST: bool, const CLASS: bool>(sql: &[u8], mode: Mode) -> Sc
             }
         }
     }
-    Scan { hazards: hazards.found, digest: if DIGEST { hash.digest() } else { 0 }, class: if CLASS { class.finish(sql) } else { None } }
+    if KEY {
+        key.run(sql, run, last_end.max(run));
+    }
+    Scan {
+        hazards: hazards.found,
+        digest: if DIGEST { hash.digest() } else { 0 },
+        key: if KEY { key.finish() } else { 0 },
+        class: if CLASS { class.finish(sql) } else { None },
+        commented: lex.comments() != 0,
+    }
 }
 
 /// Whether the normalizer may take further tokens after `t`.
@@ -154,7 +200,17 @@ mod tests {
             }
             for mode in [Mode::DEFAULT, Mode { no_backslash_escapes: true, ansi_quotes: true }] {
                 let sql = text.as_bytes();
-                let want = Scan { hazards: crate::sql::hazards_in(sql, mode), digest: crate::digest::digest_in(sql, mode), class: None };
+                let want = Scan {
+                    hazards: crate::sql::hazards_in(sql, mode),
+                    digest: crate::digest::digest_in(sql, mode),
+                    key: 0,
+                    class: None,
+                    commented: {
+                        let mut lex = Lexer::with_mode(sql, mode);
+                        lex.by_ref().for_each(drop);
+                        lex.comments() != 0
+                    },
+                };
                 assert_eq!(scan::<true, false>(sql, mode), want, "{text:?} {mode:?}");
                 assert_eq!(scan::<false, false>(sql, mode).hazards, want.hazards, "{text:?} {mode:?}");
                 let classified = scan::<true, true>(sql, mode);
@@ -168,5 +224,102 @@ mod tests {
         }
         // (It tells most of them itself.)
         assert!(gave_up < 10_000, "{gave_up}");
+    }
+
+    /// Texts of one key have one digest, over texts made of pieces with holes filled with
+    /// random values, comments and spacing; and texts that differ in values and comments alone
+    /// share a key (else a table of keys would spare nothing).
+    #[test]
+    fn one_key_means_one_digest() {
+        let pieces: &[&str] = &[
+            "SELECT ",
+            "c ",
+            "FROM t ",
+            "WHERE id = ",
+            "-",
+            "+",
+            "N",
+            "{n}",
+            "{n}",
+            "{s}",
+            "{s}",
+            "{c}",
+            "{c}",
+            "e",
+            "-5 ",
+            "`b` ",
+            "@v ",
+            "_utf8",
+            "x",
+            "IN ",
+            "VALUES ",
+            "(",
+            ")",
+            ", ",
+            "?",
+            "; ",
+            "...",
+            "/*!50001 ",
+            "*/",
+            "\\",
+            "'",
+            ".",
+            "SET ",
+            " ",
+        ];
+        let numbers = ["1", "23", "4.5", "1e", "12", ".5", "0x1f", "7e5", "1E"];
+        let strings = ["'a'", "'b\\'c'", "''", "\"dq\"", "'x''y'", "\"\""];
+        let comments = ["/* x */", "/* yy */ ", "-- z\n", "#q\n", " ", "", "/*!50001 ", "/*+ hint */"];
+        let seed = [0x9e37_79b9_7f4a_7c15, 0xbf58_476d_1ce4_e5b9];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut seen: std::collections::HashMap<(u64, bool), (u64, String)> = Default::default();
+        let mut shared = 0;
+        for _ in 0..20_000 {
+            let template: Vec<&str> = (0..next() % 16).map(|_| pieces[(next() % pieces.len() as u64) as usize]).collect();
+            // Two fillings of one template.
+            for _ in 0..2 {
+                let mut text = String::new();
+                for p in &template {
+                    let fill: &[&str] = match *p {
+                        "{n}" => &numbers,
+                        "{s}" => &strings,
+                        "{c}" => &comments,
+                        _ => {
+                            text.push_str(p);
+                            continue;
+                        }
+                    };
+                    text.push_str(fill[(next() % fill.len() as u64) as usize]);
+                }
+                for mode in [Mode::DEFAULT, Mode { no_backslash_escapes: true, ansi_quotes: true }] {
+                    let sql = text.as_bytes();
+                    let s = scan_keyed::<false>(sql, mode, seed);
+                    assert_eq!(s.hazards, crate::sql::hazards_in(sql, mode), "{text:?}");
+                    let digest = crate::digest::digest_in(sql, mode);
+                    match seen.get(&(s.key, mode.ansi_quotes)) {
+                        Some((d, other)) => {
+                            assert_eq!(*d, digest, "{text:?} and {other:?} share a key in {mode:?}");
+                            shared += usize::from(other != &text);
+                        }
+                        None => drop(seen.insert((s.key, mode.ansi_quotes), (digest, text.clone()))),
+                    }
+                }
+            }
+        }
+        assert!(shared > 5_000, "{shared}");
+        let key = |t: &str| scan_keyed::<false>(t.as_bytes(), Mode::DEFAULT, seed).key;
+        assert_eq!(key("SELECT c FROM t WHERE id=1"), key("SELECT c FROM t WHERE id=23456"));
+        assert_eq!(key("/* a */SELECT 'x' -- trace 1\n"), key("/* bb */SELECT 'yy' -- trace 22\n"));
+        assert_ne!(key("SELECT c FROM t WHERE id=1"), key("SELECT d FROM t WHERE id=1"));
+        assert_ne!(key("SELECT 1e-5"), key("SELECT 12-5"));
+        assert_ne!(key("SELECT _utf8'a'"), key("SELECT _utf8 'a'"));
+        // (Another seed, other keys.)
+        assert_ne!(key("SELECT 1"), scan_keyed::<false>(b"SELECT 1", Mode::DEFAULT, [1, 2]).key);
     }
 }

@@ -123,6 +123,31 @@ async fn digests_count_statements_by_shape() {
     assert_eq!(code, 400);
 }
 
+/// Statements that differ in their values, spacing and comments alone count as one digest,
+/// in passthrough and in users mode (where the digest comes from the table of keys read in the
+/// statement's one pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_differing_in_values_spacing_and_comments_count_as_one() {
+    let db = shared_db();
+    for users in [false, true] {
+        let base = TestConfig::new().dbs(&[db]).table("digests", "enabled = true\n");
+        let s = if users { base.app_users().start() } else { base.start() };
+        let mut c = app(&s).await;
+        for i in 0..20 {
+            let (select, space) = if i % 2 == 0 { ("SELECT", "") } else { ("select", "  ") };
+            let _: Vec<i64> = c.query(format!("{select} {i} /* trace {i} */ + 1 AS  n{space}")).await.unwrap();
+        }
+        c.disconnect().await.unwrap();
+        let (code, body) = admin_get(&s, "/digests?by=count", None);
+        assert_eq!(code, 200, "{body}");
+        let v = json(&body);
+        assert_eq!(v["enabled"], true, "{body}");
+        let list = v["digests"].as_array().expect("digests");
+        let it = list.iter().find(|d| d["text"] == "select ? + ? as n").unwrap_or_else(|| panic!("users mode {users}: {body}"));
+        assert_eq!(it["count"], 20, "users mode {users}: {body}");
+    }
+}
+
 /// Routes over a replicated topology: a rule naming a backend or a group, a comment, and a
 /// comment that wins over a rule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

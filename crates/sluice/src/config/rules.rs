@@ -58,8 +58,8 @@ fn blocked_code() -> u16 {
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DigestsConfig {
-    /// Off by default: on the relay's hot path a digest costs more than the 3% of CPU per
-    /// query that would make it free to leave on (README, "Query rules and digests").
+    /// Off by default: a digest still costs more than 1% of the relay's instructions per
+    /// query, the bound under which it is free to leave on (README, "Query rules and digests").
     pub enabled: bool,
     /// At most this many digests are kept (per worker); the least recently used go first.
     pub max: usize,

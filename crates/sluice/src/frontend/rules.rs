@@ -14,7 +14,7 @@ use sluice_proto::packet::{HEADER, Header};
 use super::session::{Flow, INSPECT_LIMIT, Session};
 use crate::error::{Error, Result, Side};
 use crate::route::cache::Key;
-use crate::route::digest::{Outcome, Statement};
+use crate::route::digest::{Mark, Outcome, Statement};
 use crate::route::rules::{RouteTo, Who};
 
 /// What is known of the statement about to run.
@@ -22,6 +22,8 @@ use crate::route::rules::{RouteTo, Who};
 pub(super) struct Seen {
     /// Its digest (0: not a statement, or statements are not looked at).
     pub(super) digest: u64,
+    /// Where its digest's entry is (when digests are on).
+    pub(super) mark: Mark,
     /// The rule it falls under, by index.
     pub(super) rule: Option<usize>,
     /// Where it should run, as a rule or its comment says.
@@ -38,24 +40,40 @@ pub(super) struct Seen {
 #[derive(Default)]
 struct Read {
     digest: u64,
+    key: u64,
     hazards: Option<u16>,
     class: Option<sluice_proto::rw::Class>,
+    /// Whether it holds a comment (None: not read).
+    commented: Option<bool>,
 }
 
-/// Reads a statement once in `mode` for what is wanted of it: its digest (`digests`), its
-/// hazards, its class (one pass of the lexer; a class the pass cannot tell, of a text of
-/// several statements or a `SHOW`, `SET`, `BEGIN`, `START` or `GET`, is read apart).
-fn read_once(text: &[u8], mode: sluice_proto::lexer::Mode, digests: bool, hazards: bool, class: bool) -> Read {
-    use sluice_proto::scan::scan;
-    let s = match (digests, class) {
-        (true, true) => scan::<true, true>(text, mode),
-        (true, false) => scan::<true, false>(text, mode),
-        (false, true) => scan::<false, true>(text, mode),
-        (false, false) if hazards => scan::<false, false>(text, mode),
-        (false, false) => return Read::default(),
+/// What is wanted of a statement's text.
+#[derive(Clone, Copy)]
+struct Wanted {
+    /// Its digest itself (rules without digests' statistics, or a prepare's).
+    digest: bool,
+    /// Its key, with the digests' seed (the digests' table gives its digest).
+    key: Option<[u64; 2]>,
+    hazards: bool,
+    class: bool,
+}
+
+/// Reads a statement once in `mode` for what is wanted of it (one pass of the lexer; a class
+/// the pass cannot tell, of a text of several statements or a `SHOW`, `SET`, `BEGIN`, `START`
+/// or `GET`, is read apart).
+fn read_once(text: &[u8], mode: sluice_proto::lexer::Mode, w: Wanted) -> Read {
+    use sluice_proto::scan::{scan, scan_keyed};
+    let s = match (w.key, w.digest, w.class) {
+        (Some(seed), _, true) => scan_keyed::<true>(text, mode, seed),
+        (Some(seed), _, false) => scan_keyed::<false>(text, mode, seed),
+        (None, true, true) => scan::<true, true>(text, mode),
+        (None, true, false) => scan::<true, false>(text, mode),
+        (None, false, true) => scan::<false, true>(text, mode),
+        (None, false, false) if w.hazards => scan::<false, false>(text, mode),
+        (None, false, false) => return Read::default(),
     };
-    let class = class.then(|| s.class.unwrap_or_else(|| sluice_proto::rw::classify_in(text, mode)));
-    Read { digest: s.digest, hazards: hazards.then_some(s.hazards), class }
+    let class = w.class.then(|| s.class.unwrap_or_else(|| sluice_proto::rw::classify_in(text, mode)));
+    Read { digest: s.digest, key: s.key, hazards: w.hazards.then_some(s.hazards), class, commented: Some(s.commented) }
 }
 
 impl Session {
@@ -82,32 +100,46 @@ impl Session {
     /// prepare's digest is its executes').
     pub(super) fn see(&self, cmd: u8, body_end: usize, len: usize) -> Seen {
         let Some(text) = self.statement_text(cmd, body_end, len) else { return Seen::default() };
-        let rules = &self.ctx.rules;
-        let digests = self.ctx.digests.enabled || !rules.is_empty();
-        // What else reads the text: the hazards of a query (`note_query`), the split's class
-        // of a query or prepare (an execute's is its prepare's).
-        let wants_hazards = cmd == com::QUERY && self.credential.is_some();
-        let wants_class = self.split && cmd != com::STMT_EXECUTE;
-        let (mode, read) = match self.state.readings(text) {
+        let (rules, digests) = (&self.ctx.rules, &self.ctx.digests);
+        // Counted in the digests' statistics: a query's or an execute's (its key read with
+        // the rest, the digest from the digests' table).
+        let counted = digests.enabled && cmd != com::STMT_PREPARE;
+        let wanted = Wanted {
+            digest: !counted && (digests.enabled || !rules.is_empty()),
+            key: counted.then_some(digests.seed),
+            // The hazards of a query (`note_query`), the split's class of a query or prepare
+            // (an execute's is its prepare's).
+            hazards: cmd == com::QUERY && self.credential.is_some(),
+            class: self.split && cmd != com::STMT_EXECUTE,
+        };
+        let (mode, mut read) = match self.state.readings(text) {
             // One reading: one lexing for every reader.
-            crate::session::Readings(m, None) => (m, read_once(text, m, digests, wants_hazards, wants_class)),
+            crate::session::Readings(m, None) => (m, read_once(text, m, wanted)),
             _ => {
                 let mode = self.state.reading_shown(text);
-                (mode, Read { digest: if digests { sluice_proto::digest::digest_in(text, mode) } else { 0 }, ..Read::default() })
+                let key = wanted.key.map_or(0, |seed| sluice_proto::scan::scan_keyed::<false>(text, mode, seed).key);
+                let digest = if wanted.digest { sluice_proto::digest::digest_in(text, mode) } else { 0 };
+                (mode, Read { digest, key, ..Read::default() })
             }
         };
-        let Read { digest, hazards, class } = read;
         let schema = self.state.schema.as_deref();
-        if self.ctx.digests.enabled && cmd != com::STMT_PREPARE {
-            self.ctx.digests.begin(&Statement { digest, text, schema, mode });
+        let mut mark = Mark::default();
+        if counted {
+            (read.digest, mark) = digests.begin(&Statement { key: read.key, text, schema, mode });
         }
-        let who = Who { user: &self.state.user, schema, client: self.client_ip, mode };
-        let rule = if rules.is_empty() { None } else { rules.find(&who, digest, text) };
-        // (A route means something only to a session that takes a connection per statement.)
-        let hinted =
-            if self.multiplex { crate::route::rules::hint(text).and_then(|t| rules.route_to(std::str::from_utf8(t).ok()?)) } else { None };
+        let Read { digest, hazards, class, commented, .. } = read;
+        let rule = match rules.is_empty() {
+            true => None,
+            false => rules.find(&Who { user: &self.state.user, schema, client: self.client_ip, mode }, digest, text),
+        };
+        // (A route means something only to a session that takes a connection per statement;
+        // it is a comment's, and a text read already may be known to hold none.)
+        let hinted = match self.multiplex && commented != Some(false) {
+            true => crate::route::rules::hint(text).and_then(|t| rules.route_to(std::str::from_utf8(t).ok()?)),
+            false => None,
+        };
         let route = hinted.or_else(|| rule.and_then(|i| rules.list[i].action.route));
-        Seen { digest: if cmd == com::STMT_PREPARE { 0 } else { digest }, rule, route, cache: None, hazards, class }
+        Seen { digest: if cmd == com::STMT_PREPARE { 0 } else { digest }, mark, rule, route, cache: None, hazards, class }
     }
 
     /// Acts on the statement's rule before it is forwarded: a blocked statement is answered
@@ -210,7 +242,7 @@ impl Session {
     /// Counts a statement in its digest's statistics.
     pub(super) fn note_outcome(&self, seen: &Seen, o: Outcome) {
         if seen.digest != 0 && self.ctx.digests.enabled {
-            self.ctx.digests.finish(seen.digest, o);
+            self.ctx.digests.finish(seen.digest, seen.mark, o);
         }
     }
 }

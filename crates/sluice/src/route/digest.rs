@@ -4,6 +4,12 @@
 //! them. A table holds at most `max / workers` digests; when full, the least recently used
 //! tenth is evicted (and counted), so an application that sends endless distinct shapes costs
 //! bounded memory.
+//!
+//! A statement is found by its key (`sluice_proto::digest::Key`, taken in the pass that reads
+//! it anyway): a table of keys seen gives its entry, and so its digest, without normalizing it.
+//! Only a key not in that table costs the normalizer's pass (and a digest new here the
+//! normalized text). The table of keys is direct-mapped and bounded: a key takes the place of
+//! another of its index, and an eviction of entries empties it.
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -16,14 +22,26 @@ const OCTAVES: usize = 28;
 const PER_OCTAVE: usize = 4;
 const BUCKETS: usize = OCTAVES * PER_OCTAVE;
 
-/// What a statement was, for its digest's entry.
+/// Places in a worker's table of keys (its index: the key's top bits).
+const KEY_BITS: u32 = 10;
+
+/// What a statement is, for its digest's entry.
 pub struct Statement<'a> {
-    pub digest: u64,
+    /// Its key (`sluice_proto::scan::scan_keyed` with [`Digests::seed`]).
+    pub key: u64,
     /// Its text (normalized only when the digest is new here).
     pub text: &'a [u8],
     pub schema: Option<&'a str>,
     /// How the text is read (its session's `sql_mode`).
     pub mode: sluice_proto::lexer::Mode,
+}
+
+/// Where a statement's entry was: its worker's table and its slot there (checked against the
+/// digest when the statement is counted: an eviction may have moved it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mark {
+    shard: u32,
+    slot: u32,
 }
 
 /// How one statement went.
@@ -37,6 +55,7 @@ pub struct Outcome {
 }
 
 struct Entry {
+    digest: u64,
     text: Box<str>,
     schema: Option<Box<str>>,
     count: u64,
@@ -52,15 +71,27 @@ struct Entry {
     buckets: Box<[u32; BUCKETS]>,
 }
 
-#[derive(Default)]
 struct Table {
-    map: FxHashMap<u64, Entry>,
+    entries: Vec<Entry>,
+    /// A digest's slot in `entries`.
+    slots: FxHashMap<u64, u32>,
+    /// A key's slot in `entries`, at the index of the key's top bits (key 0: empty).
+    keys: Box<[(u64, u32)]>,
     tick: u64,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table { entries: Vec::new(), slots: FxHashMap::default(), keys: vec![(0, 0); 1 << KEY_BITS].into(), tick: 0 }
+    }
 }
 
 /// The digests of all workers.
 pub struct Digests {
     pub enabled: bool,
+    /// The seed of statements' keys: random, never shown, so a client cannot make its
+    /// statement's key another's.
+    pub seed: [u64; 2],
     shards: Box<[Mutex<Table>]>,
     per_shard: usize,
     text_limit: usize,
@@ -136,6 +167,7 @@ impl Digests {
         let now_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         Digests {
             enabled: cfg.enabled,
+            seed: random_seed(),
             shards: (0..shards).map(|_| Mutex::new(Table::default())).collect(),
             per_shard: (cfg.max / shards).max(16),
             text_limit: cfg.text_limit.max(16),
@@ -144,24 +176,43 @@ impl Digests {
         }
     }
 
-    fn shard(&self) -> &Mutex<Table> {
-        &self.shards[crate::worker::shard() % self.shards.len()]
+    /// A statement's digest, and where its entry is (made when the digest is new here, its text
+    /// normalized), so that [`Digests::finish`] can count it once it ran.
+    #[inline]
+    pub fn begin(&self, s: &Statement<'_>) -> (u64, Mark) {
+        let shard = crate::worker::shard() % self.shards.len();
+        let at = (s.key >> (64 - KEY_BITS)) as usize;
+        {
+            let t = self.shards[shard].lock();
+            let (key, slot) = t.keys[at];
+            if key == s.key
+                && let Some(e) = t.entries.get(slot as usize)
+            {
+                return (e.digest, Mark { shard: shard as u32, slot });
+            }
+        }
+        // A key not seen (or not kept): the normalizer's pass, outside the lock.
+        let digest = sluice_proto::digest::digest_in(s.text, s.mode);
+        let mut t = self.shards[shard].lock();
+        let slot = match t.slots.get(&digest) {
+            Some(&slot) => slot,
+            None => self.insert(&mut t, digest, s),
+        };
+        t.keys[at] = (s.key, slot);
+        (digest, Mark { shard: shard as u32, slot })
     }
 
-    /// Makes sure a statement's digest has an entry (its text normalized when it is new), so
-    /// that [`Digests::finish`] can count it once it ran.
-    pub fn begin(&self, s: &Statement<'_>) {
-        let mut t = self.shard().lock();
-        if t.map.contains_key(&s.digest) {
-            return;
-        }
-        if t.map.len() >= self.per_shard {
-            self.evict(&mut t);
+    /// Makes the entry of a digest new here; returns its slot.
+    #[cold]
+    fn insert(&self, t: &mut Table, digest: u64, s: &Statement<'_>) -> u32 {
+        if t.entries.len() >= self.per_shard {
+            self.evict(t);
         }
         let mut text = Vec::with_capacity(s.text.len().min(self.text_limit) + 4);
         sluice_proto::digest::normalize_in(s.text, s.mode, &mut text, self.text_limit);
         let now = crate::metrics::mono_ns();
-        let entry = Entry {
+        t.entries.push(Entry {
+            digest,
             text: String::from_utf8_lossy(&text).into(),
             schema: s.schema.map(Box::from),
             count: 0,
@@ -174,16 +225,27 @@ impl Digests {
             last_ns: now,
             used: t.tick,
             buckets: Box::new([0; BUCKETS]),
-        };
-        t.map.insert(s.digest, entry);
+        });
+        let slot = (t.entries.len() - 1) as u32;
+        t.slots.insert(digest, slot);
+        slot
     }
 
-    /// Counts a statement that ran (one evicted meanwhile is not counted).
-    pub fn finish(&self, digest: u64, o: Outcome) {
-        let mut t = self.shard().lock();
+    /// Counts a statement that ran, its entry where [`Digests::begin`] found it (one evicted
+    /// meanwhile is not counted).
+    #[inline]
+    pub fn finish(&self, digest: u64, mark: Mark, o: Outcome) {
+        let mut t = self.shards[mark.shard as usize % self.shards.len()].lock();
         t.tick += 1;
         let tick = t.tick;
-        let Some(e) = t.map.get_mut(&digest) else { return };
+        let slot = match t.entries.get(mark.slot as usize) {
+            Some(e) if e.digest == digest => mark.slot,
+            _ => match t.slots.get(&digest) {
+                Some(&slot) => slot,
+                None => return,
+            },
+        };
+        let e = &mut t.entries[slot as usize];
         e.count += 1;
         e.errors += u64::from(o.error);
         e.rows += o.rows;
@@ -195,14 +257,17 @@ impl Digests {
         e.buckets[bucket(o.nanos)] += 1;
     }
 
-    /// Drops the least recently used tenth of a full table.
+    /// Drops the least recently used tenth of a full table (the keys' places emptied: their
+    /// slots moved).
     fn evict(&self, t: &mut Table) {
-        let mut ticks: Vec<u64> = t.map.values().map(|e| e.used).collect();
+        let mut ticks: Vec<u64> = t.entries.iter().map(|e| e.used).collect();
         let k = (ticks.len() / 10).max(1);
         let (_, &mut cut, _) = ticks.select_nth_unstable(k - 1);
-        let before = t.map.len();
-        t.map.retain(|_, e| e.used > cut);
-        self.evictions.inc_by((before - t.map.len()) as u64);
+        let before = t.entries.len();
+        t.entries.retain(|e| e.used > cut);
+        t.slots = t.entries.iter().enumerate().map(|(i, e)| (e.digest, i as u32)).collect();
+        t.keys.fill((0, 0));
+        self.evictions.inc_by((before - t.entries.len()) as u64);
     }
 
     pub fn evictions(&self) -> u64 {
@@ -211,13 +276,13 @@ impl Digests {
 
     /// Digests kept now, over all workers (one digest kept by two workers counts twice).
     pub fn tracked(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().map.len()).sum()
+        self.shards.iter().map(|s| s.lock().entries.len()).sum()
     }
 
     /// Forgets every digest.
     pub fn reset(&self) {
         for s in self.shards.iter() {
-            s.lock().map.clear();
+            *s.lock() = Table::default();
         }
     }
 
@@ -226,8 +291,8 @@ impl Digests {
         let mut merged: FxHashMap<u64, DigestInfo> = FxHashMap::default();
         for s in self.shards.iter() {
             let t = s.lock();
-            for (&d, e) in &t.map {
-                let m = merged.entry(d).or_insert_with(|| self.info(d, e));
+            for e in &t.entries {
+                let m = merged.entry(e.digest).or_insert_with(|| self.info(e.digest, e));
                 merge(m, e, self.epoch);
             }
         }
@@ -266,6 +331,13 @@ impl Digests {
             buckets: vec![0; BUCKETS],
         }
     }
+}
+
+/// Two random words (the standard library's random hash keys, drawn from the system).
+fn random_seed() -> [u64; 2] {
+    use std::hash::BuildHasher;
+    let keys = std::collections::hash_map::RandomState::new();
+    [keys.hash_one(1u64), keys.hash_one(2u64)]
 }
 
 fn unix_ms(epoch: (u64, u64), mono: u64) -> u64 {
@@ -314,16 +386,13 @@ mod tests {
     }
 
     fn run(d: &Digests, sql: &str, us: u64, at: u64) {
-        let s = Statement {
-            digest: sluice_proto::digest::digest(sql.as_bytes()),
-            text: sql.as_bytes(),
-            schema: Some("app"),
-            mode: sluice_proto::lexer::Mode::DEFAULT,
-        };
-        d.begin(&s);
+        let mode = sluice_proto::lexer::Mode::DEFAULT;
+        let key = sluice_proto::scan::scan_keyed::<false>(sql.as_bytes(), mode, d.seed).key;
+        let (digest, mark) = d.begin(&Statement { key, text: sql.as_bytes(), schema: Some("app"), mode });
+        assert_eq!(digest, sluice_proto::digest::digest(sql.as_bytes()), "{sql}");
         // (`at`: seconds after the table began.)
         let at = d.epoch.0 + at * 1_000_000_000;
-        d.finish(s.digest, Outcome { at, nanos: us * 1000, rows: 1, error: us > 1000 });
+        d.finish(digest, mark, Outcome { at, nanos: us * 1000, rows: 1, error: us > 1000 });
     }
 
     #[test]
