@@ -30,8 +30,13 @@ pub struct Ctx {
     pub connections: AtomicUsize,
     /// The coarse clock of the response-timeout sweep.
     pub clock: crate::session::deadline::Clock,
+    /// The seed of statements' keys (`sluice_proto::digest::Key`): random, never shown, so that
+    /// a client cannot make its statement's key another's.
+    pub key_seed: [u64; 2],
     /// Statistics per statement digest.
     pub digests: crate::route::digest::Digests,
+    /// The split's classes by statement key.
+    pub classes: crate::route::classes::Classes,
     /// Query rules.
     pub rules: crate::route::rules::Rules,
     /// The queues of shadow backends (rules that mirror).
@@ -124,7 +129,9 @@ impl Ctx {
         Ok(Arc::new(Ctx {
             own,
             rsa,
+            key_seed: random_seed(),
             digests: crate::route::digest::Digests::new(&config.digests, shards, metrics.digest_evictions.clone()),
+            classes: crate::route::classes::Classes::new(shards),
             rules,
             latest_writes: Default::default(),
             cache: crate::route::cache::ResultCache::new(config.routing.cache_size, &metrics),
@@ -162,4 +169,11 @@ impl Ctx {
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }
+}
+
+/// Two random words (the standard library's random hash keys, drawn from the system).
+fn random_seed() -> [u64; 2] {
+    use std::hash::BuildHasher;
+    let keys = std::collections::hash_map::RandomState::new();
+    [keys.hash_one(1u64), keys.hash_one(2u64)]
 }

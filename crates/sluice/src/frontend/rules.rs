@@ -52,28 +52,29 @@ struct Read {
 struct Wanted {
     /// Its digest itself (rules without digests' statistics, or a prepare's).
     digest: bool,
-    /// Its key, with the digests' seed (the digests' table gives its digest).
+    /// Its key, with the process's seed (the digests' table gives its digest, the classes'
+    /// its class).
     key: Option<[u64; 2]>,
     hazards: bool,
-    class: bool,
 }
 
-/// Reads a statement once in `mode` for what is wanted of it (one pass of the lexer; a class
-/// the pass cannot tell, of a text of several statements or a `SHOW`, `SET`, `BEGIN`, `START`
-/// or `GET`, is read apart).
+/// Reads a statement once in `mode` for what is wanted of it (one pass of the lexer; the digest
+/// of a statement whose key is wanted too, for rules when digests are off, in another).
 fn read_once(text: &[u8], mode: sluice_proto::lexer::Mode, w: Wanted) -> Read {
     use sluice_proto::scan::{scan, scan_keyed};
-    let s = match (w.key, w.digest, w.class) {
-        (Some(seed), _, true) => scan_keyed::<true>(text, mode, seed),
-        (Some(seed), _, false) => scan_keyed::<false>(text, mode, seed),
-        (None, true, true) => scan::<true, true>(text, mode),
-        (None, true, false) => scan::<true, false>(text, mode),
-        (None, false, true) => scan::<false, true>(text, mode),
-        (None, false, false) if w.hazards => scan::<false, false>(text, mode),
-        (None, false, false) => return Read::default(),
+    let s = match (w.key, w.digest) {
+        (Some(seed), digest) => {
+            let mut s = scan_keyed(text, mode, seed);
+            if digest {
+                s.digest = sluice_proto::digest::digest_in(text, mode);
+            }
+            s
+        }
+        (None, true) => scan::<true>(text, mode),
+        (None, false) if w.hazards => scan::<false>(text, mode),
+        (None, false) => return Read::default(),
     };
-    let class = w.class.then(|| s.class.unwrap_or_else(|| sluice_proto::rw::classify_in(text, mode)));
-    Read { digest: s.digest, key: s.key, hazards: w.hazards.then_some(s.hazards), class, commented: Some(s.commented) }
+    Read { digest: s.digest, key: s.key, hazards: w.hazards.then_some(s.hazards), class: None, commented: Some(s.commented) }
 }
 
 impl Session {
@@ -104,20 +105,26 @@ impl Session {
         // Counted in the digests' statistics: a query's or an execute's (its key read with
         // the rest, the digest from the digests' table).
         let counted = digests.enabled && cmd != com::STMT_PREPARE;
+        // The split's class of a query or prepare (an execute's is its prepare's).
+        let classed = self.split && cmd != com::STMT_EXECUTE;
         let wanted = Wanted {
             digest: !counted && (digests.enabled || !rules.is_empty()),
-            key: counted.then_some(digests.seed),
-            // The hazards of a query (`note_query`), the split's class of a query or prepare
-            // (an execute's is its prepare's).
+            key: (counted || classed).then_some(self.ctx.key_seed),
+            // The hazards of a query (`note_query`).
             hazards: cmd == com::QUERY && self.credential.is_some(),
-            class: self.split && cmd != com::STMT_EXECUTE,
         };
         let (mode, mut read) = match self.state.readings(text) {
             // One reading: one lexing for every reader.
-            crate::session::Readings(m, None) => (m, read_once(text, m, wanted)),
+            crate::session::Readings(m, None) => {
+                let mut read = read_once(text, m, wanted);
+                if classed {
+                    read.class = Some(self.ctx.classes.class_of(read.key, text, m));
+                }
+                (m, read)
+            }
             _ => {
                 let mode = self.state.reading_shown(text);
-                let key = wanted.key.map_or(0, |seed| sluice_proto::scan::scan_keyed::<false>(text, mode, seed).key);
+                let key = wanted.key.map_or(0, |seed| sluice_proto::scan::scan_keyed(text, mode, seed).key);
                 let digest = if wanted.digest { sluice_proto::digest::digest_in(text, mode) } else { 0 };
                 (mode, Read { digest, key, ..Read::default() })
             }

@@ -27,7 +27,7 @@ const KEY_BITS: u32 = 10;
 
 /// What a statement is, for its digest's entry.
 pub struct Statement<'a> {
-    /// Its key (`sluice_proto::scan::scan_keyed` with [`Digests::seed`]).
+    /// Its key (`sluice_proto::scan::scan_keyed` with the process's seed, `Ctx::key_seed`).
     pub key: u64,
     /// Its text (normalized only when the digest is new here).
     pub text: &'a [u8],
@@ -89,9 +89,6 @@ impl Default for Table {
 /// The digests of all workers.
 pub struct Digests {
     pub enabled: bool,
-    /// The seed of statements' keys: random, never shown, so a client cannot make its
-    /// statement's key another's.
-    pub seed: [u64; 2],
     shards: Box<[Mutex<Table>]>,
     per_shard: usize,
     text_limit: usize,
@@ -167,7 +164,6 @@ impl Digests {
         let now_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         Digests {
             enabled: cfg.enabled,
-            seed: random_seed(),
             shards: (0..shards).map(|_| Mutex::new(Table::default())).collect(),
             per_shard: (cfg.max / shards).max(16),
             text_limit: cfg.text_limit.max(16),
@@ -333,13 +329,6 @@ impl Digests {
     }
 }
 
-/// Two random words (the standard library's random hash keys, drawn from the system).
-fn random_seed() -> [u64; 2] {
-    use std::hash::BuildHasher;
-    let keys = std::collections::hash_map::RandomState::new();
-    [keys.hash_one(1u64), keys.hash_one(2u64)]
-}
-
 fn unix_ms(epoch: (u64, u64), mono: u64) -> u64 {
     epoch.1 + mono.saturating_sub(epoch.0) / 1_000_000
 }
@@ -387,7 +376,7 @@ mod tests {
 
     fn run(d: &Digests, sql: &str, us: u64, at: u64) {
         let mode = sluice_proto::lexer::Mode::DEFAULT;
-        let key = sluice_proto::scan::scan_keyed::<false>(sql.as_bytes(), mode, d.seed).key;
+        let key = sluice_proto::scan::scan_keyed(sql.as_bytes(), mode, [3, 5]).key;
         let (digest, mark) = d.begin(&Statement { key, text: sql.as_bytes(), schema: Some("app"), mode });
         assert_eq!(digest, sluice_proto::digest::digest(sql.as_bytes()), "{sql}");
         // (`at`: seconds after the table began.)
