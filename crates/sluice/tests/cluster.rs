@@ -69,9 +69,33 @@ impl EtcdServer {
     }
 
     /// With TLS on its client port (and client certificates required) when `pki` is given.
+    /// Its ports are free when chosen, but another test may take one before etcd binds it
+    /// (etcd then exits): it is started again on other ports.
     fn start_with(pki: Option<&Pki>) -> EtcdServer {
         let scripts = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/setup.sh");
         assert!(Command::new("bash").arg(scripts).arg("etcd-server").status().unwrap().success(), "install etcd-server");
+        for _ in 0..5 {
+            let mut e = EtcdServer::spawn(pki);
+            // Up: it answers (or, behind TLS, its client port takes connections).
+            let up = |e: &EtcdServer| match pki {
+                None => e.call("/v3/kv/range", r#"{"key": "AA=="}"#).is_ok(),
+                Some(_) => std::net::TcpStream::connect(&e.client).is_ok(),
+            };
+            let mut exited = false;
+            let ready = try_wait_for(|| {
+                exited = e.child.try_wait().ok().flatten().is_some();
+                exited || up(&e)
+            });
+            if exited || e.child.try_wait().ok().flatten().is_some() {
+                continue;
+            }
+            assert!(ready, "etcd answers");
+            return e;
+        }
+        panic!("etcd could not bind its ports five times over");
+    }
+
+    fn spawn(pki: Option<&Pki>) -> EtcdServer {
         let dir = sluice_testkit::mariadb::work_root().join(format!("etcd-{}-{}", std::process::id(), sluice_testkit::unique_id()));
         let (client, peer) = (free_port(), free_port());
         let log = std::fs::File::create(dir.with_extension("log")).unwrap();
@@ -101,11 +125,7 @@ impl EtcdServer {
             .stderr(log)
             .spawn()
             .expect("start etcd");
-        let e = EtcdServer { child, client: format!("127.0.0.1:{client}") };
-        if pki.is_none() {
-            wait_for("etcd answers", || e.call("/v3/kv/range", r#"{"key": "AA=="}"#).is_ok());
-        }
-        e
+        EtcdServer { child, client: format!("127.0.0.1:{client}") }
     }
 
     fn call(&self, path: &str, body: &str) -> Result<String, String> {

@@ -604,7 +604,7 @@ async fn connect_as(a: &mut Attempt<'_>, credential: &Credential) -> std::result
                 None => continue,
             },
         };
-        let Some((mut conn, backend, backend_thread_id, backend_caps, mariadb)) = log_in_as(a, link, credential).await? else {
+        let Some((mut conn, backend, backend_thread_id, backend_caps, mariadb)) = ready_link(a, link, credential).await? else {
             continue;
         };
         let tracking = track_all(&backend, &mut conn, backend_caps).await;
@@ -625,10 +625,12 @@ async fn connect_as(a: &mut Attempt<'_>, credential: &Credential) -> std::result
     }
 }
 
-/// What a users-mode login on `link` gives: the connection, its backend, thread id,
-/// capabilities and whether it is MariaDB. None: that connection cannot serve (a pooled one
-/// gone stale, or a backend that refused in a way another may not); try the next.
-async fn log_in_as(
+/// A link made ready for a users-mode session (a pooled connection reset as its user, or a
+/// new one logged in as it by `backend::link::log_in_as`), and what it gives: the connection,
+/// its backend, thread id, capabilities and whether it is MariaDB. None: that connection cannot
+/// serve (a pooled one gone stale, or a backend that refused in a way another may not); try the
+/// next.
+async fn ready_link(
     a: &mut Attempt<'_>,
     link: Link,
     credential: &Credential,
