@@ -291,9 +291,10 @@ impl Hasher {
 ///
 /// Why one key means one digest: the key hashes every byte outside literals and comments, and
 /// for each literal its kind and what the normalizer reads of it (a number starts with a digit,
-/// which no word or variable before it could end at; a string with its quote), and for each gap that held a comment whether an executable
-/// comment is open after it (the lexer's one state between tokens). Two texts of one key
-/// therefore lex into the same tokens but for the values of literals, and normalize alike.
+/// which no word or variable before it could end at; a string with its quote), and for each gap
+/// that held a comment whether an executable comment is open after it (the lexer's one state
+/// between tokens). Two texts of one key therefore lex into the same tokens but for the values
+/// of literals, and normalize alike.
 ///
 /// A statement comes from a client, who may try to make it collide with another's key (and take
 /// that one's digest, and its rules): the hash is a folded multiply keyed with the process's

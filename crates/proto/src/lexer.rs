@@ -117,11 +117,6 @@ impl<'a> Lexer<'a> {
         self.mode
     }
 
-    /// Where the next token is looked for.
-    pub fn position(&self) -> usize {
-        self.pos
-    }
-
     /// How many comments (and ends of executable ones) were skipped so far.
     #[inline]
     pub fn comments(&self) -> u32 {

@@ -86,82 +86,87 @@ fn pass<const DIGEST: bool, const KEY: bool>(sql: &[u8], mode: Mode, seed: [u64;
 mod tests {
     use super::*;
 
+    /// The pieces the texts of these tests are made of.
+    const PIECES: &[&str] = &[
+        "SELECT ",
+        "c ",
+        "FROM t ",
+        "WHERE id = ",
+        "-",
+        "+ ",
+        "1",
+        "e",
+        "-5 ",
+        "'a\\'b' ",
+        "\"q\" ",
+        "`b` ",
+        "@v ",
+        "@@s ",
+        "_utf8'x' ",
+        "x'0f' ",
+        "IN ",
+        "VALUES ",
+        "(",
+        ")",
+        ", ",
+        "?",
+        "; ",
+        "/* c */ ",
+        "-- c\n",
+        "SET ",
+        "TRANSACTION ",
+        "PREPARE s FROM ",
+        "EXECUTE IMMEDIATE ",
+        "'SET @a = 1' ",
+        "LOCK ",
+        "TABLES ",
+        "READ ",
+        "BACKUP ",
+        "STAGE ",
+        "GET_LOCK(",
+        "TEMPORARY ",
+        "...",
+        "ROW_COUNT() ",
+        "SQL_CALC_FOUND_ROWS ",
+        "XA ",
+        "HANDLER ",
+        "/*!50001 ",
+        "*/ ",
+        "\\",
+        "1.5 ",
+        "N'n' ",
+        "SHOW ",
+        "WARNINGS ",
+        "FOR UPDATE ",
+        "INTO ",
+        "START ",
+        "READ ONLY ",
+        "@@global.x ",
+        "GLOBAL ",
+        ":= ",
+        "NOW() ",
+        "LAST_INSERT_ID() ",
+        "WITH ",
+    ];
+
+    /// The next of a xorshift sequence.
+    fn next(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
     /// The pass finds what the separate readers find, in both modes, over texts made of the
     /// pieces statements are made of.
     #[test]
     fn one_pass_finds_what_the_readers_find() {
-        let pieces: &[&str] = &[
-            "SELECT ",
-            "c ",
-            "FROM t ",
-            "WHERE id = ",
-            "-",
-            "+ ",
-            "1",
-            "e",
-            "-5 ",
-            "'a\\'b' ",
-            "\"q\" ",
-            "`b` ",
-            "@v ",
-            "@@s ",
-            "_utf8'x' ",
-            "x'0f' ",
-            "IN ",
-            "VALUES ",
-            "(",
-            ")",
-            ", ",
-            "?",
-            "; ",
-            "/* c */ ",
-            "-- c\n",
-            "SET ",
-            "TRANSACTION ",
-            "PREPARE s FROM ",
-            "EXECUTE IMMEDIATE ",
-            "'SET @a = 1' ",
-            "LOCK ",
-            "TABLES ",
-            "READ ",
-            "BACKUP ",
-            "STAGE ",
-            "GET_LOCK(",
-            "TEMPORARY ",
-            "...",
-            "ROW_COUNT() ",
-            "SQL_CALC_FOUND_ROWS ",
-            "XA ",
-            "HANDLER ",
-            "/*!50001 ",
-            "*/ ",
-            "\\",
-            "1.5 ",
-            "N'n' ",
-            "SHOW ",
-            "WARNINGS ",
-            "FOR UPDATE ",
-            "INTO ",
-            "START ",
-            "READ ONLY ",
-            "@@global.x ",
-            "GLOBAL ",
-            ":= ",
-            "NOW() ",
-            "LAST_INSERT_ID() ",
-            "WITH ",
-        ];
+        let pieces = PIECES;
         let mut x = 0x2545_f491_4f6c_dd1du64;
         for _ in 0..20_000 {
             let mut text = String::new();
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            for _ in 0..(x % 24) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                text.push_str(pieces[(x % pieces.len() as u64) as usize]);
+            for _ in 0..(next(&mut x) % 24) {
+                text.push_str(pieces[(next(&mut x) % pieces.len() as u64) as usize]);
             }
             for mode in [Mode::DEFAULT, Mode { no_backslash_escapes: true, ansi_quotes: true }] {
                 let sql = text.as_bytes();
@@ -186,65 +191,18 @@ mod tests {
     /// comments alone share a key (else a table of keys would spare nothing).
     #[test]
     fn one_key_means_one_digest_and_one_class() {
-        let pieces: &[&str] = &[
-            "SELECT ",
-            "c ",
-            "FROM t ",
-            "WHERE id = ",
-            "-",
-            "+",
-            "N",
-            "{n}",
-            "{n}",
-            "{s}",
-            "{s}",
-            "{c}",
-            "{c}",
-            "e",
-            "-5 ",
-            "`b` ",
-            "@v ",
-            "_utf8",
-            "x",
-            "IN ",
-            "VALUES ",
-            "(",
-            ")",
-            ", ",
-            "?",
-            "; ",
-            "...",
-            "/*!50001 ",
-            "*/",
-            "\\",
-            "'",
-            ".",
-            "SET ",
-            "FOR UPDATE ",
-            "SHOW ",
-            "WARNINGS ",
-            "LAST_INSERT_ID(",
-            "INSERT ",
-            "@@x ",
-            ":= ",
-            "START TRANSACTION READ ONLY",
-            " ",
-        ];
+        // The pieces, and holes for a number, a string or a comment.
+        let holes = ["{n}", "{s}", "{c}", "{n}", "{s}", "{c}", "{n}", "{s}", "{c}", "_utf8", "x", "N", "1e"];
+        let pieces: Vec<&str> = PIECES.iter().copied().chain(holes).collect();
         let numbers = ["1", "23", "4.5", "1e", "12", ".5", "0x1f", "7e5", "1E"];
         let strings = ["'a'", "'b\\'c'", "''", "\"dq\"", "'x''y'", "\"\""];
         let comments = ["/* x */", "/* yy */ ", "-- z\n", "#q\n", " ", "", "/*!50001 ", "/*+ hint */"];
         let seed = [0x9e37_79b9_7f4a_7c15, 0xbf58_476d_1ce4_e5b9];
         let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
         let mut seen: std::collections::HashMap<(u64, bool), (u64, crate::rw::Class, String)> = Default::default();
         let mut shared = 0;
         for _ in 0..20_000 {
-            let template: Vec<&str> = (0..next() % 16).map(|_| pieces[(next() % pieces.len() as u64) as usize]).collect();
+            let template: Vec<&str> = (0..next(&mut x) % 16).map(|_| pieces[(next(&mut x) % pieces.len() as u64) as usize]).collect();
             // Two fillings of one template.
             for _ in 0..2 {
                 let mut text = String::new();
@@ -258,7 +216,7 @@ mod tests {
                             continue;
                         }
                     };
-                    text.push_str(fill[(next() % fill.len() as u64) as usize]);
+                    text.push_str(fill[(next(&mut x) % fill.len() as u64) as usize]);
                 }
                 for mode in [Mode::DEFAULT, Mode { no_backslash_escapes: true, ansi_quotes: true }] {
                     let sql = text.as_bytes();

@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
 pub struct SluiceProc {
@@ -53,7 +53,7 @@ impl SluiceProc {
             let mut sent = false;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let _ = writeln!(f, "{line}");
-                *written.0.lock().unwrap() += 1;
+                *written.0.lock().unwrap_or_else(PoisonError::into_inner) += 1;
                 written.1.notify_all();
                 if !sent && line.contains("sluice ready") {
                     let _ = tx.send((field(&line, "listeners"), field(&line, "admin")));
@@ -97,14 +97,14 @@ impl SluiceProc {
     pub fn log_shows(&self, text: &str) -> bool {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let (count, written) = &*self.lines;
-        let mut seen = count.lock().unwrap();
+        let mut seen = count.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             if self.log_text().contains(text) {
                 return true;
             }
             let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else { return false };
             let now = *seen;
-            seen = written.wait_timeout_while(seen, left, |n| *n == now).unwrap().0;
+            seen = written.wait_timeout_while(seen, left, |n| *n == now).unwrap_or_else(PoisonError::into_inner).0;
         }
     }
 

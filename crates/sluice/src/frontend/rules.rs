@@ -122,6 +122,8 @@ impl Session {
                 }
                 (m, read)
             }
+            // Two readings: the key and the digest of the one shown (the hazards and the class
+            // are read apart in each, by `note_query` and `wants`).
             _ => {
                 let mode = self.state.reading_shown(text);
                 let key = wanted.key.map_or(0, |seed| sluice_proto::scan::scan_keyed(text, mode, seed).key);

@@ -3,28 +3,22 @@
 //! key lex into the same tokens but for the values of their literals, which the classifier never
 //! reads (`sluice_proto::rw` looks at words, variables and punctuation only), so they have one
 //! class: a statement seen before is classified by one probe instead of the classifier's look
-//! at each of its tokens. Each worker has its own table behind its own lock, direct-mapped (a key
-//! takes the place of another of its index) and bounded.
+//! at each of its tokens. Each worker has its own table behind its own lock (`keyed.rs`).
 
 use parking_lot::Mutex;
 use sluice_proto::lexer::Mode;
 use sluice_proto::rw::Class;
 
-/// Places per worker (the index of a key: its top bits).
-const KEY_BITS: u32 = 10;
-
-/// One worker's classes: (key, class) at the index of the key (key 0: empty).
-type Table = Mutex<Box<[(u64, Class)]>>;
+use super::keyed::Keyed;
 
 /// Classes by key, per worker.
 pub struct Classes {
-    shards: Box<[Table]>,
+    shards: Box<[Mutex<Keyed<Class>>]>,
 }
 
 impl Classes {
     pub fn new(shards: usize) -> Classes {
-        let table = || Mutex::new(vec![(0, Class::Read); 1 << KEY_BITS].into_boxed_slice());
-        Classes { shards: (0..shards.max(1)).map(|_| table()).collect() }
+        Classes { shards: (0..shards.max(1)).map(|_| Mutex::new(Keyed::new(Class::Read))).collect() }
     }
 
     /// The class of `text` (read in `mode`), whose key is `key`: `rw::classify_in`'s, from the
@@ -32,13 +26,11 @@ impl Classes {
     #[inline]
     pub fn class_of(&self, key: u64, text: &[u8], mode: Mode) -> Class {
         let shard = &self.shards[crate::worker::shard() % self.shards.len()];
-        let at = (key >> (64 - KEY_BITS)) as usize;
-        let (seen, class) = shard.lock()[at];
-        if seen == key && key != 0 {
+        if let Some(class) = shard.lock().get(key) {
             return class;
         }
         let class = sluice_proto::rw::classify_in(text, mode);
-        shard.lock()[at] = (key, class);
+        shard.lock().put(key, class);
         class
     }
 }

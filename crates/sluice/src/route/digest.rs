@@ -8,22 +8,20 @@
 //! A statement is found by its key (`sluice_proto::digest::Key`, taken in the pass that reads
 //! it anyway): a table of keys seen gives its entry, and so its digest, without normalizing it.
 //! Only a key not in that table costs the normalizer's pass (and a digest new here the
-//! normalized text). The table of keys is direct-mapped and bounded: a key takes the place of
-//! another of its index, and an eviction of entries empties it.
+//! normalized text). The table of keys (`keyed.rs`) is bounded, and an eviction of entries
+//! empties it.
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
+use super::keyed::Keyed;
 use crate::config::DigestsConfig;
 
 /// Latency buckets: four per power of two of microseconds, up to 2^28 µs (4.5 minutes).
 const OCTAVES: usize = 28;
 const PER_OCTAVE: usize = 4;
 const BUCKETS: usize = OCTAVES * PER_OCTAVE;
-
-/// Places in a worker's table of keys (its index: the key's top bits).
-const KEY_BITS: u32 = 10;
 
 /// What a statement is, for its digest's entry.
 pub struct Statement<'a> {
@@ -75,14 +73,14 @@ struct Table {
     entries: Vec<Entry>,
     /// A digest's slot in `entries`.
     slots: FxHashMap<u64, u32>,
-    /// A key's slot in `entries`, at the index of the key's top bits (key 0: empty).
-    keys: Box<[(u64, u32)]>,
+    /// A key's slot in `entries`.
+    keys: Keyed<u32>,
     tick: u64,
 }
 
 impl Default for Table {
     fn default() -> Self {
-        Table { entries: Vec::new(), slots: FxHashMap::default(), keys: vec![(0, 0); 1 << KEY_BITS].into(), tick: 0 }
+        Table { entries: Vec::new(), slots: FxHashMap::default(), keys: Keyed::new(0), tick: 0 }
     }
 }
 
@@ -177,11 +175,9 @@ impl Digests {
     #[inline]
     pub fn begin(&self, s: &Statement<'_>) -> (u64, Mark) {
         let shard = crate::worker::shard() % self.shards.len();
-        let at = (s.key >> (64 - KEY_BITS)) as usize;
         {
             let t = self.shards[shard].lock();
-            let (key, slot) = t.keys[at];
-            if key == s.key
+            if let Some(slot) = t.keys.get(s.key)
                 && let Some(e) = t.entries.get(slot as usize)
             {
                 return (e.digest, Mark { shard: shard as u32, slot });
@@ -194,7 +190,7 @@ impl Digests {
             Some(&slot) => slot,
             None => self.insert(&mut t, digest, s),
         };
-        t.keys[at] = (s.key, slot);
+        t.keys.put(s.key, slot);
         (digest, Mark { shard: shard as u32, slot })
     }
 
@@ -262,7 +258,7 @@ impl Digests {
         let before = t.entries.len();
         t.entries.retain(|e| e.used > cut);
         t.slots = t.entries.iter().enumerate().map(|(i, e)| (e.digest, i as u32)).collect();
-        t.keys.fill((0, 0));
+        t.keys.clear();
         self.evictions.inc_by((before - t.entries.len()) as u64);
     }
 

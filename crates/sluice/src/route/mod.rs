@@ -6,4 +6,5 @@ pub mod cache;
 pub mod classes;
 pub mod digest;
 pub mod gtid;
+pub mod keyed;
 pub mod rules;
