@@ -5,6 +5,8 @@
 # the one server as its primary (split: mux plus the classifier) and bare with a traffic capture
 # running (capture: recording, compression and writing, all of sluice's threads counted). Each configuration serves 1000 and then 3000
 # point selects after a warm-up, counters zeroed after it; per query = the difference / 2000.
+# Then passthrough (no [users]: sluice logs no one in and reads no statement) with digests off
+# and with them counted there too (passthrough-digests).
 #   bench/hotpath.sh            (needs valgrind: scripts/setup.sh valgrind)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,6 +26,9 @@ for n in 100 1000 3000; do
 done
 base="tls = \"off\"\n[[listeners]]\naddress = \"127.0.0.1:0\"\n[[backends]]\naddress = \"127.0.0.1:$PORT\"\n[[users]]\nname = \"app\"\npassword = \"apppw\"\n[proxy]\nworkers = 1\n"
 printf "$base[digests]\nenabled = false\n" > "$WORK/bare.toml"
+pass="tls = \"off\"\n[[listeners]]\naddress = \"127.0.0.1:0\"\n[[backends]]\naddress = \"127.0.0.1:$PORT\"\n[proxy]\nworkers = 1\n"
+printf "$pass[digests]\nenabled = false\n" > "$WORK/passthrough.toml"
+printf "$pass[digests]\nenabled = true\n" > "$WORK/passthrough-digests.toml"
 printf "$base[digests]\nenabled = true\n" > "$WORK/digests.toml"
 printf "${base}multiplex = true\n[digests]\nenabled = false\n" > "$WORK/mux.toml"
 printf "$base[digests]\nenabled = false\n[routing]\nsplit = true\n" > "$WORK/split.toml"
@@ -57,7 +62,7 @@ run() {
 echo "| configuration | instructions per query | vs bare | vs mux |"
 echo "|---|---|---|---|"
 bare= mux=
-for cfg in ${HOTPATH_CONFIGS:-bare digests rules mux split capture}; do
+for cfg in ${HOTPATH_CONFIGS:-bare digests rules mux split capture passthrough passthrough-digests}; do
   a=$(run $cfg 1000); b=$(run $cfg 3000)
   per=$(( (b - a) / 2000 ))
   [ -z "$bare" ] && bare=$per

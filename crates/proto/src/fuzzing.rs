@@ -198,6 +198,7 @@ pub fn digest(data: &[u8]) {
     use crate::lexer::Mode;
     for mode in [Mode::DEFAULT, Mode { no_backslash_escapes: true, ansi_quotes: true }] {
         let _ = crate::scan::scan_keyed(data, mode, [1, 2]);
+        let _ = crate::sql::shape_hazards(data, mode);
     }
     let mut once = Vec::new();
     normalize(data, &mut once, usize::MAX);

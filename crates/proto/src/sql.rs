@@ -304,17 +304,26 @@ pub fn hazards(sql: &[u8]) -> u16 {
 /// elsewhere once made it do.)
 #[inline(never)]
 pub fn hazards_in(sql: &[u8], mode: lexer::Mode) -> u16 {
+    shape_hazards(sql, mode).0
+}
+
+/// [`hazards_in`], and whether they follow from the statement's shape alone (its
+/// [`Key`](crate::digest::Key)): false when a string literal was read as SQL (after
+/// `EXECUTE IMMEDIATE` or `PREPARE s FROM`), whose value the key leaves out.
+pub fn shape_hazards(sql: &[u8], mode: lexer::Mode) -> (u16, bool) {
     let mut h = Hazards::default();
     for t in lexer::Lexer::with_mode(sql, mode) {
         h.token(&t, sql, mode);
     }
-    h.found
+    (h.found, !h.read_literal)
 }
 
-/// The [`hazard`] bits found so far, token by token (`crate::scan` feeds it as well).
+/// The [`hazard`] bits found so far, token by token.
 #[derive(Default)]
-pub struct Hazards {
-    pub found: u16,
+struct Hazards {
+    found: u16,
+    /// A string literal was read as SQL.
+    read_literal: bool,
     prev: Prev,
     /// Where the token before is (looked at only after the rare words that need it).
     before: std::ops::Range<usize>,
@@ -323,11 +332,12 @@ pub struct Hazards {
 impl Hazards {
     /// Looks at the next token of `sql`.
     #[inline]
-    pub fn token(&mut self, t: &Token, sql: &[u8], mode: lexer::Mode) {
+    fn token(&mut self, t: &Token, sql: &[u8], mode: lexer::Mode) {
         let text = t.text(sql);
         match t.kind {
             Kind::Variable if text.len() > 1 && text[1] != b'@' => self.found |= hazard::USER_VARIABLE,
             Kind::Quoted if self.prev.code_next => {
+                self.read_literal = true;
                 if let Some(inner) = lexer::unquote_in(text, mode) {
                     self.found |= hazards_in(&inner, mode);
                 }

@@ -35,8 +35,8 @@ pub struct Ctx {
     pub key_seed: [u64; 2],
     /// Statistics per statement digest.
     pub digests: crate::route::digest::Digests,
-    /// The split's classes by statement key.
-    pub classes: crate::route::classes::Classes,
+    /// What was read of each shape of statement, by statement key.
+    pub shapes: crate::route::shapes::Shapes,
     /// Query rules.
     pub rules: crate::route::rules::Rules,
     /// The queues of shadow backends (rules that mirror).
@@ -131,7 +131,7 @@ impl Ctx {
             rsa,
             key_seed: random_seed(),
             digests: crate::route::digest::Digests::new(&config.digests, shards, metrics.digest_evictions.clone()),
-            classes: crate::route::classes::Classes::new(shards),
+            shapes: crate::route::shapes::Shapes::new(shards),
             rules,
             latest_writes: Default::default(),
             cache: crate::route::cache::ResultCache::new(config.routing.cache_size, &metrics),

@@ -273,3 +273,18 @@ async fn passthrough_sessions_keep_their_own_connection() {
     assert_eq!(after - before, 3, "one connection per passthrough session, none shared");
     assert_eq!(pins(&s), vec!["passthrough_auth"; 3]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_run_from_a_literal_pins_whatever_ran_before_in_its_shape() {
+    let (db, s, mut a, mut b) = two_sessions("").await;
+    // Two statements of one shape (they differ in a literal's value alone): the first pins
+    // nothing, the second takes a named lock.
+    a.query_drop("EXECUTE IMMEDIATE 'DO 1'").await.unwrap();
+    a.query_drop("EXECUTE IMMEDIATE 'DO 2'").await.unwrap();
+    assert_released(&s, &mut b).await;
+    a.query_drop("EXECUTE IMMEDIATE 'DO GET_LOCK(''lit'', 10)'").await.unwrap();
+    assert_held(&s, "lock", &mut b).await;
+    assert!(db.sql("SELECT IS_FREE_LOCK('lit')").trim().ends_with('0'), "the lock is held");
+    a.reset().await.unwrap();
+    assert_released(&s, &mut b).await;
+}

@@ -14,16 +14,17 @@ use sluice_proto::packet::{HEADER, Header};
 use super::session::{Flow, INSPECT_LIMIT, Session};
 use crate::error::{Error, Result, Side};
 use crate::route::cache::Key;
-use crate::route::digest::{Mark, Outcome, Statement};
+use crate::route::digest::{Mark, Outcome};
 use crate::route::rules::{RouteTo, Who};
+use crate::route::shapes::{Text, Want};
 
 /// What is known of the statement about to run.
 #[derive(Debug, Default)]
 pub(super) struct Seen {
     /// Its digest (0: not a statement, or statements are not looked at).
     pub(super) digest: u64,
-    /// Where its digest's entry is (when digests are on).
-    pub(super) mark: Mark,
+    /// Where its digest's entry is (when it is counted in the digests' statistics).
+    pub(super) mark: Option<Mark>,
     /// The rule it falls under, by index.
     pub(super) rule: Option<usize>,
     /// Where it should run, as a rule or its comment says.
@@ -36,52 +37,12 @@ pub(super) struct Seen {
     pub(super) class: Option<sluice_proto::rw::Class>,
 }
 
-/// What one reading of a statement's text found.
-#[derive(Default)]
-struct Read {
-    digest: u64,
-    key: u64,
-    hazards: Option<u16>,
-    class: Option<sluice_proto::rw::Class>,
-    /// Whether it holds a comment (None: not read).
-    commented: Option<bool>,
-}
-
-/// What is wanted of a statement's text.
-#[derive(Clone, Copy)]
-struct Wanted {
-    /// Its digest itself (rules without digests' statistics, or a prepare's).
-    digest: bool,
-    /// Its key, with the process's seed (the digests' table gives its digest, the classes'
-    /// its class).
-    key: Option<[u64; 2]>,
-    hazards: bool,
-}
-
-/// Reads a statement once in `mode` for what is wanted of it (one pass of the lexer; the digest
-/// of a statement whose key is wanted too, for rules when digests are off, in another).
-fn read_once(text: &[u8], mode: sluice_proto::lexer::Mode, w: Wanted) -> Read {
-    use sluice_proto::scan::{scan, scan_keyed};
-    let s = match (w.key, w.digest) {
-        (Some(seed), digest) => {
-            let mut s = scan_keyed(text, mode, seed);
-            if digest {
-                s.digest = sluice_proto::digest::digest_in(text, mode);
-            }
-            s
-        }
-        (None, true) => scan::<true>(text, mode),
-        (None, false) if w.hazards => scan::<false>(text, mode),
-        (None, false) => return Read::default(),
-    };
-    Read { digest: s.digest, key: s.key, hazards: w.hazards.then_some(s.hazards), class: None, commented: Some(s.commented) }
-}
-
 impl Session {
-    /// Whether statements are looked at beyond the split's classification.
+    /// Whether statements are looked at: for their hazards (users mode), digests, rules or the
+    /// split.
     #[inline]
     pub(super) fn looks_at_statements(&self) -> bool {
-        self.ctx.digests.enabled || !self.ctx.rules.is_empty() || self.split
+        self.credential.is_some() || self.ctx.digests.counts(false) || !self.ctx.rules.is_empty() || self.split
     }
 
     /// The text of the statement a command runs: a query's or a prepare's own, an execute's
@@ -97,46 +58,44 @@ impl Session {
         }
     }
 
-    /// Takes the statement's digest and finds its rule and route; opens its digest entry (a
+    /// Reads the statement's shape (its hazards, class and digest: one pass for its key, and
+    /// the table of shapes), finds its rule and route, and opens its digest's entry (a
     /// prepare's digest is its executes').
     pub(super) fn see(&self, cmd: u8, body_end: usize, len: usize) -> Seen {
         let Some(text) = self.statement_text(cmd, body_end, len) else { return Seen::default() };
         let (rules, digests) = (&self.ctx.rules, &self.ctx.digests);
-        // Counted in the digests' statistics: a query's or an execute's (its key read with
-        // the rest, the digest from the digests' table).
-        let counted = digests.enabled && cmd != com::STMT_PREPARE;
-        // The split's class of a query or prepare (an execute's is its prepare's).
-        let classed = self.split && cmd != com::STMT_EXECUTE;
-        let wanted = Wanted {
-            digest: !counted && (digests.enabled || !rules.is_empty()),
-            key: (counted || classed).then_some(self.ctx.key_seed),
-            // The hazards of a query (`note_query`).
-            hazards: cmd == com::QUERY && self.credential.is_some(),
+        let counted = digests.counts(self.credential.is_some());
+        let want = Want {
+            // The split's class of a query or prepare (an execute's is its prepare's).
+            class: self.split && cmd != com::STMT_EXECUTE,
+            digest: counted || !rules.is_empty(),
+            // Counted in the digests' statistics: a query's or an execute's.
+            entry: counted && cmd != com::STMT_PREPARE,
         };
-        let (mode, mut read) = match self.state.readings(text) {
-            // One reading: one lexing for every reader.
-            crate::session::Readings(m, None) => {
-                let mut read = read_once(text, m, wanted);
-                if classed {
-                    read.class = Some(self.ctx.classes.class_of(read.key, text, m));
-                }
-                (m, read)
+        // The hazards of a query (`note_query`).
+        let hazards = cmd == com::QUERY && self.credential.is_some();
+        if !(hazards || want.class || want.digest) {
+            return Seen::default();
+        }
+        let schema = self.state.schema.as_deref();
+        // (`commented`: None where the shape's hazards and class are not the statement's.)
+        let (mode, shape, commented) = match self.state.readings(text) {
+            // One reading: the shape's hazards and class hold.
+            crate::session::Readings(mode, None) => {
+                let scan = sluice_proto::scan::scan_keyed(text, mode, self.ctx.key_seed);
+                let shape = self.ctx.shapes.of(&Text { key: scan.key, text, mode, schema }, want, digests);
+                (mode, shape, Some(scan.commented))
             }
-            // Two readings: the key and the digest of the one shown (the hazards and the class
-            // are read apart in each, by `note_query` and `wants`).
+            // Two readings: the digest of the one shown (the hazards and the class are read
+            // apart in each, by `note_query` and `wants`).
             _ => {
                 let mode = self.state.reading_shown(text);
-                let key = wanted.key.map_or(0, |seed| sluice_proto::scan::scan_keyed(text, mode, seed).key);
-                let digest = if wanted.digest { sluice_proto::digest::digest_in(text, mode) } else { 0 };
-                (mode, Read { digest, key, ..Read::default() })
+                let key = sluice_proto::scan::scan_keyed(text, mode, self.ctx.key_seed).key;
+                let want = Want { class: false, ..want };
+                (mode, self.ctx.shapes.of(&Text { key, text, mode, schema }, want, digests), None)
             }
         };
-        let schema = self.state.schema.as_deref();
-        let mut mark = Mark::default();
-        if counted {
-            (read.digest, mark) = digests.begin(&Statement { key: read.key, text, schema, mode });
-        }
-        let Read { digest, hazards, class, commented, .. } = read;
+        let digest = if want.digest { shape.digest } else { 0 };
         let rule = match rules.is_empty() {
             true => None,
             false => rules.find(&Who { user: &self.state.user, schema, client: self.client_ip, mode }, digest, text),
@@ -148,7 +107,15 @@ impl Session {
             false => None,
         };
         let route = hinted.or_else(|| rule.and_then(|i| rules.list[i].action.route));
-        Seen { digest: if cmd == com::STMT_PREPARE { 0 } else { digest }, mark, rule, route, cache: None, hazards, class }
+        Seen {
+            digest: if cmd == com::STMT_PREPARE { 0 } else { digest },
+            mark: want.entry.then_some(shape.mark),
+            rule,
+            route,
+            cache: None,
+            hazards: shape.hazards.filter(|_| hazards && commented.is_some()),
+            class: shape.class.filter(|_| want.class && commented.is_some()),
+        }
     }
 
     /// Acts on the statement's rule before it is forwarded: a blocked statement is answered
@@ -250,8 +217,8 @@ impl Session {
 
     /// Counts a statement in its digest's statistics.
     pub(super) fn note_outcome(&self, seen: &Seen, o: Outcome) {
-        if seen.digest != 0 && self.ctx.digests.enabled {
-            self.ctx.digests.finish(seen.digest, seen.mark, o);
+        if let Some(mark) = seen.mark {
+            self.ctx.digests.finish(seen.digest, mark, o);
         }
     }
 }

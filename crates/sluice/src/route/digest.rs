@@ -5,34 +5,23 @@
 //! tenth is evicted (and counted), so an application that sends endless distinct shapes costs
 //! bounded memory.
 //!
-//! A statement is found by its key (`sluice_proto::digest::Key`, taken in the pass that reads
-//! it anyway): a table of keys seen gives its entry, and so its digest, without normalizing it.
-//! Only a key not in that table costs the normalizer's pass (and a digest new here the
-//! normalized text). The table of keys (`keyed.rs`) is bounded, and an eviction of entries
-//! empties it.
+//! A statement's digest and the place of its entry come from the table of shapes (`shapes.rs`),
+//! by the statement's key: only a shape not seen there costs the normalizer's pass (and a digest
+//! new here the normalized text). An eviction moves entries: it starts a new generation, and
+//! the shapes find their entries again.
+
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use super::keyed::Keyed;
 use crate::config::DigestsConfig;
 
 /// Latency buckets: four per power of two of microseconds, up to 2^28 µs (4.5 minutes).
 const OCTAVES: usize = 28;
 const PER_OCTAVE: usize = 4;
 const BUCKETS: usize = OCTAVES * PER_OCTAVE;
-
-/// What a statement is, for its digest's entry.
-pub struct Statement<'a> {
-    /// Its key (`sluice_proto::scan::scan_keyed` with the process's seed, `Ctx::key_seed`).
-    pub key: u64,
-    /// Its text (normalized only when the digest is new here).
-    pub text: &'a [u8],
-    pub schema: Option<&'a str>,
-    /// How the text is read (its session's `sql_mode`).
-    pub mode: sluice_proto::lexer::Mode,
-}
 
 /// Where a statement's entry was: its worker's table and its slot there (checked against the
 /// digest when the statement is counted: an eviction may have moved it).
@@ -69,28 +58,25 @@ struct Entry {
     buckets: Box<[u32; BUCKETS]>,
 }
 
+#[derive(Default)]
 struct Table {
     entries: Vec<Entry>,
     /// A digest's slot in `entries`.
     slots: FxHashMap<u64, u32>,
-    /// A key's slot in `entries`.
-    keys: Keyed<u32>,
     tick: u64,
-}
-
-impl Default for Table {
-    fn default() -> Self {
-        Table { entries: Vec::new(), slots: FxHashMap::default(), keys: Keyed::new(0), tick: 0 }
-    }
 }
 
 /// The digests of all workers.
 pub struct Digests {
     pub enabled: bool,
+    /// Counted in passthrough sessions too.
+    passthrough: bool,
     shards: Box<[Mutex<Table>]>,
     per_shard: usize,
     text_limit: usize,
     evictions: prometheus_client::metrics::counter::Counter,
+    /// Bumped when entries move (an eviction, a reset): marks taken before are stale.
+    generation: AtomicU32,
     /// `mono_ns()` and the Unix time in ms at start (for first and last seen).
     epoch: (u64, u64),
 }
@@ -161,52 +147,54 @@ impl Digests {
         let shards = shards.max(1);
         let now_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         Digests {
-            enabled: cfg.enabled,
+            enabled: cfg.enabled != Some(false),
+            passthrough: cfg.enabled == Some(true),
             shards: (0..shards).map(|_| Mutex::new(Table::default())).collect(),
             per_shard: (cfg.max / shards).max(16),
             text_limit: cfg.text_limit.max(16),
             evictions,
+            generation: AtomicU32::new(1),
             epoch: (crate::metrics::mono_ns(), now_unix),
         }
     }
 
-    /// A statement's digest, and where its entry is (made when the digest is new here, its text
-    /// normalized), so that [`Digests::finish`] can count it once it ran.
+    /// Whether a session's statements are counted (`users`: a users-mode session).
     #[inline]
-    pub fn begin(&self, s: &Statement<'_>) -> (u64, Mark) {
+    pub fn counts(&self, users: bool) -> bool {
+        self.enabled && (users || self.passthrough)
+    }
+
+    /// The generation of the entries' places (never 0).
+    #[inline]
+    pub fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Where the entry of `digest` is, made when the digest is new here (its `text`, read in
+    /// `mode`, normalized), so that [`Digests::finish`] can count it once it ran.
+    pub fn begin(&self, digest: u64, text: &[u8], schema: Option<&str>, mode: sluice_proto::lexer::Mode) -> Mark {
         let shard = crate::worker::shard() % self.shards.len();
-        {
-            let t = self.shards[shard].lock();
-            if let Some(slot) = t.keys.get(s.key)
-                && let Some(e) = t.entries.get(slot as usize)
-            {
-                return (e.digest, Mark { shard: shard as u32, slot });
-            }
-        }
-        // A key not seen (or not kept): the normalizer's pass, outside the lock.
-        let digest = sluice_proto::digest::digest_in(s.text, s.mode);
         let mut t = self.shards[shard].lock();
         let slot = match t.slots.get(&digest) {
             Some(&slot) => slot,
-            None => self.insert(&mut t, digest, s),
+            None => self.insert(&mut t, digest, text, schema, mode),
         };
-        t.keys.put(s.key, slot);
-        (digest, Mark { shard: shard as u32, slot })
+        Mark { shard: shard as u32, slot }
     }
 
     /// Makes the entry of a digest new here; returns its slot.
     #[cold]
-    fn insert(&self, t: &mut Table, digest: u64, s: &Statement<'_>) -> u32 {
+    fn insert(&self, t: &mut Table, digest: u64, text: &[u8], schema: Option<&str>, mode: sluice_proto::lexer::Mode) -> u32 {
         if t.entries.len() >= self.per_shard {
             self.evict(t);
         }
-        let mut text = Vec::with_capacity(s.text.len().min(self.text_limit) + 4);
-        sluice_proto::digest::normalize_in(s.text, s.mode, &mut text, self.text_limit);
+        let mut normal = Vec::with_capacity(text.len().min(self.text_limit) + 4);
+        sluice_proto::digest::normalize_in(text, mode, &mut normal, self.text_limit);
         let now = crate::metrics::mono_ns();
         t.entries.push(Entry {
             digest,
-            text: String::from_utf8_lossy(&text).into(),
-            schema: s.schema.map(Box::from),
+            text: String::from_utf8_lossy(&normal).into(),
+            schema: schema.map(Box::from),
             count: 0,
             errors: 0,
             rows: 0,
@@ -249,8 +237,7 @@ impl Digests {
         e.buckets[bucket(o.nanos)] += 1;
     }
 
-    /// Drops the least recently used tenth of a full table (the keys' places emptied: their
-    /// slots moved).
+    /// Drops the least recently used tenth of a full table (a new generation: slots moved).
     fn evict(&self, t: &mut Table) {
         let mut ticks: Vec<u64> = t.entries.iter().map(|e| e.used).collect();
         let k = (ticks.len() / 10).max(1);
@@ -258,7 +245,7 @@ impl Digests {
         let before = t.entries.len();
         t.entries.retain(|e| e.used > cut);
         t.slots = t.entries.iter().enumerate().map(|(i, e)| (e.digest, i as u32)).collect();
-        t.keys.clear();
+        self.generation.fetch_add(1, Ordering::AcqRel);
         self.evictions.inc_by((before - t.entries.len()) as u64);
     }
 
@@ -276,6 +263,7 @@ impl Digests {
         for s in self.shards.iter() {
             *s.lock() = Table::default();
         }
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The workers' entries merged, the `top` first by `by`.
@@ -367,13 +355,18 @@ mod tests {
     use super::*;
 
     fn digests(max: usize) -> Digests {
-        Digests::new(&DigestsConfig { enabled: true, max, text_limit: 64 }, 1, Default::default())
+        Digests::new(&DigestsConfig { max, text_limit: 64, ..DigestsConfig::default() }, 1, Default::default())
     }
 
+    /// Counts a statement as a session does: its shape, its entry, its outcome.
     fn run(d: &Digests, sql: &str, us: u64, at: u64) {
+        use crate::route::shapes::{Shapes, Text, Want};
+        thread_local!(static SHAPES: Shapes = Shapes::new(1));
         let mode = sluice_proto::lexer::Mode::DEFAULT;
         let key = sluice_proto::scan::scan_keyed(sql.as_bytes(), mode, [3, 5]).key;
-        let (digest, mark) = d.begin(&Statement { key, text: sql.as_bytes(), schema: Some("app"), mode });
+        let text = Text { key, text: sql.as_bytes(), schema: Some("app"), mode };
+        let shape = SHAPES.with(|s| s.of(&text, Want { class: false, digest: true, entry: true }, d));
+        let (digest, mark) = (shape.digest, shape.mark);
         assert_eq!(digest, sluice_proto::digest::digest(sql.as_bytes()), "{sql}");
         // (`at`: seconds after the table began.)
         let at = d.epoch.0 + at * 1_000_000_000;

@@ -1,8 +1,7 @@
 //! What was found for a shape of statement, by the statement's key (`sluice_proto::digest::Key`,
 //! taken in the pass that reads it anyway): a direct-mapped table of 1,024 places, a key's place
 //! at its top bits. A key takes the place of another of its index, so the table stays bounded
-//! however many shapes come. The digests' table keeps the slots of its entries in one
-//! (`digest.rs`), the split its classes (`classes.rs`).
+//! however many shapes come. The table of shapes is one (`shapes.rs`).
 
 /// Places in a table (the index of a key: its top bits).
 const BITS: u32 = 10;
@@ -29,11 +28,6 @@ impl<V: Copy> Keyed<V> {
     pub fn put(&mut self, key: u64, v: V) {
         self.places[place(key)] = (key, v);
     }
-
-    /// Empties every place.
-    pub fn clear(&mut self) {
-        self.places.iter_mut().for_each(|p| p.0 = 0);
-    }
 }
 
 #[inline]
@@ -55,8 +49,6 @@ mod tests {
         assert_eq!(t.get(a), Some(7));
         t.put(b, 8);
         assert_eq!((t.get(a), t.get(b)), (None, Some(8)));
-        t.clear();
-        assert_eq!(t.get(b), None);
         // (Key 0 is no key.)
         t.put(0, 9);
         assert_eq!(t.get(0), None);
