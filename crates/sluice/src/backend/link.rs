@@ -37,13 +37,32 @@ pub async fn open_any(backends: &Backends, tried: &mut Vec<(usize, Error)>, orig
     }
 }
 
-/// A pooled connection of `b` that fits, else a new one; None when `b` cannot be reached (the
-/// failure is recorded in `tried`).
-pub async fn link_on(b: Arc<Backend>, tried: &mut Vec<(usize, Error)>, fit: Fit, client_tls: bool, origin: Origin) -> Option<Link> {
-    if let Some(idle) = b.reuse(Fit { backend_tls: b.tls.wanted(client_tls), ..fit }) {
+/// A pooled connection of `b` that fits (with a `fit`), else a new one; None when `b` cannot be
+/// reached (the failure is recorded in `tried`).
+pub async fn link_on(b: Arc<Backend>, tried: &mut Vec<(usize, Error)>, fit: Option<Fit>, client_tls: bool, origin: Origin) -> Option<Link> {
+    if let Some(fit) = fit
+        && let Some(idle) = b.reuse(Fit { backend_tls: b.tls.wanted(client_tls), ..fit })
+    {
         return Some(Link::Reused(b, idle));
     }
     open_on(b, tried, origin).await.map(Link::Fresh)
+}
+
+/// Plugin name sent to a backend in passthrough mode (and in COM_CHANGE_USER on a pooled
+/// connection). No server has it, so the server answers with an auth switch carrying its own
+/// scramble, which sluice relays to the client (or answers with the credentials it holds).
+pub const PASSTHROUGH_PLUGIN: &[u8] = b"sluice_passthrough";
+
+/// Sends COM_CHANGE_USER for the client (`hr`) on a pooled connection. An error means the
+/// connection went stale while pooled (the server closed it): nothing has reached the client,
+/// so the login goes on with another connection.
+pub async fn send_change_user(idle: &mut Idle, hr: &HandshakeResponse) -> std::io::Result<()> {
+    if !idle.conn.stream.is_quiet() {
+        return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "the server spoke or closed while it was pooled"));
+    }
+    let mut out = Vec::with_capacity(128);
+    hr.change_user(idle.backend_caps, PASSTHROUGH_PLUGIN).write(&mut out);
+    idle.conn.write_packet(&out, 0).await.map(|_| ())
 }
 
 /// The balancer's choice of a primary (any backend when none is usable) among the backends not
@@ -69,7 +88,7 @@ async fn open_on(b: Arc<Backend>, tried: &mut Vec<(usize, Error)>, origin: Origi
     match conn::open(&b, b.connect_timeout, origin).await {
         Ok((conn, greeting)) => Some(Opened { backend: b, conn, greeting }),
         Err(e) => {
-            tracing::warn!(backend = %b.name, error = %e.message, "backend unreachable at login; trying the next one");
+            tracing::warn!(backend = %b.name, error = %e.message, "backend unreachable; trying the next one");
             tried.push((b.index, e));
             None
         }

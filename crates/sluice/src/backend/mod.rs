@@ -1,6 +1,7 @@
 //! Backends: their addresses, health state and load, and connecting to them.
 
 pub mod balance;
+pub mod checkout;
 pub mod conn;
 pub mod health;
 pub mod link;

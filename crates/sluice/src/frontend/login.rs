@@ -11,10 +11,11 @@ use super::Listener;
 use super::session::Profile;
 use super::verify::{AuthIo, Relay, Verdict, verify};
 use crate::auth::UserSlot;
+use crate::backend::checkout::{Fault, Hello, Request, checkout};
 use crate::backend::conn::{self as bconn, Credential, Outcome};
 use crate::backend::link::{self, Link, Opened, backend_response};
 use crate::backend::pool::{Fit, Idle};
-use crate::backend::shared::{ConnState, Key, Slot, Taken};
+use crate::backend::shared::{ConnState, Key, Slot};
 use crate::backend::{Backend, BackendGuard, ServerInfo};
 use crate::config::AuthMode;
 use crate::ctx::Ctx;
@@ -25,10 +26,6 @@ use crate::session::{SessionHandle, SessionState};
 
 /// Largest packet a client may send before it is logged in.
 const LOGIN_PACKET_LIMIT: usize = 64 * 1024;
-
-/// Plugin name sent to a backend in passthrough mode. No server has it, so the server answers
-/// with an auth switch carrying its own scramble, which sluice relays to the client.
-const PASSTHROUGH_PLUGIN: &[u8] = b"sluice_passthrough";
 
 /// The backend side of a finished login.
 struct Backed {
@@ -151,21 +148,9 @@ fn no_backend(error: Error) -> Refusal {
     refuse(Reject::NoBackend, error)
 }
 
-/// Sends COM_CHANGE_USER for the client on a pooled connection. An error means the connection
-/// went stale while pooled (the server closed it): nothing has reached the client, so the
-/// login goes on with another connection.
-async fn send_change_user(idle: &mut Idle, hr: &HandshakeResponse) -> std::io::Result<()> {
-    if !idle.conn.stream.is_quiet() {
-        return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "the server spoke or closed while it was pooled"));
-    }
-    let mut out = Vec::with_capacity(128);
-    hr.change_user(idle.backend_caps, PASSTHROUGH_PLUGIN).write(&mut out);
-    idle.conn.write_packet(&out, 0).await.map(|_| ())
-}
-
 /// Passthrough on a pooled connection: COM_CHANGE_USER, and the server's first answer.
 async fn change_user(idle: &mut Idle, hr: &HandshakeResponse) -> std::io::Result<(u8, Vec<u8>)> {
-    send_change_user(idle, hr).await?;
+    link::send_change_user(idle, hr).await?;
     idle.conn.read_packet(LOGIN_PACKET_LIMIT).await
 }
 
@@ -380,34 +365,6 @@ async fn send_error(client: &mut PacketConn, seq: u8, e: &Error) {
 /// A failure and the sequence id at which the client should get the error (None: already sent).
 type Fail = (Refusal, Option<u8>);
 
-/// Makes a pooled connection the client's with the credentials sluice holds.
-async fn reuse_as(b: &Backend, idle: &mut Idle, hr: &HandshakeResponse, cred: &Credential) -> Result<()> {
-    send_change_user(idle, hr).await.map_err(|e| Error::io(Side::Backend, "change user", e))?;
-    bconn::answer_auth(b, &mut idle.conn, cred).await.map(|_| ())
-}
-
-/// A spare connection of the client's user, brought to the login's schema: the connection,
-/// its state, capabilities and whether it is MariaDB. None when it went stale (its place is
-/// kept for a new one); an error from the backend (an unknown schema) is the client's.
-async fn reuse_spare(
-    b: &Backend,
-    spare: crate::backend::shared::Spare,
-    want: &SessionState,
-) -> Result<Option<(PacketConn, Box<ConnState>, u32, bool)>> {
-    if spare.closed_by_server() {
-        return Ok(None);
-    }
-    let (mut conn, mut state) = (spare.conn, spare.state);
-    match crate::backend::restore::bring(&mut conn, &mut state, want, spare.backend_caps, b.connect_timeout).await {
-        Ok(()) => Ok(Some((conn, state, spare.backend_caps, spare.mariadb))),
-        Err(e) if e.side == Side::Client => Err(e),
-        Err(e) => {
-            tracing::debug!(backend = %b.name, error = %e.message, "spare connection unusable at login; taking another");
-            Ok(None)
-        }
-    }
-}
-
 /// The error a login gets when no connection to `b` became free within `queue_timeout`.
 fn queue_full(b: &Backend, waited: std::time::Duration, ctx: &Ctx) -> Refusal {
     let msg = super::multiplex::queue_message(ctx, b, waited);
@@ -451,7 +408,7 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, cseq: u8) -> 
         let slot = b.shared.place().await.map_err(|w| (queue_full(&b, w, ctx), Some(cseq)))?;
         let link = match a.pre.take() {
             Some(o) => Link::Fresh(o),
-            None => match link::link_on(b, &mut a.tried, a.fit, a.client_tls, super::origin(a.handle)).await {
+            None => match link::link_on(b, &mut a.tried, Some(a.fit), a.client_tls, super::origin(a.handle)).await {
                 Some(link) => link,
                 None => continue,
             },
@@ -473,7 +430,7 @@ async fn passthrough(a: &mut Attempt<'_>, client: &mut PacketConn, cseq: u8) -> 
                     }
                 };
                 let mut bhr = backend_response(hr, &o.greeting, client_caps, tls);
-                bhr.auth_plugin = Some(PASSTHROUGH_PLUGIN.to_vec());
+                bhr.auth_plugin = Some(link::PASSTHROUGH_PLUGIN.to_vec());
                 let (mut backend, bseq) = bconn::maybe_tls(&o.backend, o.conn, &bhr).await.map_err(|e| (e.into(), Some(cseq)))?;
                 let mut out = Vec::new();
                 bhr.write(&mut out);
@@ -557,9 +514,9 @@ async fn authenticate(a: &Attempt<'_>, client: &mut PacketConn, cseq: u8) -> std
     Ok((slot, credential.clone(), cseq))
 }
 
-/// Users mode: a backend connection logged in as the client's user, in the login's schema: a
-/// spare connection of the user's (multiplexing), a pooled one, or a new login; the next
-/// backend when one cannot be reached.
+/// Users mode: a backend connection logged in as the client's user, in the login's schema
+/// (`backend::checkout`: a spare connection of the user's when multiplexing, a pooled one, or
+/// a new login); the next backend when one cannot be reached.
 async fn connect_as(a: &mut Attempt<'_>, credential: &Credential) -> std::result::Result<Backed, Refusal> {
     let (ctx, hr) = (a.ctx, a.hr);
     let attrs = crate::backend::shared::attrs_hash(&hr.attributes);
@@ -577,105 +534,35 @@ async fn connect_as(a: &mut Attempt<'_>, credential: &Credential) -> std::result
             None => link::pick(&ctx.backends, &a.tried).map_err(no_backend)?,
         };
         let key = Key { fit: Fit { backend_tls: backend.tls.wanted(a.client_tls), ..key.fit }, ..key.clone() };
-        let taken = backend.shared.take(&key, a.multiplex).await.map_err(|w| queue_full(&backend, w, ctx))?;
-        let slot = match taken {
-            Taken::Conn(spare, slot) => match reuse_spare(&backend, spare, &want).await? {
-                Some((conn, state, backend_caps, mariadb)) => {
-                    return Ok(Backed {
-                        backend: conn,
-                        guard: backend.bind(),
-                        backend_thread_id: state.thread_id,
-                        backend_caps,
-                        mariadb,
-                        credential: Some(credential.clone()),
-                        user_slot: None,
-                        slot,
-                        conn: Some(state),
-                    });
-                }
-                None => slot,
-            },
-            Taken::Open(slot) => slot,
+        let r = Request {
+            key: &key,
+            reuse: a.multiplex,
+            state: &want,
+            hello: Hello::Given(hr),
+            client_caps: a.client_caps,
+            client_tls: a.client_tls,
+            credential,
+            same_as: None,
+            origin: super::origin(a.handle),
+            pool: Some(a.fit),
         };
-        let link = match a.pre.take() {
-            Some(o) => Link::Fresh(o),
-            None => match link::link_on(backend, &mut a.tried, a.fit, a.client_tls, super::origin(a.handle)).await {
-                Some(link) => link,
-                None => continue,
-            },
+        let lease = match checkout(&backend, &r, &mut a.pre, &mut a.tried).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => continue,
+            Err(Fault::Queue(waited)) => return Err(queue_full(&backend, waited, ctx)),
+            Err(Fault::Failed(e)) => return Err(e.into()),
         };
-        let Some((mut conn, backend, backend_thread_id, backend_caps, mariadb)) = ready_link(a, link, credential).await? else {
-            continue;
-        };
-        let tracking = track_all(&backend, &mut conn, backend_caps).await;
-        let schema = want.schema.clone();
-        let multi_statements = backend_caps & cap::MULTI_STATEMENTS != 0;
-        let state = ConnState { attrs, schema, multi_statements, tracking, thread_id: backend_thread_id, ..Default::default() };
         return Ok(Backed {
-            backend: conn,
+            backend: lease.conn,
             guard: backend.bind(),
-            backend_thread_id,
-            backend_caps,
-            mariadb,
+            backend_thread_id: lease.state.thread_id,
+            backend_caps: lease.backend_caps,
+            mariadb: lease.mariadb,
             credential: Some(credential.clone()),
             user_slot: None,
-            slot,
-            conn: Some(Box::new(state)),
+            slot: lease.slot,
+            conn: Some(lease.state),
         });
-    }
-}
-
-/// A link made ready for a users-mode session (a pooled connection reset as its user, or a
-/// new one logged in as it by `backend::link::log_in_as`), and what it gives: the connection,
-/// its backend, thread id, capabilities and whether it is MariaDB. None: that connection cannot
-/// serve (a pooled one gone stale, or a backend that refused in a way another may not); try the
-/// next.
-async fn ready_link(
-    a: &mut Attempt<'_>,
-    link: Link,
-    credential: &Credential,
-) -> std::result::Result<Option<(PacketConn, Arc<Backend>, u32, u32, bool)>, Refusal> {
-    match link {
-        Link::Reused(b, mut idle) => match reuse_as(&b, &mut idle, a.hr, credential).await {
-            Ok(()) => {
-                b.metrics.pool_reused.inc();
-                Ok(Some((idle.conn, b, idle.thread_id, idle.backend_caps, idle.mariadb)))
-            }
-            // Stale, or refused: a new connection's login will say which.
-            Err(e) => {
-                tracing::debug!(backend = %b.name, error = %e.message, "pooled connection unusable; taking another");
-                Ok(None)
-            }
-        },
-        Link::Fresh(Opened { backend, conn, greeting: g }) => {
-            let (thread_id, mariadb) = (g.connection_id, g.capabilities & cap::LONG_PASSWORD == 0);
-            let l = link::AsClient { hr: a.hr, client_caps: a.client_caps, client_tls: a.client_tls, credential, same_as: None };
-            match link::log_in_as(&backend, conn, &g, &l).await {
-                Ok((conn, backend_caps)) => Ok(Some((conn, backend, thread_id, backend_caps, mariadb))),
-                Err(e) if e.retry == crate::error::Retry::Safe => {
-                    a.tried.push((backend.index, e));
-                    Ok(None)
-                }
-                Err(e) => Err(e.into()),
-            }
-        }
-    }
-}
-
-/// Turns on the tracking of every session variable on a new connection (without it, a
-/// session could not be recreated elsewhere with all its variables), and notes the backend's
-/// defaults and lexer mode. Whether it is on.
-async fn track_all(backend: &Backend, conn: &mut PacketConn, backend_caps: u32) -> bool {
-    match crate::backend::restore::track_all(conn, backend_caps, backend.connect_timeout).await {
-        Ok((defaults, sql_mode)) => {
-            *backend.tracking.lock() = Some(defaults);
-            *backend.lex_default.lock() = Some(sluice_proto::lexer::Mode::from_sql_mode(sql_mode.as_bytes()));
-            true
-        }
-        Err(e) => {
-            tracing::warn!(backend = %backend.name, error = %e.message, "cannot track session variables; sessions will not move");
-            false
-        }
     }
 }
 

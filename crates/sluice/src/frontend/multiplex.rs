@@ -20,11 +20,12 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use sluice_proto::consts::{cap, com, err as code};
+use sluice_proto::consts::{com, err as code};
 use sluice_proto::packet::frame;
 
 use super::session::Session;
 use crate::backend::Backend;
+use crate::backend::checkout::{self, Fault, Hello, Lease, Request};
 use crate::backend::conn as bconn;
 use crate::backend::link;
 use crate::backend::restore;
@@ -44,13 +45,6 @@ pub(super) enum Next {
     End,
     /// Read the user variables its last statements named back first.
     ReadBack,
-}
-
-/// A connection ready for the session: logged in and in the session's state.
-pub(super) struct Ready {
-    conn: PacketConn,
-    state: Box<ConnState>,
-    slot: Option<Slot>,
 }
 
 impl Session {
@@ -153,18 +147,13 @@ impl Session {
         }
         let b = self.guard.0.clone();
         let Some((spare, slot)) = b.shared.try_take(key) else { return Err(None) };
-        if restore::differs(&spare.state, &self.state) || !self.spare_fits(&spare) {
+        if restore::differs(&spare.state, &self.state) || !checkout::fits(&spare, self.same_as()) {
             // (One that does not fit is closed there; its place goes to a new connection.)
             return Err(Some(Box::new((spare, slot))));
         }
-        drop(self.install(&b, Ready { conn: spare.conn, state: spare.state, slot }));
+        let (backend_caps, mariadb) = (spare.backend_caps, spare.mariadb);
+        drop(self.install(&b, Lease { conn: spare.conn, state: spare.state, slot, backend_caps, mariadb }));
         Ok(())
-    }
-
-    /// A spare connection the session may take: open (its server did not close it) and of the
-    /// session's capabilities (a backend restarted in another version has others).
-    fn spare_fits(&self, spare: &Spare) -> bool {
-        spare.backend_caps == self.backend_caps() && spare.mariadb == self.mariadb && !spare.closed_by_server()
     }
 
     /// Takes a connection for the command about to run: `found` (a spare one of its key, not
@@ -172,14 +161,8 @@ impl Session {
     /// waiting in the backend's queue at `max_backend_connections`.
     pub(super) async fn attach(&mut self, found: Option<Found>) -> Result<()> {
         let b = self.guard.0.clone();
-        let ready = match found {
-            Some(found) => {
-                let (spare, slot) = *found;
-                self.ready_from(&b, Taken::Conn(spare, slot)).await?
-            }
-            None => self.connection_on(&b, !self.config.proxy.move_every_statement).await?,
-        };
-        drop(self.install(&b, ready));
+        let lease = self.connection_on(&b, !self.config.proxy.move_every_statement, found).await?;
+        drop(self.install(&b, lease));
         Ok(())
     }
 
@@ -198,8 +181,8 @@ impl Session {
         state.sweep_statements(&self.ctx.open_statements);
         let conn = std::mem::replace(&mut self.backend, PacketConn::detached());
         let key = Key { attrs: state.attrs, ..key.clone() };
-        let spare = Spare::new(conn, key, state, self.backend_caps(), self.mariadb);
-        self.guard.shared.give_back(spare, self.slot.take());
+        let lease = Lease { conn, state, slot: self.slot.take(), backend_caps: self.backend_caps(), mariadb: self.mariadb };
+        lease.give_back(&self.guard, key);
     }
 
     /// The connection's state after COM_RESET_CONNECTION or COM_CHANGE_USER (the server's
@@ -211,60 +194,51 @@ impl Session {
         }
     }
 
-    /// A connection to `b` in the session's state: a spare one of its key (when `reuse`), else
-    /// a new login with the credentials sluice holds.
-    async fn connection_on(&self, b: &Arc<Backend>, reuse: bool) -> Result<Ready> {
-        let Some(key) = self.key.as_deref() else {
-            return Err(Error::proxy(code::UNKNOWN_ERROR, "sluice holds no credentials for this session"));
-        };
-        let taken = b.shared.take(key, reuse).await.map_err(|waited| queue_error(&self.ctx, b, waited))?;
-        self.ready_from(b, taken).await
+    /// The capabilities and the kind of server its connections have, which another must share.
+    fn same_as(&self) -> Option<(u32, bool)> {
+        Some((self.backend_caps(), self.mariadb))
     }
 
-    /// The connection `taken` gives (a new login when it gives a place, or a spare connection
-    /// that does not fit), brought to the session's state.
-    async fn ready_from(&self, b: &Arc<Backend>, taken: Taken) -> Result<Ready> {
-        let (mut conn, mut state, slot) = match taken {
-            Taken::Conn(spare, slot) if self.spare_fits(&spare) => (spare.conn, spare.state, slot),
-            Taken::Conn(_, slot) | Taken::Open(slot) => {
-                let (conn, state) = self.log_in_on(b).await?;
-                (conn, state, slot)
-            }
-        };
-        restore::bring(&mut conn, &mut state, &self.state, self.backend_caps(), b.connect_timeout).await?;
-        Ok(Ready { conn, state, slot })
-    }
-
-    /// Logs in to `b` as the session's user, in its schema.
-    async fn log_in_on(&self, b: &Arc<Backend>) -> Result<(PacketConn, Box<ConnState>)> {
-        let (Some(profile), Some(credential)) = (self.profile.as_ref(), self.credential.as_ref()) else {
+    /// A connection to `b` in the session's state (`backend::checkout`): `found` (a spare one
+    /// of its key taken already), else one from the backend's shared connections (when
+    /// `reuse`), else a new login with the credentials sluice holds.
+    async fn connection_on(&self, b: &Arc<Backend>, reuse: bool, found: Option<Found>) -> Result<Lease> {
+        let (Some(key), Some(profile), Some(credential)) = (self.key.as_deref(), self.profile.as_ref(), self.credential.as_ref()) else {
             return Err(Error::proxy(code::UNKNOWN_ERROR, "sluice holds no credentials for this session"));
         };
-        let (conn, g) = bconn::open(b, b.connect_timeout, super::origin(&self.handle)).await?;
-        let mut hr = profile.get();
-        hr.database = self.state.schema.as_ref().map(|s| s.as_bytes().to_vec());
-        let l = link::AsClient {
-            hr: &hr,
+        let r = Request {
+            key,
+            reuse,
+            state: &self.state,
+            hello: Hello::Encoded { bytes: profile.bytes(), schema: self.state.schema.as_deref() },
             client_caps: self.client_caps(),
             client_tls: self.client.stream.is_tls(),
             credential,
-            same_as: Some((self.backend_caps(), self.mariadb)),
+            same_as: self.same_as(),
+            origin: super::origin(&self.handle),
+            pool: None,
         };
-        let (conn, caps) = link::log_in_as(b, conn, &g, &l).await?;
-        let attrs = self.key.as_ref().map_or(0, |k| k.attrs);
-        let state = ConnState {
-            schema: self.state.schema.clone(),
-            thread_id: g.connection_id,
-            multi_statements: caps & cap::MULTI_STATEMENTS != 0,
-            attrs,
-            ..Default::default()
+        let mut tried = Vec::new();
+        let got = match found {
+            Some(found) => {
+                let (spare, slot) = *found;
+                checkout::ready(b, Taken::Conn(spare, slot), &r, &mut None, &mut tried).await.map_err(Fault::Failed)
+            }
+            None => checkout::checkout(b, &r, &mut None, &mut tried).await,
         };
-        Ok((conn, Box::new(state)))
+        match got {
+            Ok(Some(lease)) => Ok(lease),
+            // (A connection that could not be had: the backend's refusal, or why it could not
+            // be reached.)
+            Ok(None) => Err(tried.pop().map_or_else(|| Error::backend("no connection could be had"), |(_, e)| e)),
+            Err(Fault::Queue(waited)) => Err(queue_error(&self.ctx, b, waited)),
+            Err(Fault::Failed(e)) => Err(e),
+        }
     }
 
     /// Makes `ready` the session's connection, on `b`; returns the one it held (detached for
     /// a multiplexed session between statements).
-    fn install(&mut self, b: &Arc<Backend>, ready: Ready) -> (PacketConn, Option<Box<ConnState>>, Option<Slot>) {
+    fn install(&mut self, b: &Arc<Backend>, ready: Lease) -> (PacketConn, Option<Box<ConnState>>, Option<Slot>) {
         let tid = ready.state.thread_id;
         let old_conn = std::mem::replace(&mut self.backend, ready.conn);
         let old_state = self.conn.replace(ready.state);
@@ -415,7 +389,7 @@ impl Session {
                 }
                 Err(e) => return Err(e),
             };
-            match self.connection_on(&b, true).await {
+            match self.connection_on(&b, true, None).await {
                 Ok(ready) => {
                     drop(self.install(&b, ready));
                     self.handle.publish(&self.state);
@@ -470,7 +444,7 @@ impl Session {
             return;
         }
         let from = self.guard.name.clone();
-        match self.connection_on(&target, why != MoveReason::Test).await {
+        match self.connection_on(&target, why != MoveReason::Test, None).await {
             Ok(ready) => {
                 let (old, _, _) = self.install(&target, ready);
                 self.ctx.metrics.moved(why, true);
