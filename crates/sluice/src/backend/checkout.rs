@@ -3,8 +3,9 @@
 //! the session's key brought to its state, else a pooled one reset as its user (at a login),
 //! else a new login with the credentials sluice holds; under the backend's cap, waiting in its
 //! queue when the cap is reached. The frontend says what it needs ([`Request`]) and gets a
-//! [`Lease`]: the connection, what it carries and its place under the cap, which goes back to
-//! the backend's shared connections ([`Lease::give_back`]) or is freed when the lease drops.
+//! [`Lease`]: the connection, what it carries and its place under the cap (freed when the
+//! lease drops; a multiplexed session gives its connection back to the backend's shared ones
+//! at a safe point, `Spare`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,14 +63,6 @@ pub struct Lease {
     /// Capabilities in force between sluice and the backend.
     pub backend_caps: u32,
     pub mariadb: bool,
-}
-
-impl Lease {
-    /// Gives the connection back to `b`'s shared connections, for a session of `key`.
-    pub fn give_back(self, b: &Backend, key: Key) {
-        let spare = Spare::new(self.conn, key, self.state, self.backend_caps, self.mariadb);
-        b.shared.give_back(spare, self.slot);
-    }
 }
 
 /// Why a checkout gave no connection.

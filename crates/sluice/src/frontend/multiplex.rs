@@ -181,8 +181,8 @@ impl Session {
         state.sweep_statements(&self.ctx.open_statements);
         let conn = std::mem::replace(&mut self.backend, PacketConn::detached());
         let key = Key { attrs: state.attrs, ..key.clone() };
-        let lease = Lease { conn, state, slot: self.slot.take(), backend_caps: self.backend_caps(), mariadb: self.mariadb };
-        lease.give_back(&self.guard, key);
+        let spare = Spare::new(conn, key, state, self.backend_caps(), self.mariadb);
+        self.guard.shared.give_back(spare, self.slot.take());
     }
 
     /// The connection's state after COM_RESET_CONNECTION or COM_CHANGE_USER (the server's
