@@ -111,6 +111,9 @@ mod tests {
         "NOW() ",
         "LAST_INSERT_ID() ",
         "WITH ",
+        "KILL ",
+        "QUERY ",
+        "CONNECTION_ID() ",
     ];
 
     /// The next of a xorshift sequence.
@@ -131,13 +134,13 @@ mod tests {
         let holes = ["{n}", "{s}", "{c}", "{n}", "{s}", "{c}", "{n}", "{s}", "{c}", "_utf8", "x", "N", "1e"];
         let pieces: Vec<&str> = PIECES.iter().copied().chain(holes).collect();
         let numbers = ["1", "23", "4.5", "1e", "12", ".5", "0x1f", "7e5", "1E"];
-        let strings = ["'a'", "'SET @b = 2'", "'LOCK TABLES t READ'", "'b\\'c'", "''", "\"dq\"", "'x''y'", "\"\""];
+        let strings = ["'a'", "'SET @b = 2'", "'LOCK TABLES t READ'", "'KILL 7'", "'b\\'c'", "''", "\"dq\"", "'x''y'", "\"\""];
         let comments = ["/* x */", "/* yy */ ", "-- z\n", "#q\n", " ", "", "/*!50001 ", "/*+ hint */"];
         let seed = [0x9e37_79b9_7f4a_7c15, 0xbf58_476d_1ce4_e5b9];
         let mut x = 0x2545_f491_4f6c_dd1du64;
         type Shape = (u64, crate::rw::Class, (u16, bool), String);
         let mut seen: std::collections::HashMap<(u64, bool), Shape> = Default::default();
-        let (mut shared, mut by_literal) = (0, 0);
+        let (mut shared, mut by_literal, mut kills) = (0, 0, 0);
         for _ in 0..20_000 {
             let template: Vec<&str> = (0..next(&mut x) % 16).map(|_| pieces[(next(&mut x) % pieces.len() as u64) as usize]).collect();
             // Two fillings of one template.
@@ -164,6 +167,11 @@ mod tests {
                     let (digest, class) = (crate::digest::digest_in(sql, mode), crate::rw::classify_in(sql, mode));
                     let hazards = crate::sql::shape_hazards(sql, mode);
                     assert_eq!(hazards.0, crate::sql::hazards_in(sql, mode));
+                    // (A text without the KILL bit needs no KILL look-up.)
+                    if crate::sql::find_kills_in(sql, true, mode).is_some() {
+                        assert!(hazards.0 & crate::sql::hazard::KILL != 0, "{text:?} {mode:?}");
+                        kills += 1;
+                    }
                     match seen.get(&(s.key, mode.ansi_quotes)) {
                         Some((d, c, h, other)) => {
                             assert_eq!(*d, digest, "{text:?} and {other:?} share a key in {mode:?}");
@@ -181,7 +189,7 @@ mod tests {
                 }
             }
         }
-        assert!(shared > 5_000 && by_literal > 50, "{shared} {by_literal}");
+        assert!(shared > 5_000 && by_literal > 50 && kills > 500, "{shared} {by_literal} {kills}");
         let key = |t: &str| scan_keyed(t.as_bytes(), Mode::DEFAULT, seed).key;
         assert_eq!(key("SELECT c FROM t WHERE id=1"), key("SELECT c FROM t WHERE id=23456"));
         assert_eq!(key("/* a */SELECT 'x' -- trace 1\n"), key("/* bb */SELECT 'yy' -- trace 22\n"));

@@ -288,6 +288,9 @@ pub mod hazard {
     pub const FOUND_ROWS: u16 = 128;
     /// `ROW_COUNT()` is read: the statement before it must have run on the same connection.
     pub const ROW_COUNT: u16 = 256;
+    /// `KILL` is named (in code, or in SQL run from a literal). No pin: a text without it needs
+    /// no KILL look-up ([`find_kills`](super::find_kills)).
+    pub const KILL: u16 = 512;
 }
 
 /// Scans SQL text once for the [`hazard`] bits: words and user variables outside string
@@ -357,6 +360,7 @@ impl Hazards {
         // (By length first: most words are none of these, and are passed over at once.)
         match text.len() {
             2 if eq(b"XA") => hazard::XA,
+            4 if text[0] | 0x20 == b'k' && eq(b"KILL") => hazard::KILL,
             // `FLUSH ... WITH READ LOCK`, `BACKUP LOCK`, `BACKUP STAGE`.
             4 if text[0] | 0x20 == b'l' && eq(b"LOCK") && (was(b"READ") || was(b"BACKUP")) => hazard::LOCK,
             5 | 6 if self.prev.lock && (eq(b"TABLE") || eq(b"TABLES")) => hazard::LOCK,

@@ -67,7 +67,8 @@ impl Session {
     /// Recognises a KILL anywhere in a COM_QUERY or COM_STMT_PREPARE, and COM_PROCESS_KILL
     /// (None: nothing to translate). The backend never receives a sluice connection id: a KILL
     /// is translated, or refused. A plain check, so that the common case awaits nothing.
-    pub(super) fn kill_in(&self, cmd: u8, body_end: usize) -> Option<KillPlan> {
+    /// `scanned`: the query's hazards as its shape gave them (whether it names KILL), if known.
+    pub(super) fn kill_in(&self, cmd: u8, body_end: usize, scanned: Option<u16>) -> Option<KillPlan> {
         let payload = &self.client.rbuf[HEADER + 1..body_end];
         if cmd == com::PROCESS_KILL {
             let b = payload.get(..4)?;
@@ -75,7 +76,11 @@ impl Session {
         }
         // A prepared statement is one statement.
         let multi = self.state.multi_statements && cmd == com::QUERY;
-        if !sql::may_name_kill(payload, multi) {
+        let may = match scanned {
+            Some(found) => found & sql::hazard::KILL != 0,
+            None => sql::may_name_kill(payload, multi),
+        };
+        if !may {
             return None;
         }
         let readings = self.state.readings(payload);

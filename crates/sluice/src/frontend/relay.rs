@@ -353,10 +353,12 @@ impl Session {
             | com::SLEEP => return Route::Unsupported,
             com::CHANGE_USER => return Route::ChangeUser,
             com::PROCESS_KILL | com::QUERY | com::STMT_PREPARE => {
+                // (What the statement's shape says of KILL, before the pins take their bits.)
+                let scanned = done.scanned;
                 if self.credential.is_some() && cmd == com::QUERY {
                     self.note_query(body_end, done);
                 }
-                if let Some(plan) = self.kill_in(cmd, body_end) {
+                if let Some(plan) = self.kill_in(cmd, body_end, scanned) {
                     return Route::Kill(plan);
                 }
             }
