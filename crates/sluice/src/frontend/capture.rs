@@ -143,7 +143,7 @@ impl Session {
             prepared,
             sql_prepared: s.sql_prepared.iter().map(|(k, v)| (k.to_string(), shown(v))).collect(),
             user_variables: pairs(&s.user_variables),
-            backend: self.guard.name.clone(),
+            backend: self.backend.guard.name.clone(),
         };
         let (session, at_us) = (u64::from(self.handle.id), self.ctx.capture.at_us(mono_ns()));
         self.ctx.capture.append(worker(), generation, Kind::Begin, |out| record::put_begin(out, session, at_us, &begin))

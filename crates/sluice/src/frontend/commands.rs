@@ -147,7 +147,7 @@ impl Session {
                 targets.push((target, !kill.query_only));
                 continue;
             }
-            if target.backend_index.load(Ordering::Relaxed) as usize != self.guard.index {
+            if target.backend_index.load(Ordering::Relaxed) as usize != self.backend.guard.index {
                 let msg = format!(
                     "sluice: connection {} is on another backend; a KILL among other statements reaches only this session's backend: send it alone",
                     kill.id
@@ -201,11 +201,11 @@ impl Session {
         let mut pkt = Vec::with_capacity(query.len() + HEADER);
         sluice_proto::packet::frame(&mut pkt, query, 0);
         let limit = self.config.proxy.response_timeout;
-        self.backend.stream.write_within(limit, &pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
+        self.backend.conn.stream.write_within(limit, &pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
         let mut sink = StateSink::new(&mut self.state);
         let watch = crate::session::deadline::Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
-        self.tracker.start(Expect::Results, 0);
-        relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, &self.ctx, watch).await?;
+        self.backend.tracker.start(Expect::Results, 0);
+        relay_response(&mut self.backend.tracker, &mut self.backend.conn, &mut self.client, &mut sink, &self.ctx, watch).await?;
         let changed = sink.changed;
         let ok = sink.error.is_none();
         if changed {
@@ -249,7 +249,7 @@ impl Session {
         }
         let mut q = vec![com::QUERY];
         sql::write_kill(&kill, tid as u64, &mut q);
-        let ok = if tb == self.guard.index { self.query_on_backend(&q).await? } else { self.kill_elsewhere(tb, &q).await? };
+        let ok = if tb == self.backend.guard.index { self.query_on_backend(&q).await? } else { self.kill_elsewhere(tb, &q).await? };
         if ok && connection_kill {
             target.kill();
             gone(&self.ctx, self.handle.id, &target).await;
@@ -265,7 +265,7 @@ impl Session {
             self.client_error(1, code::NO_SUCH_THREAD, b"HY000", "Unknown thread id").await;
             return Ok(false);
         };
-        let Some(cred) = self.credential.clone() else {
+        let Some(cred) = self.who.credential.clone() else {
             let msg = format!("sluice: that session is on backend {}; in passthrough mode sluice holds no credentials to reach it", b.name);
             self.client_error(1, 1095, b"HY000", &msg).await;
             return Ok(false);
@@ -311,11 +311,11 @@ impl Session {
 
     /// Relays a passthrough COM_CHANGE_USER exchange between backend and client until OK or ERR.
     async fn relay_change_user(&mut self, cu: &ChangeUser, payload: &[u8]) -> Result<Flow> {
-        self.backend.write_packet(payload, 0).await.map_err(|e| Error::io(Side::Backend, "change user", e))?;
-        let strip_track = (self.client_caps() & cap::SESSION_TRACK == 0).then_some(self.mariadb);
+        self.backend.conn.write_packet(payload, 0).await.map_err(|e| Error::io(Side::Backend, "change user", e))?;
+        let strip_track = (self.client_caps() & cap::SESSION_TRACK == 0).then_some(self.backend.mariadb);
         let mut relay = Relay { client: &mut self.client, seq: 1, strip_track };
         // A refusal reached the client; the session goes on as the previous user.
-        let Outcome::Ok(ok) = bconn::exchange(&mut self.backend, None, &mut relay).await? else { return Ok(Flow::Continue) };
+        let Outcome::Ok(ok) = bconn::exchange(&mut self.backend.conn, None, &mut relay).await? else { return Ok(Flow::Continue) };
         self.state.reset();
         self.state.user = String::from_utf8_lossy(&cu.user).into();
         self.state.schema = (!cu.database.is_empty()).then(|| String::from_utf8_lossy(&cu.database).into());
@@ -335,7 +335,7 @@ impl Session {
         let name = String::from_utf8_lossy(&cu.user).into_owned();
         let plugin = cu.auth_plugin.clone().unwrap_or_else(|| sluice_proto::auth::NATIVE.to_vec());
         let (verdict, seq) =
-            verify(&mut self.client, 1, &self.ctx.users, self.ctx.rsa.as_ref(), &name, &plugin, &cu.auth_response, &self.scramble)
+            verify(&mut self.client, 1, &self.ctx.users, self.ctx.rsa.as_ref(), &name, &plugin, &cu.auth_response, &self.who.scramble)
                 .await
                 .map_err(|e| Error::io(Side::Client, "change user", e))?;
         let user = match verdict {
@@ -370,27 +370,27 @@ impl Session {
         };
         let mut payload = Vec::new();
         backend_cu.write(&mut payload);
-        self.backend.write_packet(&payload, 0).await.map_err(|e| Error::io(Side::Backend, "change user", e))?;
-        match bconn::answer_auth(&self.guard, &mut self.backend, &cred).await {
+        self.backend.conn.write_packet(&payload, 0).await.map_err(|e| Error::io(Side::Backend, "change user", e))?;
+        match bconn::answer_auth(&self.backend.guard, &mut self.backend.conn, &cred).await {
             Ok(ok) => {
                 let ok = if self.client_caps() & cap::SESSION_TRACK == 0 {
-                    sluice_proto::basic::strip_session_track(&ok, self.mariadb).unwrap_or(ok)
+                    sluice_proto::basic::strip_session_track(&ok, self.backend.mariadb).unwrap_or(ok)
                 } else {
                     ok
                 };
                 self.client.write_packet(&ok, seq).await.map_err(|e| Error::io(Side::Client, "change user", e))?;
                 // The previous user's slot is given back.
-                self.user_slot = Some(slot);
-                self.credential = Some(cred);
+                self.who.user_slot = Some(slot);
+                self.who.credential = Some(cred);
                 self.release_statements();
                 self.state.reset();
                 self.state.user = name.into();
                 self.state.schema = (!cu.database.is_empty()).then(|| String::from_utf8_lossy(&cu.database).into());
                 // A later login on the session's behalf is as the new user.
-                if let Some(p) = self.profile.as_mut() {
+                if let Some(p) = self.who.profile.as_mut() {
                     p.set_user(&cu.user);
                 }
-                if let Some(k) = self.key.as_mut() {
+                if let Some(k) = self.backend.key.as_mut() {
                     k.user = self.state.user.clone();
                 }
                 self.conn_was_reset();

@@ -82,9 +82,9 @@ impl Session {
             Some("its client connection is TLS")
         } else if self.client.holds_raw_bytes() {
             Some("part of a compressed frame is read")
-        } else if !self.backend.is_detached() && self.backend.stream.plain_fd().is_none() {
+        } else if !self.backend.conn.is_detached() && self.backend.conn.stream.plain_fd().is_none() {
             Some("its backend connection is TLS")
-        } else if !self.backend.rbuf.is_empty() || self.lost.is_some() {
+        } else if !self.backend.conn.rbuf.is_empty() || self.backend.lost.is_some() {
             Some("its backend connection spoke unasked or was lost")
         } else if self.capture.is_some() {
             Some("a capture records it")
@@ -104,7 +104,7 @@ impl Session {
         }
         let Some(client_fd) = self.client.stream.plain_fd() else { return false };
         let mut fds: Vec<RawFd> = vec![client_fd];
-        fds.extend(self.backend.stream.plain_fd());
+        fds.extend(self.backend.conn.stream.plain_fd());
         let text = match serde_json::to_vec(&self.parcel()) {
             Ok(t) if t.len() <= crate::sys::fdpass::MAX_MESSAGE => t,
             _ => {
@@ -132,7 +132,7 @@ impl Session {
         let (client, listener, connected_at_unix, local) =
             (info.client.clone(), info.listener.to_string(), info.connected_at_unix, info.local);
         drop(info);
-        let credential = self.credential.as_ref().map(|c| match c {
+        let credential = self.who.credential.as_ref().map(|c| match c {
             Credential::Password(p) => Secret::Password(p.clone()),
             Credential::NativeStage1(s) => Secret::NativeStage1(*s),
         });
@@ -148,24 +148,24 @@ impl Session {
                 Algorithm::Zlib => ZLIB,
                 Algorithm::Zstd { level } => level,
             }),
-            backend: self.guard.name.clone(),
-            backend_unix: (!self.backend.is_detached()).then(|| self.backend.stream.is_unix()),
+            backend: self.backend.guard.name.clone(),
+            backend_unix: (!self.backend.conn.is_detached()).then(|| self.backend.conn.stream.is_unix()),
             backend_thread_id: self.handle.backend_thread_id.load(Ordering::Relaxed),
             client_caps: self.client_caps(),
             backend_caps: self.backend_caps(),
-            mariadb: self.mariadb,
-            scramble: self.scramble,
+            mariadb: self.backend.mariadb,
+            scramble: self.who.scramble,
             credential,
-            profile: self.profile.as_ref().map(|p| p.bytes().to_vec()),
-            fit: self.fit,
+            profile: self.who.profile.as_ref().map(|p| p.bytes().to_vec()),
+            fit: self.backend.fit,
             state: StateParcel::from(&self.state),
-            conn: self.conn.as_deref().cloned(),
-            conn_gen: self.conn_gen,
-            touched: self.touched,
-            multiplex: self.multiplex,
-            causal: self.causal.as_deref().cloned(),
-            user_slot: self.user_slot.is_some(),
-            slot: self.slot.is_some(),
+            conn: self.backend.carries.as_deref().cloned(),
+            conn_gen: self.backend.taken,
+            touched: self.backend.touched,
+            multiplex: self.route.multiplex,
+            causal: self.route.causal.as_deref().cloned(),
+            user_slot: self.who.user_slot.is_some(),
+            slot: self.backend.slot.is_some(),
             queries: self.handle.queries.load(Ordering::Relaxed),
         }
     }
@@ -259,9 +259,9 @@ fn unpack(ctx: &Arc<Ctx>, text: &[u8], fds: Vec<OwnedFd>) -> Result<(Box<Session
         conn: p.conn.map(Box::new),
     };
     let mut session = Box::new(Session::new(ctx.clone(), handle.clone(), logged_in, p.multiplex));
-    session.conn_gen = p.conn_gen;
-    session.touched = p.touched;
-    session.causal = p.causal.map(Box::new);
+    session.backend.taken = p.conn_gen;
+    session.backend.touched = p.touched;
+    session.route.causal = p.causal.map(Box::new);
     handle.publish(&session.state);
     Ok((session, admission))
 }

@@ -207,7 +207,7 @@ async fn live(mut session: Box<session::Session>, admission: Admission, first: b
     }
     session.close_client().await;
     session.release_statements();
-    session.user_slot = None;
+    session.who.user_slot = None;
     Box::pin(session.end_backend(result.is_ok())).await;
     drop(admission);
 }
@@ -303,35 +303,35 @@ impl session::Session {
     /// `max_backend_connections`, leaves it with the shared connections of its backend as at any
     /// safe point (where it keeps its place), or closes it when it is pinned.
     async fn end_backend(mut self, clean: bool) {
-        if self.backend.is_detached() {
+        if self.backend.conn.is_detached() {
             return;
         }
         let h = self.handle.clone();
         let reusable = clean
-            && self.lost.is_none()
+            && self.backend.lost.is_none()
             && !self.ctx.is_draining()
             && !h.killed.load(Ordering::Relaxed)
             && !h.kill_pending.load(Ordering::Relaxed)
-            && self.backend.rbuf.is_empty();
-        if self.multiplex || self.slot.is_some() {
-            if reusable && self.key.is_some() && self.guard.is_usable() && self.state.detachable() {
+            && self.backend.conn.rbuf.is_empty();
+        if self.route.multiplex || self.backend.slot.is_some() {
+            if reusable && self.backend.key.is_some() && self.backend.guard.is_usable() && self.state.detachable() {
                 self.detach();
-                if self.backend.is_detached() {
+                if self.backend.conn.is_detached() {
                     return;
                 }
             }
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), crate::backend::conn::quit(self.backend)).await;
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), crate::backend::conn::quit(self.backend.conn)).await;
             return;
         }
-        let reusable = reusable && self.guard.pool_enabled();
+        let reusable = reusable && self.backend.guard.pool_enabled();
         let backend_caps = self.backend_caps();
-        let mut conn = self.backend;
+        let mut conn = self.backend.conn;
         let second = std::time::Duration::from_secs(1);
-        if reusable && (!self.touched || reset_for_pool(&self.guard, &mut conn, second).await) {
+        if reusable && (!self.backend.touched || reset_for_pool(&self.backend.guard, &mut conn, second).await) {
             crate::net::buffers::park(&mut conn.rbuf);
             let thread_id = h.backend_thread_id.load(Ordering::Relaxed);
-            let idle = crate::backend::pool::Idle::new(conn, self.fit, backend_caps, thread_id, self.mariadb);
-            match self.guard.park(idle) {
+            let idle = crate::backend::pool::Idle::new(conn, self.backend.fit, backend_caps, thread_id, self.backend.mariadb);
+            match self.backend.guard.park(idle) {
                 None => return,
                 Some(idle) => conn = idle.conn,
             }

@@ -50,7 +50,7 @@ pub(super) enum Next {
 impl Session {
     /// Whether a lost backend connection could be replaced without the client noticing.
     pub(super) fn may_move(&self) -> bool {
-        self.key.is_some() && self.state.movable() && self.state.unread_variables.is_empty()
+        self.backend.key.is_some() && self.state.movable() && self.state.unread_variables.is_empty()
     }
 
     /// At a safe point: moves, reads user variables back, gives the connection back, as
@@ -76,7 +76,7 @@ impl Session {
         use sluice_proto::sql::hazard;
         let names = std::mem::take(&mut self.state.unread_variables);
         let caps = self.backend_caps();
-        match restore::read_variables(&mut self.backend, &names, caps, self.guard.connect_timeout).await? {
+        match restore::read_variables(&mut self.backend.conn, &names, caps, self.backend.guard.connect_timeout).await? {
             Some(values) => {
                 for (name, value) in values {
                     // A variable never set is NULL: nothing to carry.
@@ -102,13 +102,13 @@ impl Session {
     /// what the connection has before: the server's defaults after a reset, or what a
     /// statement of the client's set (the rest is sluice's own, set before).
     pub(super) async fn track_variables(&mut self, read: u8) {
-        if self.key.is_none() {
+        if self.backend.key.is_none() {
             return;
         }
         let caps = self.backend_caps();
-        match restore::track_all(&mut self.backend, caps, self.guard.connect_timeout).await {
+        match restore::track_all(&mut self.backend.conn, caps, self.backend.guard.connect_timeout).await {
             Ok((client, sql_mode)) => {
-                if let Some(c) = self.conn.as_mut() {
+                if let Some(c) = self.backend.carries.as_mut() {
                     c.tracking = true;
                 }
                 // After a reset or a change of user the server's sql_mode replaces the one the
@@ -127,11 +127,11 @@ impl Session {
                     if read & super::statement::TRACKS_STATE != 0 {
                         t.state_change = client.state_change;
                     }
-                    self.tracker.filter_session_track(Some(t.clone()));
+                    self.backend.tracker.filter_session_track(Some(t.clone()));
                 }
             }
             Err(e) => {
-                tracing::warn!(session = self.handle.id, backend = %self.guard.name, error = %e.message, "cannot track session variables; the session will not move")
+                tracing::warn!(session = self.handle.id, backend = %self.backend.guard.name, error = %e.message, "cannot track session variables; the session will not move")
             }
         }
     }
@@ -141,11 +141,11 @@ impl Session {
     /// the common case, with no await. Otherwise [`Session::attach`] must run, with the spare
     /// connection found, if any, to bring to the session's state.
     pub(super) fn attach_at_once(&mut self) -> std::result::Result<(), Option<Found>> {
-        let Some(key) = self.key.as_deref() else { return Err(None) };
+        let Some(key) = self.backend.key.as_deref() else { return Err(None) };
         if self.config.proxy.move_every_statement {
             return Err(None);
         }
-        let b = self.guard.0.clone();
+        let b = self.backend.guard.0.clone();
         let Some((spare, slot)) = b.shared.try_take(key) else { return Err(None) };
         if restore::differs(&spare.state, &self.state) || !checkout::fits(&spare, self.same_as()) {
             // (One that does not fit is closed there; its place goes to a new connection.)
@@ -160,7 +160,7 @@ impl Session {
     /// in its state yet), or one from the backend's shared connections, else a new login,
     /// waiting in the backend's queue at `max_backend_connections`.
     pub(super) async fn attach(&mut self, found: Option<Found>) -> Result<()> {
-        let b = self.guard.0.clone();
+        let b = self.backend.guard.0.clone();
         let lease = self.connection_on(&b, !self.config.proxy.move_every_statement, found).await?;
         drop(self.install(&b, lease));
         Ok(())
@@ -171,39 +171,41 @@ impl Session {
     /// thread id before it was cleared).
     pub(super) fn detach(&mut self) {
         self.handle.backend_thread_id.store(0, Ordering::SeqCst);
-        if self.handle.kill_pending.load(Ordering::SeqCst) || !self.backend.rbuf.is_empty() {
-            let tid = self.conn.as_ref().map_or(0, |c| c.thread_id);
+        if self.handle.kill_pending.load(Ordering::SeqCst) || !self.backend.conn.rbuf.is_empty() {
+            let tid = self.backend.carries.as_ref().map_or(0, |c| c.thread_id);
             self.handle.backend_thread_id.store(tid, Ordering::SeqCst);
             return;
         }
-        let (Some(key), Some(mut state)) = (self.key.as_deref(), self.conn.take()) else { return };
+        let (Some(key), Some(mut state)) = (self.backend.key.as_deref(), self.backend.carries.take()) else { return };
         state.take_on(&self.state);
         state.sweep_statements(&self.ctx.open_statements);
-        let conn = std::mem::replace(&mut self.backend, PacketConn::detached());
+        let conn = std::mem::replace(&mut self.backend.conn, PacketConn::detached());
         let key = Key { attrs: state.attrs, ..key.clone() };
-        let spare = Spare::new(conn, key, state, self.backend_caps(), self.mariadb);
-        self.guard.shared.give_back(spare, self.slot.take());
+        let spare = Spare::new(conn, key, state, self.backend_caps(), self.backend.mariadb);
+        self.backend.guard.shared.give_back(spare, self.backend.slot.take());
     }
 
     /// The connection's state after COM_RESET_CONNECTION or COM_CHANGE_USER (the server's
     /// defaults: no statements, no variables changed, none tracked) in the session's schema.
     pub(super) fn conn_was_reset(&mut self) {
         let schema = self.state.schema.clone();
-        if let Some(c) = self.conn.as_mut() {
+        if let Some(c) = self.backend.carries.as_mut() {
             **c = ConnState { schema, thread_id: c.thread_id, multi_statements: c.multi_statements, ..ConnState::default() };
         }
     }
 
     /// The capabilities and the kind of server its connections have, which another must share.
     fn same_as(&self) -> Option<(u32, bool)> {
-        Some((self.backend_caps(), self.mariadb))
+        Some((self.backend_caps(), self.backend.mariadb))
     }
 
     /// A connection to `b` in the session's state (`backend::checkout`): `found` (a spare one
     /// of its key taken already), else one from the backend's shared connections (when
     /// `reuse`), else a new login with the credentials sluice holds.
     async fn connection_on(&self, b: &Arc<Backend>, reuse: bool, found: Option<Found>) -> Result<Lease> {
-        let (Some(key), Some(profile), Some(credential)) = (self.key.as_deref(), self.profile.as_ref(), self.credential.as_ref()) else {
+        let (Some(key), Some(profile), Some(credential)) =
+            (self.backend.key.as_deref(), self.who.profile.as_ref(), self.who.credential.as_ref())
+        else {
             return Err(Error::proxy(code::UNKNOWN_ERROR, "sluice holds no credentials for this session"));
         };
         let r = Request {
@@ -240,27 +242,27 @@ impl Session {
     /// a multiplexed session between statements).
     fn install(&mut self, b: &Arc<Backend>, ready: Lease) -> (PacketConn, Option<Box<ConnState>>, Option<Slot>) {
         let tid = ready.state.thread_id;
-        let old_conn = std::mem::replace(&mut self.backend, ready.conn);
-        let old_state = self.conn.replace(ready.state);
-        let old_slot = std::mem::replace(&mut self.slot, ready.slot);
-        self.conn_gen = self.conn_gen.wrapping_add(1);
-        self.touched = true;
-        if !self.state.prepared.is_empty() || self.multiplex {
+        let old_conn = std::mem::replace(&mut self.backend.conn, ready.conn);
+        let old_state = self.backend.carries.replace(ready.state);
+        let old_slot = std::mem::replace(&mut self.backend.slot, ready.slot);
+        self.backend.taken = self.backend.taken.wrapping_add(1);
+        self.backend.touched = true;
+        if !self.state.prepared.is_empty() || self.route.multiplex {
             self.state.stmt_ids_mapped = true;
             if let Some(max) = self.state.prepared.keys().max() {
                 self.state.next_stmt_id = self.state.next_stmt_id.max(max.wrapping_add(1)).max(1);
             }
         }
-        if b.index != self.guard.index {
-            self.guard = b.bind();
+        if b.index != self.backend.guard.index {
+            self.backend.guard = b.bind();
             self.handle.bind_backend(b.index, &b.name, tid);
         } else {
             self.handle.backend_thread_id.store(tid, Ordering::SeqCst);
         }
         let client_tls = self.client.stream.is_tls();
-        self.fit.backend_tls = b.tls.wanted(client_tls);
-        if old_conn.stream.is_tls() != self.backend.stream.is_tls() {
-            self.handle.info.lock().backend_tls = self.backend.stream.is_tls();
+        self.backend.fit.backend_tls = b.tls.wanted(client_tls);
+        if old_conn.stream.is_tls() != self.backend.conn.stream.is_tls() {
+            self.handle.info.lock().backend_tls = self.backend.conn.stream.is_tls();
         }
         (old_conn, old_state, old_slot)
     }
@@ -271,11 +273,11 @@ impl Session {
     /// passthrough session, which cannot move, on a backend drained for `drain_timeout`.
     pub(super) fn safe_point(&mut self) -> Next {
         let asked = self.handle.move_asked();
-        if self.key.is_none() {
+        if self.backend.key.is_none() {
             return if asked && self.drained_out() { Next::End } else { Next::Stay };
         }
         let forced = self.config.proxy.move_every_statement;
-        if !(self.multiplex || asked || forced) || self.lost.is_some() {
+        if !(self.route.multiplex || asked || forced) || self.backend.lost.is_some() {
             return Next::Stay;
         }
         if !self.state.detachable() {
@@ -285,8 +287,8 @@ impl Session {
             self.count_pins();
             return Next::Stay;
         }
-        self.pinned = 0;
-        if !self.state.unread_variables.is_empty() && !self.backend.is_detached() {
+        self.route.pinned = 0;
+        if !self.state.unread_variables.is_empty() && !self.backend.conn.is_detached() {
             return Next::ReadBack;
         }
         if let Some((to, why)) = self.handle.take_move() {
@@ -295,7 +297,7 @@ impl Session {
         if forced {
             return Next::Move(None, MoveReason::Test);
         }
-        if self.multiplex && !self.backend.is_detached() {
+        if self.route.multiplex && !self.backend.conn.is_detached() {
             self.detach();
         }
         Next::Stay
@@ -303,9 +305,9 @@ impl Session {
 
     /// A session that cannot move, asked to leave a backend that drained for `drain_timeout`.
     fn drained_out(&self) -> bool {
-        let expired = self.guard.drained_for().is_some_and(|d| d >= self.config.proxy.drain_timeout);
+        let expired = self.backend.guard.drained_for().is_some_and(|d| d >= self.config.proxy.drain_timeout);
         if expired && self.state.at_safe_point() {
-            tracing::info!(session = self.handle.id, backend = %self.guard.name, "closing a session that cannot move off a draining backend");
+            tracing::info!(session = self.handle.id, backend = %self.backend.guard.name, "closing a session that cannot move off a draining backend");
             return true;
         }
         false
@@ -317,12 +319,12 @@ impl Session {
         let mut mask = 0u32;
         for p in pins {
             let bit = 1 << (p as u32);
-            if self.pinned & bit == 0 {
+            if self.route.pinned & bit == 0 {
                 self.ctx.metrics.pinned(p.as_str());
             }
             mask |= bit;
         }
-        self.pinned = mask;
+        self.route.pinned = mask;
     }
 
     /// COM_STMT_CLOSE once statement ids are mapped: the statement is forgotten; it is closed
@@ -335,10 +337,10 @@ impl Session {
         self.handle.publish(&self.state);
         // (The last client that held one open: closed wherever it is prepared.)
         let last = p.counted && self.ctx.open_statements.release(&p.sql);
-        let here = p.conn_gen == self.conn_gen && !self.backend.is_detached();
+        let here = p.conn_gen == self.backend.taken && !self.backend.conn.is_detached();
         let shared = self.state.prepared.values().any(|q| q.conn_gen == p.conn_gen && q.backend_id == p.backend_id);
-        if here && (!self.multiplex || last) && !shared {
-            if let Some(c) = self.conn.as_mut()
+        if here && (!self.route.multiplex || last) && !shared {
+            if let Some(c) = self.backend.carries.as_mut()
                 && c.stmts.get(&p.sql).is_some_and(|on| on.id == p.backend_id)
             {
                 c.stmts.remove(&p.sql);
@@ -351,11 +353,11 @@ impl Session {
     /// Moves the session after its backend connection was lost; when it cannot move, the client
     /// gets an error for its command and the session ends.
     pub(super) async fn move_or_fail(&mut self, reason: &str) -> Result<()> {
-        let from = self.guard.name.clone();
+        let from = self.backend.guard.name.clone();
         match self.move_after_loss().await {
             Ok(()) => {
                 self.ctx.metrics.moved(MoveReason::Failure, true);
-                tracing::info!(session = self.handle.id, from = %from, to = %self.guard.name, "session moved to a new backend connection");
+                tracing::info!(session = self.handle.id, from = %from, to = %self.backend.guard.name, "session moved to a new backend connection");
                 Ok(())
             }
             Err(e) => {
@@ -372,18 +374,18 @@ impl Session {
 
     /// Logs in to a backend again (another one first) and restores the session there.
     async fn move_after_loss(&mut self) -> Result<()> {
-        let lost = self.guard.index;
+        let lost = self.backend.guard.index;
         // The dead connection goes now (its place under the cap with it).
-        drop(self.conn.take());
-        self.backend = PacketConn::detached();
-        self.slot = None;
+        drop(self.backend.carries.take());
+        self.backend.conn = PacketConn::detached();
+        self.backend.slot = None;
         let mut tried = vec![(lost, Error::backend("the session's connection to it was lost"))];
         loop {
             let b = match link::pick(&self.ctx.backends, &tried) {
                 Ok(b) => b,
                 // Nothing else is usable: the lost backend itself may be back (a restart), or
                 // only the connection was closed (wait_timeout).
-                Err(_) if tried.first().is_some_and(|(i, _)| *i == lost) && self.guard.is_up() => {
+                Err(_) if tried.first().is_some_and(|(i, _)| *i == lost) && self.backend.guard.is_up() => {
                     tried.remove(0);
                     continue;
                 }
@@ -409,7 +411,7 @@ impl Session {
         let target = match to {
             Some(i) => backends.get(i).filter(|b| b.is_up()),
             None => {
-                let mut exclude = vec![(self.guard.index, Error::backend("the session is there"))];
+                let mut exclude = vec![(self.backend.guard.index, Error::backend("the session is there"))];
                 match link::pick(backends, &exclude) {
                     Ok(b) => Some(b),
                     // A forced move with one backend: a new connection on the same one.
@@ -427,23 +429,23 @@ impl Session {
             return;
         };
         self.move_to(target, why).await;
-        if self.multiplex && !self.backend.is_detached() {
+        if self.route.multiplex && !self.backend.conn.is_detached() {
             self.detach();
         }
     }
 
     async fn move_to(&mut self, target: Arc<Backend>, why: MoveReason) {
-        if self.backend.is_detached() {
-            self.guard = target.bind();
+        if self.backend.conn.is_detached() {
+            self.backend.guard = target.bind();
             self.handle.bind_backend(target.index, &target.name, 0);
             self.ctx.metrics.moved(why, true);
             self.handle.moved_at_ms.store(crate::metrics::mono_ns() / 1_000_000, Ordering::Relaxed);
             return;
         }
-        if target.index == self.guard.index && why != MoveReason::Test {
+        if target.index == self.backend.guard.index && why != MoveReason::Test {
             return;
         }
-        let from = self.guard.name.clone();
+        let from = self.backend.guard.name.clone();
         match self.connection_on(&target, why != MoveReason::Test, None).await {
             Ok(ready) => {
                 let (old, _, _) = self.install(&target, ready);
@@ -464,9 +466,9 @@ impl Session {
     /// the statements the connection has; true when it must be prepared there first
     /// ([`Session::prepare_again`]). Unknown ids are left to the backend.
     pub(super) fn find_prepared(&mut self, client_id: u32) -> bool {
-        let this_conn = self.conn_gen;
+        let this_conn = self.backend.taken;
         let Some(p) = self.state.prepared.get_mut(&client_id).filter(|p| p.conn_gen != this_conn) else { return false };
-        let Some(conn) = self.conn.as_ref() else { return false };
+        let Some(conn) = self.backend.carries.as_ref() else { return false };
         match conn.stmts.get(&p.sql) {
             Some(on) if on.params == p.params && on.columns == p.columns => {
                 p.backend_id = on.id;
@@ -480,11 +482,11 @@ impl Session {
 
     /// Prepares the statement `client_id` names on the session's connection again.
     pub(super) async fn prepare_again(&mut self, client_id: u32) -> Result<()> {
-        let this_conn = self.conn_gen;
+        let this_conn = self.backend.taken;
         let caps = self.backend_caps();
         let Some(p) = self.state.prepared.get(&client_id) else { return Ok(()) };
         let sql = p.sql.clone();
-        let (id, columns, params) = restore::prepare(&mut self.backend, &sql, caps, self.guard.connect_timeout).await?;
+        let (id, columns, params) = restore::prepare(&mut self.backend.conn, &sql, caps, self.backend.guard.connect_timeout).await?;
         let Some(p) = self.state.prepared.get_mut(&client_id) else { return Ok(()) };
         if (columns, params) != (p.columns, p.params) {
             return Err(Error::backend(format!("re-preparing statement {client_id} ({sql}): its shape changed")));
@@ -492,7 +494,7 @@ impl Session {
         p.backend_id = id;
         p.conn_gen = this_conn;
         p.types_unsent = p.params > 0;
-        if let Some(conn) = self.conn.as_mut() {
+        if let Some(conn) = self.backend.carries.as_mut() {
             conn.stmts.insert(sql, OnConn { id, params, columns, types: Vec::new() });
         }
         Ok(())
@@ -552,7 +554,7 @@ impl Session {
         // Command, statement id, flags, iteration count, NULL bitmap, then the flag.
         let flag_at = 10 + params.div_ceil(8);
         let types = flag_at + 1..flag_at + 1 + 2 * params;
-        let on_conn = self.conn.as_mut().and_then(|c| c.stmts.get_mut(&p.sql)).filter(|on| on.id == p.backend_id);
+        let on_conn = self.backend.carries.as_mut().and_then(|c| c.stmts.get_mut(&p.sql)).filter(|on| on.id == p.backend_id);
         match payload.get(flag_at) {
             Some(1) if payload.len() >= types.end => {
                 if p.param_types != payload[types.clone()] {
@@ -597,14 +599,14 @@ impl Session {
     /// sessions (multiplexing) or a later move find it there. Returns a statement to close: an
     /// older one of the same text that no statement of the session uses.
     pub(super) fn prepared_here(&mut self, client_id: u32) -> Option<u32> {
-        let this_conn = self.conn_gen;
+        let this_conn = self.backend.taken;
         let p = self.state.prepared.get_mut(&client_id)?;
         p.conn_gen = this_conn;
-        if self.key.is_some() && self.state.stmt_ids_mapped && !p.counted {
+        if self.backend.key.is_some() && self.state.stmt_ids_mapped && !p.counted {
             self.ctx.open_statements.hold(&p.sql);
             p.counted = true;
         }
-        let conn = self.conn.as_mut()?;
+        let conn = self.backend.carries.as_mut()?;
         let on = OnConn { id: p.backend_id, params: p.params, columns: p.columns, types: Vec::new() };
         let old = conn.stmts.insert(p.sql.clone(), on)?;
         let used = self.state.prepared.values().any(|q| q.conn_gen == this_conn && q.backend_id == old.id);
@@ -623,7 +625,7 @@ impl Session {
     /// Closes the statements its connection carries that no client holds open any more
     /// (`ConnState::to_close`, noted when another session gave it back).
     pub(super) async fn close_unheld(&mut self) -> Result<()> {
-        let ids = self.conn.as_mut().map(|c| std::mem::take(&mut c.to_close)).unwrap_or_default();
+        let ids = self.backend.carries.as_mut().map(|c| std::mem::take(&mut c.to_close)).unwrap_or_default();
         let mut out = Vec::with_capacity(ids.len() * 9);
         for id in ids {
             let mut p = [com::STMT_CLOSE, 0, 0, 0, 0];
@@ -631,7 +633,7 @@ impl Session {
             frame(&mut out, &p, 0);
         }
         let limit = self.config.proxy.response_timeout;
-        self.backend.stream.write_within(limit, &out).await.map_err(|e| Error::io(Side::Backend, "closing statements", e))
+        self.backend.conn.stream.write_within(limit, &out).await.map_err(|e| Error::io(Side::Backend, "closing statements", e))
     }
 
     /// Sends COM_STMT_CLOSE for a statement on the session's connection (it has no answer).
@@ -641,6 +643,6 @@ impl Session {
         p[4] = com::STMT_CLOSE;
         p[5..].copy_from_slice(&backend_id.to_le_bytes());
         let limit = self.config.proxy.response_timeout;
-        self.backend.stream.write_within(limit, &p).await.map_err(|e| Error::io(Side::Backend, "closing a statement", e))
+        self.backend.conn.stream.write_within(limit, &p).await.map_err(|e| Error::io(Side::Backend, "closing a statement", e))
     }
 }

@@ -14,8 +14,8 @@ use super::client::ClientConn;
 use super::idle::Wait;
 use super::login::LoggedIn;
 use super::response::relay_response;
-use super::rules::Seen;
-use super::session::{Ended, Flow, INSPECT_LIMIT, Session, tracker};
+use super::rules::Plan;
+use super::session::{BackendSide, Ended, Flow, INSPECT_LIMIT, Identity, Routing, Session, tracker};
 use super::statement::Done;
 use crate::backend::shared::Key;
 use crate::ctx::Ctx;
@@ -91,38 +91,35 @@ impl Session {
         if multiplex && client.compression().is_none() {
             handle.parking.allow(config.proxy.park_every_command);
         }
+        let tracker = tracker(l.client_caps, l.backend_caps, l.mariadb, state.tracked.as_deref());
         Session {
             ctx,
             handle,
+            config,
             client,
-            backend: l.backend,
-            guard: l.guard,
-            tracker: tracker(l.client_caps, l.backend_caps, l.mariadb, state.tracked.as_deref()),
-            state,
             client_caps: l.client_caps,
-            backend_caps: l.backend_caps,
-            mariadb: l.mariadb,
-            credential: l.credential,
-            scramble: l.scramble,
-            user_slot: l.user_slot,
-            profile: l.profile,
-            lost: None,
-            fit: l.fit,
-            waker: None,
-            touched: false,
-            multiplex,
-            split,
-            causal: None,
-            conn: l.conn,
-            key,
-            slot: l.slot,
-            conn_gen: 0,
-            pinned: 0,
             client_ip,
+            state,
+            who: Identity { credential: l.credential, scramble: l.scramble, user_slot: l.user_slot, profile: l.profile },
+            backend: BackendSide {
+                conn: l.backend,
+                guard: l.guard,
+                tracker,
+                caps: l.backend_caps,
+                mariadb: l.mariadb,
+                carries: l.conn,
+                key,
+                slot: l.slot,
+                taken: 0,
+                touched: false,
+                lost: None,
+                fit: l.fit,
+            },
+            route: Routing { multiplex, split, causal: None, pinned: 0 },
+            capture: None,
+            waker: None,
             idle_since: None,
             resumed: false,
-            capture: None,
-            config,
         }
     }
 
@@ -131,7 +128,7 @@ impl Session {
     }
 
     pub(super) fn backend_caps(&self) -> u32 {
-        self.backend_caps
+        self.backend.caps
     }
 
     /// Serves commands until the session ends (`Ended::Done`), or until it parks, idle
@@ -139,7 +136,7 @@ impl Session {
     pub async fn run(&mut self) -> Result<Ended> {
         self.handle.publish(&self.state);
         // A multiplexed session holds no connection until its first statement.
-        if self.multiplex {
+        if self.route.multiplex {
             self.detach();
         }
         self.resume().await
@@ -163,7 +160,7 @@ impl Session {
                 Flow::Continue => {}
                 Flow::Close => return Ok(Ended::Done),
             }
-            if (self.key.is_some() || self.handle.move_asked()) && self.settle().await? {
+            if (self.backend.key.is_some() || self.handle.move_asked()) && self.settle().await? {
                 return Ok(Ended::Done);
             }
             if self.ctx.is_draining() && !self.state.in_transaction() {
@@ -183,36 +180,38 @@ impl Session {
         if capture & crate::capture::GATE != 0 && !self.state.in_transaction() {
             capture = Box::pin(self.wait_gate()).await;
         }
-        let recording = self.begin_command(cmd, h, capture);
-        // Its digest and rule (which may answer it, or rewrite it).
-        let mut seen = if self.looks_at_statements() { self.see(cmd, HEADER + h.len.min(INSPECT_LIMIT), h.len) } else { Seen::default() };
-        if seen.rule.is_some()
-            && let Some(flow) = Box::pin(self.rule_before(&mut seen, cmd, &mut h)).await?
+        // Plan: its record, its statement read once, its rule (which may answer it, or rewrite
+        // it), where it should run.
+        let mut plan = self.plan(cmd, h, capture);
+        if plan.rule.is_some()
+            && let Some(flow) = Box::pin(self.rule_before(&mut plan, cmd, &mut h)).await?
         {
             return Ok(flow);
         }
         let body_end = HEADER + h.len.min(INSPECT_LIMIT);
         // The read/write split and the rules' routes: where the statement should run.
-        let aim = if self.split || seen.route.is_some() { self.wants(cmd, body_end, seen.route, seen.class) } else { None };
-        if let Some((target, _)) = aim
+        plan.aim = if self.route.split || plan.route.is_some() { self.wants(cmd, body_end, plan.route, plan.class) } else { None };
+        // Checkout: the connection the command runs on.
+        if let Some((target, _)) = plan.aim
             && self.leaves_replica(target)
         {
             Box::pin(self.leave_replica()).await?;
         }
         if cmd != com::QUIT
-            && (self.lost.is_some() || self.backend.is_detached())
-            && let Err(e) = self.take_connection(cmd, aim).await?
+            && (self.backend.lost.is_some() || self.backend.conn.is_detached())
+            && let Err(e) = self.take_connection(cmd, plan.aim).await?
         {
             return self.refuse_command(e).await;
         }
-        let mut done = Done { scanned: seen.hazards, ..Done::default() };
+        // Dispatch: what the command is (relayed, or handled apart), and what it leaves.
+        let mut done = Done { scanned: plan.hazards, ..Done::default() };
         let expect = match self.route(cmd, body_end, &mut done) {
             Route::Relay(expect) => expect,
             // The backend connection is pooled or closed when the session ends.
             Route::Quit => return Ok(Flow::Close),
             // Rare paths are boxed: their state stays out of every idle session's task.
             Route::Unsupported => return Box::pin(self.unsupported(cmd)).await,
-            Route::Kill(plan) => return Box::pin(self.run_kill(plan)).await,
+            Route::Kill(kill) => return Box::pin(self.run_kill(kill)).await,
             Route::ChangeUser => return Box::pin(self.change_user(h)).await,
         };
         let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
@@ -224,33 +223,45 @@ impl Session {
             return Ok(flow);
         }
         self.note_request(cmd, body_end, stmt_id, &mut done);
+        // Relay: the request forwarded, the response followed to the client.
         let started = mono_ns();
         // Causal reads: the wait for the session's last write goes first, in the same round trip.
         let causal = if self.causal_due() { Box::pin(self.send_causal_wait(HEADER + h.len)).await? } else { None };
-        let _timer = if seen.rule.is_some() { self.watch_timeout(&seen) } else { None };
+        let _timer = if plan.rule.is_some() { self.watch_timeout(&plan) } else { None };
         let request_seq = self.forward_request().await?;
         if let Some(copy) = causal {
             Box::pin(self.causal_outcome(copy, expect)).await?;
         }
-        let sums = if recording { Some(self.capture_sums()) } else { None };
+        let sums = if plan.recording { Some(self.capture_sums()) } else { None };
         let preparing = done.preparing.take();
         let mut sink = StateSink::new(&mut self.state);
         sink.preparing = preparing.as_deref();
         // Only an execute that asked for a cursor, or a fetch from one, moves its state.
         sink.executing = matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten();
-        sink.conn_gen = self.conn_gen;
-        sink.capture = seen.cache.is_some().then(Vec::new);
+        sink.conn_gen = self.backend.taken;
+        sink.capture = plan.cache.is_some().then(Vec::new);
         sink.sums = sums;
         let watch = Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
-        self.tracker.start(expect, request_seq);
-        relay_response(&mut self.tracker, &mut self.backend, &mut self.client, &mut sink, &self.ctx, watch).await?;
-        let relayed = Relayed::of(&mut sink, &mut done, recording, started);
+        self.backend.tracker.start(expect, request_seq);
+        relay_response(&mut self.backend.tracker, &mut self.backend.conn, &mut self.client, &mut sink, &self.ctx, watch).await?;
+        let relayed = Relayed::of(&mut sink, &mut done, plan.recording, started);
         done.preparing = preparing;
-        let later = self.account(cmd, &seen, relayed, done);
+        // Account: statistics, the capture's record, what the session is now.
+        let later = self.account(cmd, &plan, relayed, done);
         if later.close.is_some() || later.track.is_some() {
             Box::pin(self.after_response_on_backend(later)).await?;
         }
         Ok(Flow::Continue)
+    }
+
+    /// The plan's synchronous part: the command counted (and recorded when a capture takes it),
+    /// its statement read once ([`Session::see`]).
+    #[inline]
+    fn plan(&mut self, cmd: u8, h: Header, capture: u64) -> Plan {
+        let recording = self.begin_command(cmd, h, capture);
+        let mut plan = if self.looks_at_statements() { self.see(cmd, HEADER + h.len.min(INSPECT_LIMIT), h.len) } else { Plan::default() };
+        plan.recording = recording;
+        plan
     }
 
     /// Counts the command, and records it when a capture (`capture`: its generation) takes it.
@@ -260,7 +271,7 @@ impl Session {
         self.handle.queries.fetch_add(1, Ordering::Relaxed);
         let recording = capture != 0 && self.capture_command(capture, cmd, h);
         // COM_PING changes nothing on the server.
-        self.touched |= cmd != com::PING && cmd != com::QUIT;
+        self.backend.touched |= cmd != com::PING && cmd != com::QUIT;
         recording
     }
 
@@ -288,17 +299,17 @@ impl Session {
     /// The account of a relayed command: the capture's record of its response, its digest's
     /// outcome, the result cache, the backend's latency and activity, and what it left on the
     /// session (what is left to do on the backend connection is returned).
-    fn account(&mut self, cmd: u8, seen: &Seen, r: Relayed, done: Done) -> Later {
+    fn account(&mut self, cmd: u8, plan: &Plan, r: Relayed, done: Done) -> Later {
         let (started, now) = (r.started, mono_ns());
         if let Some(response) = r.response {
             self.capture_response(response, started, now);
         }
-        self.note_outcome(seen, Outcome { at: now, nanos: now.saturating_sub(started), rows: r.rows, error: done.error.is_some() });
+        self.note_outcome(plan, Outcome { at: now, nanos: now.saturating_sub(started), rows: r.rows, error: done.error.is_some() });
         if let (Some(packets), None, false) = (r.answer, done.error, done.reported.state_changed) {
-            self.keep_answer(seen, packets, r.rows);
+            self.keep_answer(plan, packets, r.rows);
         }
-        self.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
-        self.guard.activity.record(now / 1_000_000);
+        self.backend.guard.metrics.latency.observe_nanos(now.saturating_sub(started));
+        self.backend.guard.activity.record(now / 1_000_000);
         self.after_response(cmd, done)
     }
 
@@ -315,10 +326,10 @@ impl Session {
     /// command's: no connection could be had for it.
     /// A split session's connection is taken where `aim` says.
     async fn take_connection(&mut self, cmd: u8, aim: Option<(super::split::Target, Split)>) -> Result<std::result::Result<(), Error>> {
-        if let Some(reason) = self.lost.take() {
+        if let Some(reason) = self.backend.lost.take() {
             Box::pin(self.move_or_fail(&reason)).await?;
         }
-        if !self.backend.is_detached() || (cmd == com::STMT_CLOSE && self.multiplex) {
+        if !self.backend.conn.is_detached() || (cmd == com::STMT_CLOSE && self.route.multiplex) {
             return Ok(Ok(()));
         }
         if let Some((target, why)) = aim {
@@ -328,7 +339,7 @@ impl Session {
         // its future large.
         let taken = if let Err(found) = self.attach_at_once() { Box::pin(self.attach(found)).await } else { Ok(()) };
         // A shared connection carries the statements no client holds any more, to close first.
-        if taken.is_ok() && self.conn.as_ref().is_some_and(|c| !c.to_close.is_empty()) {
+        if taken.is_ok() && self.backend.carries.as_ref().is_some_and(|c| !c.to_close.is_empty()) {
             Box::pin(self.close_unheld()).await?;
         }
         Ok(taken)
@@ -355,7 +366,7 @@ impl Session {
             com::PROCESS_KILL | com::QUERY | com::STMT_PREPARE => {
                 // (What the statement's shape says of KILL, before the pins take their bits.)
                 let scanned = done.scanned;
-                if self.credential.is_some() && cmd == com::QUERY {
+                if self.who.credential.is_some() && cmd == com::QUERY {
                     self.note_query(body_end, done);
                 }
                 if let Some(plan) = self.kill_in(cmd, body_end, scanned) {
@@ -390,7 +401,7 @@ impl Session {
             }
         }
         // (With MySQL's query attributes the execute layout differs; those sessions are not helped.)
-        if cmd == com::STMT_EXECUTE && h.len < INSPECT_LIMIT && self.backend_caps & sluice_proto::consts::cap::QUERY_ATTRIBUTES == 0 {
+        if cmd == com::STMT_EXECUTE && h.len < INSPECT_LIMIT && self.backend.caps & sluice_proto::consts::cap::QUERY_ATTRIBUTES == 0 {
             self.execute_types(h)?;
         }
         if let (true, Some(id)) = (mapped, stmt_id) {
@@ -418,17 +429,17 @@ impl Session {
             (Some(collation), None) => _ = self.state.variables.insert("collation_connection".into(), collation.into()),
             _ => {}
         }
-        if done.reported.variables && self.split {
+        if done.reported.variables && self.route.split {
             self.note_write();
         }
         let explained = done.explained || (done.plain_set && done.reported.variables);
-        if done.reported.state_changed && !explained && matches!(cmd, com::QUERY | com::STMT_EXECUTE) && self.credential.is_some() {
+        if done.reported.state_changed && !explained && matches!(cmd, com::QUERY | com::STMT_EXECUTE) && self.who.credential.is_some() {
             // A stored routine, most likely: what it left is unknown.
             self.state.hazards |= crate::session::HIDDEN_STATE;
             self.handle.publish(&self.state);
         }
         let transaction_changed = matches!(cmd, com::QUERY | com::STMT_EXECUTE)
-            && self.credential.is_some()
+            && self.who.credential.is_some()
             && (done.autocommit_off || self.state.status & sluice_proto::consts::status::AUTOCOMMIT == 0)
             && self.follow_transaction(done.autocommit_off, done.transaction);
         let sql_prepared = done.sql_prepare.is_some() && error.is_none();
@@ -580,6 +591,7 @@ impl Session {
             if n > 0 {
                 let limit = self.config.proxy.response_timeout;
                 self.backend
+                    .conn
                     .stream
                     .write_within(limit, &self.client.rbuf[..n])
                     .await

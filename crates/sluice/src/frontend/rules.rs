@@ -18,9 +18,14 @@ use crate::route::digest::{Mark, Outcome};
 use crate::route::rules::{RouteTo, Who};
 use crate::route::shapes::{Text, Want};
 
-/// What is known of the statement about to run.
+/// A command's plan: what is known of it before it is forwarded (its statement read once:
+/// digest, rule, hazards, class), whether a capture records it, and where it should run.
 #[derive(Debug, Default)]
-pub(super) struct Seen {
+pub(super) struct Plan {
+    /// A capture records it.
+    pub(super) recording: bool,
+    /// Where it should run (the split's class, a rule's or a comment's route), and why.
+    pub(super) aim: Option<(super::split::Target, crate::metrics::Split)>,
     /// Its digest (0: not a statement, or statements are not looked at).
     pub(super) digest: u64,
     /// Where its digest's entry is (when it is counted in the digests' statistics).
@@ -42,7 +47,7 @@ impl Session {
     /// split.
     #[inline]
     pub(super) fn looks_at_statements(&self) -> bool {
-        self.credential.is_some() || self.ctx.digests.counts(false) || !self.ctx.rules.is_empty() || self.split
+        self.who.credential.is_some() || self.ctx.digests.counts(false) || !self.ctx.rules.is_empty() || self.route.split
     }
 
     /// The text of the statement a command runs: a query's or a prepare's own, an execute's
@@ -61,21 +66,21 @@ impl Session {
     /// Reads the statement's shape (its hazards, class and digest: one pass for its key, and
     /// the table of shapes), finds its rule and route, and opens its digest's entry (a
     /// prepare's digest is its executes').
-    pub(super) fn see(&self, cmd: u8, body_end: usize, len: usize) -> Seen {
-        let Some(text) = self.statement_text(cmd, body_end, len) else { return Seen::default() };
+    pub(super) fn see(&self, cmd: u8, body_end: usize, len: usize) -> Plan {
+        let Some(text) = self.statement_text(cmd, body_end, len) else { return Plan::default() };
         let (rules, digests) = (&self.ctx.rules, &self.ctx.digests);
-        let counted = digests.counts(self.credential.is_some());
+        let counted = digests.counts(self.who.credential.is_some());
         let want = Want {
             // The split's class of a query or prepare (an execute's is its prepare's).
-            class: self.split && cmd != com::STMT_EXECUTE,
+            class: self.route.split && cmd != com::STMT_EXECUTE,
             digest: counted || !rules.is_empty(),
             // Counted in the digests' statistics: a query's or an execute's.
             entry: counted && cmd != com::STMT_PREPARE,
         };
         // The hazards of a query (`note_query`).
-        let hazards = cmd == com::QUERY && self.credential.is_some();
+        let hazards = cmd == com::QUERY && self.who.credential.is_some();
         if !(hazards || want.class || want.digest) {
-            return Seen::default();
+            return Plan::default();
         }
         let schema = self.state.schema.as_deref();
         // (`commented`: None where the shape's hazards and class are not the statement's.)
@@ -102,12 +107,14 @@ impl Session {
         };
         // (A route means something only to a session that takes a connection per statement;
         // it is a comment's, and a text read already may be known to hold none.)
-        let hinted = match self.multiplex && commented != Some(false) {
+        let hinted = match self.route.multiplex && commented != Some(false) {
             true => crate::route::rules::hint(text).and_then(|t| rules.route_to(std::str::from_utf8(t).ok()?)),
             false => None,
         };
         let route = hinted.or_else(|| rule.and_then(|i| rules.list[i].action.route));
-        Seen {
+        Plan {
+            recording: false,
+            aim: None,
             digest: if cmd == com::STMT_PREPARE { 0 } else { digest },
             mark: want.entry.then_some(shape.mark),
             rule,
@@ -121,15 +128,15 @@ impl Session {
     /// Acts on the statement's rule before it is forwarded: a blocked statement is answered
     /// (Some), a rewritten one replaces the request (`h` follows), a mirrored one is queued, a
     /// read whose answer the cache holds is answered from it (Some).
-    pub(super) async fn rule_before(&mut self, seen: &mut Seen, cmd: u8, h: &mut Header) -> Result<Option<Flow>> {
-        let Some(i) = seen.rule else { return Ok(None) };
+    pub(super) async fn rule_before(&mut self, plan: &mut Plan, cmd: u8, h: &mut Header) -> Result<Option<Flow>> {
+        let Some(i) = plan.rule else { return Ok(None) };
         let ctx = self.ctx.clone();
         let rule = &ctx.rules.list[i];
         let a = &rule.action;
         if let Some((code, msg)) = &a.block {
             self.skip_request().await?;
             self.client_error(1, *code, b"42000", msg).await;
-            self.note_outcome(seen, Outcome { error: true, ..Default::default() });
+            self.note_outcome(plan, Outcome { error: true, ..Default::default() });
             return Ok(Some(Flow::Continue));
         }
         if cmd != com::QUERY || h.len >= INSPECT_LIMIT {
@@ -137,7 +144,7 @@ impl Session {
         }
         if let Some((re, with)) = &a.rewrite {
             // (The statement that runs is another: its hazards and class are looked for in it.)
-            (seen.hazards, seen.class) = (None, None);
+            (plan.hazards, plan.class) = (None, None);
             let text = &self.client.rbuf[HEADER + 1..HEADER + h.len];
             let new = re.replace_all(text, with.as_bytes());
             if let std::borrow::Cow::Owned(new) = new
@@ -149,19 +156,19 @@ impl Session {
         }
         if let Some(to) = a.mirror {
             let text = &self.client.rbuf[HEADER + 1..HEADER + h.len];
-            self.ctx.mirrors.send(to, &self.state, self.credential.as_ref(), text);
+            self.ctx.mirrors.send(to, &self.state, self.who.credential.as_ref(), text);
         }
         if a.cache_ttl.is_some() && self.cacheable(h.len) {
             let started = crate::metrics::mono_ns();
             let text = &self.client.rbuf[HEADER + 1..HEADER + h.len];
             let Some(answer) = self.ctx.cache.get(&self.cache_key(text), std::time::Instant::now()) else {
-                seen.cache = Some(text.into());
+                plan.cache = Some(text.into());
                 return Ok(None);
             };
             self.skip_request().await?;
             self.client.write(&answer.packets).await.map_err(|e| Error::io(Side::Client, "writing a cached answer", e))?;
             let at = crate::metrics::mono_ns();
-            self.note_outcome(seen, Outcome { at, nanos: at.saturating_sub(started), rows: answer.rows, error: false });
+            self.note_outcome(plan, Outcome { at, nanos: at.saturating_sub(started), rows: answer.rows, error: false });
             return Ok(Some(Flow::Continue));
         }
         Ok(None)
@@ -182,14 +189,14 @@ impl Session {
             user: &self.state.user,
             schema: self.state.schema.as_deref(),
             collation: self.state.collation,
-            caps: u64::from(self.fit.client_caps) | u64::from(self.fit.mariadb_caps) << 32,
+            caps: u64::from(self.backend.fit.client_caps) | u64::from(self.backend.fit.mariadb_caps) << 32,
             text,
         }
     }
 
     /// Keeps the answer of a statement its rule caches (it succeeded, changed no session state).
-    pub(super) fn keep_answer(&self, seen: &Seen, packets: Vec<u8>, rows: u64) {
-        let (Some(text), Some(ttl)) = (&seen.cache, seen.rule.and_then(|i| self.ctx.rules.list[i].action.cache_ttl)) else { return };
+    pub(super) fn keep_answer(&self, plan: &Plan, packets: Vec<u8>, rows: u64) {
+        let (Some(text), Some(ttl)) = (&plan.cache, plan.rule.and_then(|i| self.ctx.rules.list[i].action.cache_ttl)) else { return };
         let answer = crate::route::cache::Answer { packets: packets.into_boxed_slice(), rows };
         self.ctx.cache.put(&self.cache_key(text), answer, ttl, std::time::Instant::now());
     }
@@ -197,13 +204,13 @@ impl Session {
     /// Watches a statement its rule gives a timeout: when it runs over, it is killed on its
     /// backend (KILL QUERY over a connection of its own), and the client gets the backend's
     /// "interrupted" error. The returned handle stops the watch.
-    pub(super) fn watch_timeout(&self, seen: &Seen) -> Option<tokio::task::JoinHandle<()>> {
-        let limit = self.ctx.rules.list[seen.rule?].action.timeout?;
-        let cred = self.credential.clone()?;
-        let b = self.guard.0.clone();
+    pub(super) fn watch_timeout(&self, plan: &Plan) -> Option<tokio::task::JoinHandle<()>> {
+        let limit = self.ctx.rules.list[plan.rule?].action.timeout?;
+        let cred = self.who.credential.clone()?;
+        let b = self.backend.guard.0.clone();
         let tid = self.handle.backend_thread_id.load(std::sync::atomic::Ordering::Relaxed);
         let (user, collation, client_tls) = (self.state.user.clone(), self.state.collation, self.client.stream.is_tls());
-        let count = self.ctx.rules.list[seen.rule?].timeouts.clone();
+        let count = self.ctx.rules.list[plan.rule?].timeouts.clone();
         Some(tokio::spawn(async move {
             tokio::time::sleep(limit).await;
             let who = crate::backend::conn::As { user: &user, collation, cred: &cred, client_tls };
@@ -216,9 +223,9 @@ impl Session {
     }
 
     /// Counts a statement in its digest's statistics.
-    pub(super) fn note_outcome(&self, seen: &Seen, o: Outcome) {
-        if let Some(mark) = seen.mark {
-            self.ctx.digests.finish(seen.digest, mark, o);
+    pub(super) fn note_outcome(&self, plan: &Plan, o: Outcome) {
+        if let Some(mark) = plan.mark {
+            self.ctx.digests.finish(plan.digest, mark, o);
         }
     }
 }

@@ -24,14 +24,34 @@ pub(super) const INSPECT_LIMIT: usize = 1 << 20;
 pub struct Session {
     pub(super) ctx: Arc<Ctx>,
     pub(super) handle: Arc<SessionHandle>,
+    /// The configuration in force when the session began (it keeps it across reloads).
+    pub(super) config: Arc<crate::config::Config>,
     pub(super) client: ClientConn,
-    pub(super) backend: PacketConn,
-    pub(super) guard: BackendGuard,
-    pub(super) tracker: ResponseTracker,
-    pub(super) state: SessionState,
     pub(super) client_caps: u32,
-    pub(super) backend_caps: u32,
-    pub(super) mariadb: bool,
+    /// The client's address (for query rules).
+    pub(super) client_ip: Option<std::net::IpAddr>,
+    /// The one owner of the session's state.
+    pub(super) state: SessionState,
+    /// Who it is logged in as.
+    pub(super) who: Identity,
+    /// The backend connection it holds, and what goes with it.
+    pub(super) backend: BackendSide,
+    /// How its statements are routed.
+    pub(super) route: Routing,
+    /// Its side of traffic capture (once a capture has seen it).
+    pub(super) capture: Option<Box<Mark>>,
+    /// The waker last stored in the handle's `Wake`.
+    pub(super) waker: Option<std::task::Waker>,
+    /// When the session began to wait for its next command (for `idle_timeout`, which a park
+    /// does not restart).
+    pub(super) idle_since: Option<tokio::time::Instant>,
+    /// It just came back from a park: its first wait looks at the client before parking again.
+    pub(super) resumed: bool,
+}
+
+/// Who a session is logged in as (`login.rs`; COM_CHANGE_USER changes it, `commands.rs`).
+pub(super) struct Identity {
+    /// The credentials sluice logs in with on the session's behalf (users mode).
     pub(super) credential: Option<Credential>,
     /// The scramble of sluice's greeting (COM_CHANGE_USER replies are computed over it).
     pub(super) scramble: [u8; 20],
@@ -39,16 +59,39 @@ pub struct Session {
     pub(super) user_slot: Option<crate::auth::UserSlot>,
     /// What a new backend login on the session's behalf repeats (users mode).
     pub(super) profile: Option<Profile>,
-    /// Why the backend connection was lost while the session was idle; the session moves to a
-    /// new one at its next command.
-    pub(super) lost: Option<Box<str>>,
-    /// Which clients may reuse the backend connection once this session ends.
-    pub(super) fit: crate::backend::pool::Fit,
-    /// The waker last stored in the handle's `Wake`.
-    pub(super) waker: Option<std::task::Waker>,
-    /// The backend connection ran something for this session after its login (a command other
-    /// than COM_PING, a move's restore): it must be reset before another session may have it.
+}
+
+/// The backend side of a session: the connection it holds (a detached one while a multiplexed
+/// session is between statements) and what goes with it. Taking and giving back connections
+/// (`multiplex.rs`, through `backend::checkout`) changes it; the relay reads it.
+pub(super) struct BackendSide {
+    pub(super) conn: PacketConn,
+    pub(super) guard: BackendGuard,
+    pub(super) tracker: ResponseTracker,
+    /// Capabilities in force between sluice and the backend.
+    pub(super) caps: u32,
+    pub(super) mariadb: bool,
+    /// What the connection carries (users mode); None while the session holds none.
+    pub(super) carries: Option<Box<ConnState>>,
+    /// Which spare connections the session may take (users mode: sluice holds credentials).
+    pub(super) key: Option<Box<Key>>,
+    /// The connection's place under `max_backend_connections`.
+    pub(super) slot: Option<Slot>,
+    /// Connections taken so far (prepared statements made on an earlier one are prepared
+    /// again on their first use).
+    pub(super) taken: u32,
+    /// The connection ran something for this session after its login (a command other than
+    /// COM_PING, a move's restore): it must be reset before another session may have it.
     pub(super) touched: bool,
+    /// Why the connection was lost while the session was idle; the session moves to a new one
+    /// at its next command.
+    pub(super) lost: Option<Box<str>>,
+    /// Which clients may reuse the connection once this session ends.
+    pub(super) fit: crate::backend::pool::Fit,
+}
+
+/// How a session's statements are routed (`split.rs`, `multiplex.rs`).
+pub(super) struct Routing {
     /// Users-mode sessions of a multiplexing listener give their connection back at every safe
     /// point (`multiplex.rs`).
     pub(super) multiplex: bool,
@@ -57,28 +100,8 @@ pub struct Session {
     pub(super) split: bool,
     /// Causal reads: the session's last write and where it is known applied (split only).
     pub(super) causal: Option<Box<Causal>>,
-    /// What the backend connection carries (users mode); None while the session holds none.
-    pub(super) conn: Option<Box<ConnState>>,
-    /// Which spare connections the session may take (users mode: sluice holds credentials).
-    pub(super) key: Option<Box<Key>>,
-    /// The connection's place under `max_backend_connections`.
-    pub(super) slot: Option<Slot>,
-    /// Connections taken so far (prepared statements made on an earlier one are prepared
-    /// again on their first use).
-    pub(super) conn_gen: u32,
     /// The pins last counted (bits by `Pin::ALL` index), so that each is counted as it begins.
     pub(super) pinned: u32,
-    /// The client's address (for query rules).
-    pub(super) client_ip: Option<std::net::IpAddr>,
-    /// When the session began to wait for its next command (for `idle_timeout`, which a park
-    /// does not restart).
-    pub(super) idle_since: Option<tokio::time::Instant>,
-    /// It just came back from a park: its first wait looks at the client before parking again.
-    pub(super) resumed: bool,
-    /// Its side of traffic capture (once a capture has seen it).
-    pub(super) capture: Option<Box<Mark>>,
-    /// The configuration in force when the session began (it keeps it across reloads).
-    pub(super) config: Arc<crate::config::Config>,
 }
 
 /// How [`Session::run`] returned.

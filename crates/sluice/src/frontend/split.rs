@@ -82,7 +82,7 @@ impl Session {
             };
             return Some((to, Split::Rule));
         }
-        if !self.split {
+        if !self.route.split {
             return None;
         }
         Some(match class {
@@ -101,13 +101,13 @@ impl Session {
     /// With causal reads, a read after the session's last write waits on the replica first
     /// (`query`: a text query, which can; a prepared statement goes to the primary instead).
     pub(super) fn aim(&mut self, target: Target, why: Split, query: bool) {
-        let usable_here = self.guard.is_usable();
+        let usable_here = self.backend.guard.is_usable();
         let (b, why) = match target {
             Target::Current if usable_here => return self.ctx.metrics.split(why),
             Target::Replica => match self.ctx.backends.balancer.pick(&self.ctx.backends, &[], Want::Reads) {
                 Some(b) if !self.must_wait(&b) => (b, why),
                 Some(b) if query => {
-                    self.causal.get_or_insert_with(Default::default).due = true;
+                    self.route.causal.get_or_insert_with(Default::default).due = true;
                     (b, why)
                 }
                 found => match self.primary() {
@@ -129,8 +129,8 @@ impl Session {
     }
 
     fn bind_to(&mut self, b: &std::sync::Arc<crate::backend::Backend>) {
-        if b.index != self.guard.index {
-            self.guard = b.bind();
+        if b.index != self.backend.guard.index {
+            self.backend.guard = b.bind();
             self.handle.bind_backend(b.index, &b.name, 0);
         }
     }
@@ -143,7 +143,7 @@ impl Session {
         if mode == CausalReads::None || (mode == CausalReads::Session && self.state.last_gtid.is_empty()) {
             return false;
         }
-        let c = self.causal.get_or_insert_with(Default::default);
+        let c = self.route.causal.get_or_insert_with(Default::default);
         let changed = match mode {
             CausalReads::Global => self.ctx.latest_writes.refresh(&mut c.gtid),
             _ if c.gtid != self.state.last_gtid => {
@@ -169,17 +169,17 @@ impl Session {
     /// Whether the statement about to be forwarded must be preceded by a causal read's wait.
     #[inline]
     pub(super) fn causal_due(&self) -> bool {
-        self.causal.as_ref().is_some_and(|c| c.due)
+        self.route.causal.as_ref().is_some_and(|c| c.due)
     }
 
     /// Sends `MASTER_GTID_WAIT` for the session's last write to the replica, just before the
     /// statement (one round trip for both). Returns a copy of the statement (of `len` bytes, its
     /// header included), to run on the primary if the wait runs out; None: no wait was sent.
     pub(super) async fn send_causal_wait(&mut self, len: usize) -> Result<Option<Vec<u8>>> {
-        if let Some(c) = self.causal.as_mut() {
+        if let Some(c) = self.route.causal.as_mut() {
             c.due = false;
         }
-        let Some(gtid) = self.causal.as_ref().map(|c| &c.gtid) else { return Ok(None) };
+        let Some(gtid) = self.route.causal.as_ref().map(|c| &c.gtid) else { return Ok(None) };
         // (A GTID list is digits, '-' and ','; anything else is not put into SQL.)
         let copy = self.client.rbuf.get(..len).map(<[u8]>::to_vec);
         if copy.is_none() || !gtid.bytes().all(|b| b.is_ascii_digit() || b == b'-' || b == b',') {
@@ -190,7 +190,12 @@ impl Session {
         let mut packet = Vec::with_capacity(body.len() + HEADER);
         sluice_proto::packet::frame(&mut packet, body.as_bytes(), 0);
         let limit = self.config.proxy.response_timeout;
-        self.backend.stream.write_within(limit, &packet).await.map_err(|e| Error::io(Side::Backend, "sending a causal read's wait", e))?;
+        self.backend
+            .conn
+            .stream
+            .write_within(limit, &packet)
+            .await
+            .map_err(|e| Error::io(Side::Backend, "sending a causal read's wait", e))?;
         Ok(copy)
     }
 
@@ -198,16 +203,16 @@ impl Session {
     /// usual. It has not: that answer is dropped, and the statement (`copy`) runs on the primary.
     pub(super) async fn causal_outcome(&mut self, copy: Vec<u8>, expect: Expect) -> Result<()> {
         let caps = self.backend_caps();
-        let answer = restore::read_text_result(&mut self.backend, caps, "a causal read's wait").await?;
+        let answer = restore::read_text_result(&mut self.backend.conn, caps, "a causal read's wait").await?;
         // The row: "0", a length-encoded string.
         if matches!(&answer[..], [_, _, row] if row.as_slice() == b"\x010") {
-            let bit = replica_bit(self.guard.index);
-            if let Some(c) = self.causal.as_mut() {
+            let bit = replica_bit(self.backend.guard.index);
+            if let Some(c) = self.route.causal.as_mut() {
                 c.seen |= bit;
             }
             return Ok(());
         }
-        restore::discard_response(&mut self.backend, caps, expect).await?;
+        restore::discard_response(&mut self.backend.conn, caps, expect).await?;
         self.ctx.metrics.split(Split::Causal);
         self.detach();
         if let Some(p) = self.primary() {
@@ -217,14 +222,14 @@ impl Session {
             self.attach(found).await?;
         }
         let limit = self.config.proxy.response_timeout;
-        self.backend.stream.write_within(limit, &copy).await.map_err(|e| Error::io(Side::Backend, "forwarding a causal read", e))
+        self.backend.conn.stream.write_within(limit, &copy).await.map_err(|e| Error::io(Side::Backend, "forwarding a causal read", e))
     }
 
     /// The primary: the session's backend when it is one and usable, else the balancer's choice
     /// (None: no backend is usable).
     fn primary(&self) -> Option<std::sync::Arc<crate::backend::Backend>> {
-        if self.guard.is_usable() && self.guard.serves_as() == Role::Primary {
-            return Some(self.guard.0.clone());
+        if self.backend.guard.is_usable() && self.backend.guard.serves_as() == Role::Primary {
+            return Some(self.backend.guard.0.clone());
         }
         self.ctx.backends.balancer.pick(&self.ctx.backends, &[], Want::Primary)
     }
@@ -233,9 +238,9 @@ impl Session {
     /// statement bound for the primary: nothing holds it there beyond the statement before.
     pub(super) fn leaves_replica(&self, target: Target) -> bool {
         target == Target::Primary
-            && !self.backend.is_detached()
-            && self.lost.is_none()
-            && self.guard.serves_as() == Role::Replica
+            && !self.backend.conn.is_detached()
+            && self.backend.lost.is_none()
+            && self.backend.guard.serves_as() == Role::Replica
             && self.state.movable()
     }
 

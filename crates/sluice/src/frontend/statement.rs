@@ -117,7 +117,7 @@ impl Session {
     /// Notes what an execute leaves, as its statement's text says (as for a query). Always
     /// true (a guard for `route`'s match).
     pub(super) fn note_execute(&mut self, done: &mut Done) -> bool {
-        if self.credential.is_none() {
+        if self.who.credential.is_none() {
             return true;
         }
         let id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));

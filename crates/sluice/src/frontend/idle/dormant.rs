@@ -10,42 +10,36 @@
 use std::sync::Arc;
 
 use crate::backend::BackendGuard;
-use crate::backend::conn::Credential;
 use crate::backend::pool::Fit;
 use crate::backend::shared::{ConnState, Key, Slot};
 use crate::ctx::Ctx;
 use crate::frontend::client::ClientRest;
-use crate::frontend::session::{Session, tracker};
+use crate::frontend::session::{BackendSide, Identity, Routing, Session, tracker};
 use crate::net::{PacketConn, Stream};
 use crate::session::SessionHandle;
 
 pub(super) struct Dormant {
     pub(super) ctx: Arc<Ctx>,
     pub(super) handle: Arc<SessionHandle>,
+    config: Arc<crate::config::Config>,
     client: ClientRest,
-    guard: BackendGuard,
     client_caps: u32,
+    client_ip: Option<std::net::IpAddr>,
+    who: Identity,
+    /// The backend side but for its connection (a dormant session holds none) and tracker.
+    guard: BackendGuard,
     backend_caps: u32,
     mariadb: bool,
-    credential: Option<Credential>,
-    scramble: [u8; 20],
-    user_slot: Option<crate::auth::UserSlot>,
-    profile: Option<crate::frontend::session::Profile>,
-    fit: Fit,
-    touched: bool,
-    multiplex: bool,
-    split: bool,
-    causal: Option<Box<crate::frontend::session::Causal>>,
-    conn: Option<Box<ConnState>>,
+    carries: Option<Box<ConnState>>,
     key: Option<Box<Key>>,
     slot: Option<Slot>,
-    conn_gen: u32,
-    pinned: u32,
-    client_ip: Option<std::net::IpAddr>,
+    taken: u32,
+    touched: bool,
+    fit: Fit,
+    route: Routing,
+    capture: Option<Box<crate::frontend::session::Mark>>,
     idle_since: Option<tokio::time::Instant>,
     resumed: bool,
-    capture: Option<Box<crate::frontend::session::Mark>>,
-    config: Arc<crate::config::Config>,
 }
 
 impl Session {
@@ -53,7 +47,11 @@ impl Session {
     /// holds what a dormant session cannot: a backend connection, a buffered byte, a lost
     /// connection's reason.
     pub(super) fn into_dormant(self: Box<Session>) -> Result<(Box<Dormant>, Stream), Box<Session>> {
-        if !self.backend.is_detached() || !self.backend.rbuf.is_empty() || !self.client.rbuf.is_empty() || self.lost.is_some() {
+        if !self.backend.conn.is_detached()
+            || !self.backend.conn.rbuf.is_empty()
+            || !self.client.rbuf.is_empty()
+            || self.backend.lost.is_some()
+        {
             return Err(self);
         }
         // (What is not moved out goes with `s`: the detached backend connection, the waker.)
@@ -61,33 +59,28 @@ impl Session {
         // The published copy becomes the state itself (the admin API shows the same).
         s.handle.info.lock().state = s.state;
         let (stream, client) = s.client.into_rest();
+        let b = s.backend;
         let dormant = Dormant {
             ctx: s.ctx,
             handle: s.handle,
+            config: s.config,
             client,
-            guard: s.guard,
             client_caps: s.client_caps,
-            backend_caps: s.backend_caps,
-            mariadb: s.mariadb,
-            credential: s.credential,
-            scramble: s.scramble,
-            user_slot: s.user_slot,
-            profile: s.profile,
-            fit: s.fit,
-            touched: s.touched,
-            multiplex: s.multiplex,
-            split: s.split,
-            causal: s.causal,
-            conn: s.conn,
-            key: s.key,
-            slot: s.slot,
-            conn_gen: s.conn_gen,
-            pinned: s.pinned,
             client_ip: s.client_ip,
+            who: s.who,
+            guard: b.guard,
+            backend_caps: b.caps,
+            mariadb: b.mariadb,
+            carries: b.carries,
+            key: b.key,
+            slot: b.slot,
+            taken: b.taken,
+            touched: b.touched,
+            fit: b.fit,
+            route: s.route,
+            capture: s.capture,
             idle_since: s.idle_since,
             resumed: s.resumed,
-            capture: s.capture,
-            config: s.config,
         };
         Ok((Box::new(dormant), stream))
     }
@@ -98,38 +91,35 @@ impl Dormant {
     pub(super) fn wake(self: Box<Dormant>, stream: Stream) -> Box<Session> {
         let d = *self;
         let state = d.handle.info.lock().state.clone();
+        let tracker = tracker(d.client_caps, d.backend_caps, d.mariadb, state.tracked.as_deref());
         Box::new(Session {
             ctx: d.ctx,
             handle: d.handle,
+            config: d.config,
             client: d.client.with_stream(stream),
-            backend: PacketConn::detached(),
-            guard: d.guard,
-            tracker: tracker(d.client_caps, d.backend_caps, d.mariadb, state.tracked.as_deref()),
-            state,
             client_caps: d.client_caps,
-            backend_caps: d.backend_caps,
-            mariadb: d.mariadb,
-            credential: d.credential,
-            scramble: d.scramble,
-            user_slot: d.user_slot,
-            profile: d.profile,
-            lost: None,
-            fit: d.fit,
-            waker: None,
-            touched: d.touched,
-            multiplex: d.multiplex,
-            split: d.split,
-            causal: d.causal,
-            conn: d.conn,
-            key: d.key,
-            slot: d.slot,
-            conn_gen: d.conn_gen,
-            pinned: d.pinned,
             client_ip: d.client_ip,
+            state,
+            who: d.who,
+            backend: BackendSide {
+                conn: PacketConn::detached(),
+                guard: d.guard,
+                tracker,
+                caps: d.backend_caps,
+                mariadb: d.mariadb,
+                carries: d.carries,
+                key: d.key,
+                slot: d.slot,
+                taken: d.taken,
+                touched: d.touched,
+                lost: None,
+                fit: d.fit,
+            },
+            route: d.route,
+            capture: d.capture,
+            waker: None,
             idle_since: d.idle_since,
             resumed: d.resumed,
-            capture: d.capture,
-            config: d.config,
         })
     }
 }

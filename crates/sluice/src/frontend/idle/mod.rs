@@ -19,7 +19,7 @@ use tokio::io::AsyncReadExt;
 
 use super::Admission;
 use super::client::ClientConn;
-use super::session::{INSPECT_LIMIT, Session};
+use super::session::{BackendSide, INSPECT_LIMIT, Session};
 use crate::error::{Error, Result, Side};
 use crate::net::{BUF_SIZE, PacketConn, buffers};
 use crate::session::Registry;
@@ -72,15 +72,15 @@ impl Session {
             if let Some(w) = self.leaving() {
                 return Ok(w);
             }
-            let park = may_park && self.client.rbuf.is_empty() && self.backend.rbuf.is_empty();
+            let park = may_park && self.client.rbuf.is_empty() && self.backend.conn.rbuf.is_empty();
             self.buffers_for_wait(park);
-            let attached_to_nothing = self.backend.is_detached();
-            let Session { client, backend, handle, waker, .. } = self;
+            let attached_to_nothing = self.backend.conn.is_detached();
+            let Session { client, backend: BackendSide { conn: backend, lost, .. }, handle, waker, .. } = self;
             tokio::select! {
                 biased;
                 // The backend first: when it left and a command arrived at once, the session
                 // must know before forwarding the command.
-                r = backend_event(backend, park), if self.lost.is_none() && !attached_to_nothing => {
+                r = backend_event(backend, park), if lost.is_none() && !attached_to_nothing => {
                     if let Some(w) = self.backend_spoke(r, park, &mut may_park).await {
                         return Ok(w);
                     }
@@ -122,12 +122,12 @@ impl Session {
     fn buffers_for_wait(&mut self, park: bool) {
         if park {
             buffers::park(&mut self.client.rbuf);
-            buffers::park(&mut self.backend.rbuf);
+            buffers::park(&mut self.backend.conn.rbuf);
         } else {
             buffers::unpark(&mut self.client.rbuf);
-            buffers::unpark(&mut self.backend.rbuf);
-            if self.backend.rbuf.capacity() - self.backend.rbuf.len() < 1024 {
-                self.backend.rbuf.reserve(BUF_SIZE);
+            buffers::unpark(&mut self.backend.conn.rbuf);
+            if self.backend.conn.rbuf.capacity() - self.backend.conn.rbuf.len() < 1024 {
+                self.backend.conn.rbuf.reserve(BUF_SIZE);
             }
         }
     }
@@ -138,8 +138,8 @@ impl Session {
         let r = if park {
             // Readiness only: read what is there (a TLS connection's readiness may be left from
             // its last response, and mean nothing).
-            buffers::unpark(&mut self.backend.rbuf);
-            match self.backend.stream.try_read_now(&mut self.backend.rbuf) {
+            buffers::unpark(&mut self.backend.conn.rbuf);
+            match self.backend.conn.stream.try_read_now(&mut self.backend.conn.rbuf) {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     *may_park = self.unbuffered();
                     return None;
@@ -150,25 +150,25 @@ impl Session {
             r
         };
         let (reason, code) = match r {
-            Ok(n) if n > 0 => lost_reason(&self.backend.rbuf),
+            Ok(n) if n > 0 => lost_reason(&self.backend.conn.rbuf),
             _ => ("the backend closed the connection".to_string(), None),
         };
         let handle = &*self.handle;
         let killed = handle.killed.load(Ordering::Relaxed) || handle.kill_pending.load(Ordering::Relaxed);
         // A connection killed on purpose is not revived.
         if self.may_move() && !killed && code != Some(code::CONNECTION_KILLED) {
-            tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, "backend connection lost while idle; the session moves at its next command");
-            self.backend.rbuf.clear();
-            self.lost = Some(reason.into());
+            tracing::info!(session = handle.id, backend = %self.backend.guard.name, reason = %reason, "backend connection lost while idle; the session moves at its next command");
+            self.backend.conn.rbuf.clear();
+            self.backend.lost = Some(reason.into());
             return None;
         }
         // The client gets what the backend sent, as it would directly, and the connection is
         // closed, so that its driver sees a dead connection rather than a failing one.
-        tracing::info!(session = handle.id, backend = %self.guard.name, reason = %reason, pins = ?self.state.pins(), "backend connection lost while idle; closing the client connection");
-        if !self.backend.rbuf.is_empty() {
-            let _ = Box::pin(self.client.write(&self.backend.rbuf)).await;
+        tracing::info!(session = handle.id, backend = %self.backend.guard.name, reason = %reason, pins = ?self.state.pins(), "backend connection lost while idle; closing the client connection");
+        if !self.backend.conn.rbuf.is_empty() {
+            let _ = Box::pin(self.client.write(&self.backend.conn.rbuf)).await;
         }
-        self.lost = Some(reason.into());
+        self.backend.lost = Some(reason.into());
         Some(Wait::End)
     }
 
@@ -185,7 +185,7 @@ impl Session {
         // left from the last command, or a record's first part) goes back to waiting without
         // buffers.
         buffers::unpark(&mut self.client.rbuf);
-        buffers::unpark(&mut self.backend.rbuf);
+        buffers::unpark(&mut self.backend.conn.rbuf);
         match self.client.stream.try_read_now(&mut self.client.rbuf) {
             Ok(0) => return Ok(Some(Wait::End)),
             Ok(_) => *may_park = false,
@@ -197,7 +197,7 @@ impl Session {
 
     /// Whether both connections can wait for their next bytes without read buffers.
     fn unbuffered(&self) -> bool {
-        self.client.can_wait_unbuffered() && self.backend.stream.can_wait_unbuffered()
+        self.client.can_wait_unbuffered() && self.backend.conn.stream.can_wait_unbuffered()
     }
 
     /// Answers a request to park: true when the session can (a multiplexed session between
@@ -205,15 +205,15 @@ impl Session {
     /// read buffers then given back.
     pub(super) fn park(&mut self) -> bool {
         self.handle.parking.answered();
-        let can = self.multiplex
-            && self.backend.is_detached()
-            && self.lost.is_none()
+        let can = self.route.multiplex
+            && self.backend.conn.is_detached()
+            && self.backend.lost.is_none()
             && self.client.rbuf.is_empty()
             && self.client.can_wait_unbuffered()
             && !self.handle.move_asked();
         if can {
             buffers::park(&mut self.client.rbuf);
-            buffers::park(&mut self.backend.rbuf);
+            buffers::park(&mut self.backend.conn.rbuf);
         }
         can
     }
