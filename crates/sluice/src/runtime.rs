@@ -518,8 +518,8 @@ async fn control_loop(ctx: &Arc<Ctx>, listening: Arc<Listening>, stop: [&watch::
             _ = int.recv() => return tracing::info!("SIGINT: draining"),
             _ = hup.recv() => {
                 tracing::info!("SIGHUP: reloading the configuration");
-                if let Err(errors) = crate::control::reload::reload(ctx) {
-                    tracing::warn!(errors = ?errors, "configuration reload refused; the configuration in force stays");
+                if let Err(refused) = crate::control::reload::reload(ctx) {
+                    tracing::warn!(errors = %refused, "configuration reload refused; the configuration in force stays");
                 }
             }
             _ = usr2.recv() => {

@@ -444,9 +444,9 @@ async fn config(State(ctx): State<Arc<Ctx>>) -> Response {
 async fn reload(State(ctx): State<Arc<Ctx>>) -> Response {
     match crate::control::reload::reload(&ctx) {
         Ok(out) => Json(out).into_response(),
-        Err(errors) => {
-            tracing::warn!(errors = ?errors, "configuration reload refused");
-            (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": errors.join("; "), "errors": errors }))).into_response()
+        Err(refused) => {
+            tracing::warn!(errors = %refused, "configuration reload refused");
+            (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": refused.to_string(), "errors": refused.lines() }))).into_response()
         }
     }
 }

@@ -34,23 +34,52 @@ pub struct Outcome {
     pub loaded_at_ms: u64,
 }
 
+/// Why a reload was refused; nothing was applied. Each case is the configuration's (the
+/// operator's to mend), never a session's.
+#[derive(Debug)]
+pub enum Refused {
+    /// The file does not read, parse or validate.
+    Invalid(crate::config::ConfigError),
+    /// It changes what a running sluice cannot: each setting, one line each.
+    Fixed(Vec<String>),
+    /// A TLS file changed since it was validated and cannot be used.
+    Tls(crate::net::tls::TlsError),
+}
+
+impl Refused {
+    /// Its reasons, one line each.
+    pub fn lines(&self) -> Vec<String> {
+        match self {
+            Refused::Invalid(e) => vec![e.to_string()],
+            Refused::Fixed(changes) => changes.clone(),
+            Refused::Tls(e) => vec![format!("tls: {e}")],
+        }
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.lines().join("; "))
+    }
+}
+
 /// Reads the configuration again and applies it (call it on a tokio runtime: backends added
-/// start their checks there). Err: why it was refused, one line each; nothing was applied.
-pub fn reload(ctx: &Arc<Ctx>) -> Result<Outcome, Vec<String>> {
-    let new = ctx.config.read_again().map_err(|e| vec![e.to_string()])?;
+/// start their checks there).
+pub fn reload(ctx: &Arc<Ctx>) -> Result<Outcome, Refused> {
+    let new = ctx.config.read_again().map_err(Refused::Invalid)?;
     apply(ctx, new)
 }
 
 /// Applies `new` (from the file, or from the cluster's store laid over the configuration in
 /// force), or refuses it whole.
-pub fn apply(ctx: &Arc<Ctx>, new: Config) -> Result<Outcome, Vec<String>> {
+pub fn apply(ctx: &Arc<Ctx>, new: Config) -> Result<Outcome, Refused> {
     let old = ctx.config.get();
     let fixed = crate::config::fixed_changes(&old, &new);
     if !fixed.is_empty() {
-        return Err(fixed);
+        return Err(Refused::Fixed(fixed));
     }
     // TLS first: the only step that can still fail (files changed since they were validated).
-    let tls_certificate_changed = ctx.tls.reload_files(&new.tls).map_err(|e| vec![format!("tls: {e}")])?;
+    let tls_certificate_changed = ctx.tls.reload_files(&new.tls).map_err(Refused::Tls)?;
     let mut out = Outcome { tls_certificate_changed, ..Outcome::default() };
     apply_backends(ctx, &new, &mut out);
     [out.users_added, out.users_changed, out.users_removed] = ctx.users.replace(&new.users, new.proxy.max_connections_per_user);

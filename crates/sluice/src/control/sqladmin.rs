@@ -319,7 +319,7 @@ async fn run(ctx: &Arc<Ctx>, sql: &str) -> Answer {
     if re(&RELOAD, r"(?i)^reload\s+config(uration)?$").is_match(sql) {
         return match crate::control::reload::reload(ctx) {
             Ok(out) => Answer::Done(serde_json::to_string(&out).unwrap_or_default()),
-            Err(errors) => Answer::Error(1105, format!("reload refused: {}", errors.join("; "))),
+            Err(refused) => Answer::Error(1105, format!("reload refused: {refused}")),
         };
     }
     static KILL_SESSION: OnceLock<Regex> = OnceLock::new();

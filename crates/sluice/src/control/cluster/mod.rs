@@ -122,7 +122,7 @@ fn apply(ctx: &Arc<Ctx>, prefix: &str, kvs: &[(String, Vec<u8>)], drained: &mut 
     if new.backends != now.backends || new.users != now.users {
         match crate::control::reload::apply(ctx, new) {
             Ok(out) => tracing::info!(outcome = ?out, "cluster: applied the store's configuration"),
-            Err(errors) => tracing::warn!(errors = ?errors, "cluster: the store's configuration cannot be applied"),
+            Err(refused) => tracing::warn!(errors = %refused, "cluster: the store's configuration cannot be applied"),
         }
     }
     let want: BTreeSet<String> = shared.drained.iter().cloned().collect();
