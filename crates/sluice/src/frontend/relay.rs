@@ -207,7 +207,6 @@ impl Session {
         let mut done = Done { scanned: plan.hazards, ..Done::default() };
         let expect = match self.route(cmd, body_end, &mut done) {
             Route::Relay(expect) => expect,
-            // The backend connection is pooled or closed when the session ends.
             Route::Quit => return Ok(Flow::Close),
             // Rare paths are boxed: their state stays out of every idle session's task.
             Route::Unsupported => return Box::pin(self.unsupported(cmd)).await,
@@ -215,8 +214,6 @@ impl Session {
             Route::ChangeUser => return Box::pin(self.change_user(h)).await,
         };
         let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        // (Every session remembers the parameter types it sent: a move, multiplexing and a
-        // capture's replay need them when a later execute does not send them again.)
         if (self.state.stmt_ids_mapped || cmd == com::STMT_EXECUTE)
             && let Some(flow) = self.statement_ids(cmd, h, stmt_id).await?
         {
@@ -383,7 +380,9 @@ impl Session {
     /// A command naming a prepared statement, once ids are mapped (the session took another
     /// connection, or multiplexes): the statement prepared on this connection if it is not yet,
     /// its parameter types sent again if needed, and the id the backend knows written into the
-    /// command. Some: the command was answered here (COM_STMT_CLOSE, or an error).
+    /// command. Some: the command was answered here (COM_STMT_CLOSE, or an error). (Every
+    /// session's executes come here, mapped or not: a move, multiplexing and a capture's replay
+    /// need the parameter types it sent when a later execute does not send them again.)
     async fn statement_ids(&mut self, cmd: u8, h: Header, stmt_id: Option<u32>) -> Result<Option<Flow>> {
         let names_statement = matches!(
             cmd,
