@@ -148,6 +148,29 @@ async fn statements_differing_in_values_spacing_and_comments_count_as_one() {
     }
 }
 
+/// Without a `[digests]` table, a users-mode session's statements are counted (it reads them
+/// anyway) and a passthrough session's are not; `enabled = false` counts none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digests_are_on_by_default_where_statements_are_read_anyway() {
+    let db = shared_db();
+    for (users, table, counted) in [(true, "", true), (false, "", false), (true, "enabled = false\n", false)] {
+        let base = TestConfig::new().dbs(&[db]);
+        let base = if table.is_empty() { base } else { base.table("digests", table) };
+        let s = if users { base.app_users().start() } else { base.start() };
+        let mut c = app(&s).await;
+        for i in 0..5 {
+            let _: Vec<i64> = c.query(format!("SELECT {i} + 1 AS by_default")).await.unwrap();
+        }
+        c.disconnect().await.unwrap();
+        let (code, body) = admin_get(&s, "/digests?by=count", None);
+        assert_eq!(code, 200, "{body}");
+        let v = json(&body);
+        let list = v["digests"].as_array().expect("digests");
+        let it = list.iter().find(|d| d["text"] == "select ? + ? as by_default");
+        assert_eq!(it.map(|d| d["count"].clone()), counted.then(|| json("5")), "users mode {users}, [digests] {table:?}: {body}");
+    }
+}
+
 /// Routes over a replicated topology: a rule naming a backend or a group, a comment, and a
 /// comment that wins over a rule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
