@@ -11,6 +11,7 @@ pub mod compress;
 pub mod consts;
 pub mod digest;
 pub mod fuzzing;
+pub mod gtid;
 pub mod handshake;
 pub mod lexer;
 pub mod packet;

@@ -5,8 +5,9 @@
 use crate::packet::Reader;
 use crate::uservar::row_values;
 
-/// The first query: read-only or writable, and the GTID position of the server's own log.
-pub const SERVER_QUERY: &[u8] = b"SELECT @@read_only, @@gtid_binlog_pos";
+/// The first query: read-only or writable, the GTID position of the server's own log, and
+/// the position of what it has applied (its own log's, and as a replica, what it replicated).
+pub const SERVER_QUERY: &[u8] = b"SELECT @@read_only, @@gtid_binlog_pos, @@gtid_current_pos";
 
 /// The second query (it needs the `SLAVE MONITOR` privilege; without it a backend's lag is
 /// unknown).
@@ -17,6 +18,7 @@ pub const REPLICA_QUERY: &[u8] = b"SHOW SLAVE STATUS";
 pub struct ServerRole {
     pub read_only: bool,
     pub gtid_binlog_pos: String,
+    pub gtid_current_pos: String,
 }
 
 /// The answer to [`REPLICA_QUERY`] (its first row: the default connection).
@@ -32,6 +34,8 @@ pub struct ReplicaStatus {
     pub source: String,
     /// `Last_SQL_Error` or, when it is empty, `Last_IO_Error`.
     pub last_error: String,
+    /// `SQL_Delay`: seconds it waits before applying a transaction (`MASTER_DELAY`).
+    pub delay: u64,
 }
 
 /// The name of a column from its definition (protocol 4.1).
@@ -45,13 +49,14 @@ pub fn column_name(def: &[u8]) -> Option<&[u8]> {
 
 /// Parses the one row of [`SERVER_QUERY`].
 pub fn server_role(row: &[u8]) -> Option<ServerRole> {
-    let v = row_values(row, 2)?;
+    let v = row_values(row, 3)?;
     let read_only = match v[0]? {
         b"1" | b"ON" => true,
         b"0" | b"OFF" => false,
         _ => return None,
     };
-    Some(ServerRole { read_only, gtid_binlog_pos: String::from_utf8_lossy(v[1].unwrap_or_default()).into_owned() })
+    let text = |i: usize| String::from_utf8_lossy(v[i].unwrap_or_default()).into_owned();
+    Some(ServerRole { read_only, gtid_binlog_pos: text(1), gtid_current_pos: text(2) })
 }
 
 /// Parses the result of [`REPLICA_QUERY`]: its column definitions and rows. None when the
@@ -76,6 +81,7 @@ pub fn replica_status(defs: &[Vec<u8>], rows: &[Vec<u8>]) -> Option<ReplicaStatu
         gtid_io_pos: text("Gtid_IO_Pos"),
         source: format!("{}:{}", text("Master_Host"), text("Master_Port")),
         last_error,
+        delay: get("SQL_Delay").and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0),
     })
 }
 
@@ -106,11 +112,14 @@ mod tests {
 
     #[test]
     fn the_server_query_reads_read_only_and_the_position() {
-        assert_eq!(server_role(&row(&[Some("1"), Some("0-1-42")])), Some(ServerRole { read_only: true, gtid_binlog_pos: "0-1-42".into() }));
-        assert_eq!(server_role(&row(&[Some("0"), Some("")])).map(|r| r.read_only), Some(false));
-        assert_eq!(server_role(&row(&[Some("maybe"), Some("")])), None);
-        assert_eq!(server_role(&row(&[Some("1")])), None, "a short row");
-        assert_eq!(server_role(&row(&[None, Some("")])), None);
+        assert_eq!(
+            server_role(&row(&[Some("1"), Some("0-1-42"), Some("0-1-42,1-2-3")])),
+            Some(ServerRole { read_only: true, gtid_binlog_pos: "0-1-42".into(), gtid_current_pos: "0-1-42,1-2-3".into() })
+        );
+        assert_eq!(server_role(&row(&[Some("0"), Some(""), Some("")])).map(|r| r.read_only), Some(false));
+        assert_eq!(server_role(&row(&[Some("maybe"), Some(""), Some("")])), None);
+        assert_eq!(server_role(&row(&[Some("1"), Some("")])), None, "a short row");
+        assert_eq!(server_role(&row(&[None, Some(""), Some("")])), None);
     }
 
     #[test]
@@ -125,6 +134,7 @@ mod tests {
             "Last_SQL_Error",
             "Seconds_Behind_Master",
             "Gtid_IO_Pos",
+            "SQL_Delay",
         ];
         let defs: Vec<Vec<u8>> = names.iter().map(|n| def(n)).collect();
         assert_eq!(column_name(&defs[7]), Some(b"Seconds_Behind_Master".as_slice()));
@@ -138,6 +148,7 @@ mod tests {
             Some(""),
             Some("7"),
             Some("0-1-9"),
+            Some("30"),
         ]);
         assert_eq!(
             replica_status(&defs, &[running]),
@@ -147,10 +158,21 @@ mod tests {
                 gtid_io_pos: "0-1-9".into(),
                 source: "127.0.0.1:3306".into(),
                 last_error: String::new(),
+                delay: 30,
             })
         );
-        let stopped =
-            row(&[Some(""), Some("127.0.0.1"), Some("3306"), Some("Yes"), Some("No"), Some(""), Some("Duplicate entry"), None, Some("")]);
+        let stopped = row(&[
+            Some(""),
+            Some("127.0.0.1"),
+            Some("3306"),
+            Some("Yes"),
+            Some("No"),
+            Some(""),
+            Some("Duplicate entry"),
+            None,
+            Some(""),
+            Some("0"),
+        ]);
         let s = replica_status(&defs, &[stopped]).expect("a status");
         assert!(!s.running);
         assert_eq!(s.seconds_behind, None);

@@ -326,6 +326,10 @@ pub struct Metrics {
     mirrored: Family<Labels, Counter>,
     /// Result cache lookups and evictions.
     cache: Family<Labels, Counter>,
+    /// Failovers, switchovers and rejoins sluice made or refused, by result.
+    failovers: Family<Labels, Counter>,
+    switchovers: Family<Labels, Counter>,
+    rejoins: Family<Labels, Counter>,
     /// Statements the read/write split routed, by [`Split::index`].
     split: Vec<ShardedCounter>,
     /// The series of the configured backends, in order.
@@ -543,6 +547,9 @@ impl Metrics {
                 "Statements copied to shadow backends by mirroring rules, by outcome (sent, dropped, failed)",
             ),
             cache: reg(r, "result_cache", "Result cache lookups (hit, miss) and answers evicted to stay within routing.cache_size"),
+            failovers: reg(r, "failovers", "Promotions of a replica after the primary was lost, by result (done, refused, failed)"),
+            switchovers: reg(r, "switchovers", "Switchovers of the primary asked of sluice, by result (done, refused, failed)"),
+            rejoins: reg(r, "rejoins", "Servers sluice made replicas of the primary (done) or kept out (diverged, failed)"),
             backends: backend_names.iter().map(|n| backend_families.series(n)).collect(),
             backend_families,
             registry,
@@ -561,6 +568,16 @@ impl Metrics {
 
     pub fn moved(&self, why: MoveReason, ok: bool) {
         self.session_moves[why as usize][usize::from(!ok)].inc();
+    }
+
+    /// A cluster operation ("failover", "switchover" or "rejoin") and its result.
+    pub fn cluster_operation(&self, op: &str, result: &'static str) {
+        let family = match op {
+            "failover" => &self.failovers,
+            "switchover" => &self.switchovers,
+            _ => &self.rejoins,
+        };
+        family.get_or_create(&vec![("result", result.into())]).inc();
     }
 
     /// A multiplexed session kept its connection for a reason it did not have before.

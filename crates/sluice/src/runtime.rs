@@ -439,6 +439,8 @@ fn spawn_control(
                 tokio::spawn(async move { crate::net::tls::watch_files(&c.tls, &c.config).await });
                 let c = ctx.clone();
                 tokio::spawn(async move { crate::control::rebalance::run(&c).await });
+                let c = ctx.clone();
+                tokio::spawn(async move { crate::control::failover::run(&c).await });
                 if let Some(l) = sql_admin.and_then(|l| tokio::net::TcpListener::from_std(l).ok()) {
                     let (c, mut stop) = (ctx.clone(), over_tx.subscribe());
                     tokio::spawn(async move {

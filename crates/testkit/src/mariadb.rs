@@ -354,6 +354,14 @@ impl MariaDb {
         self.launch(self.port);
     }
 
+    /// Starts the server again on the same data directory at `port` (where clients configured
+    /// with the old port do not see it).
+    pub fn restart_at(&mut self, port: u16) {
+        self.stop();
+        let _ = fs::remove_file(&self.socket);
+        self.launch(port);
+    }
+
     /// Whether the server answers with a greeting right now.
     pub fn greets(&self) -> bool {
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else { return false };

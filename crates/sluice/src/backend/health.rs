@@ -13,15 +13,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_proto::consts::{cap, com};
-use sluice_proto::handshake::HandshakeResponse;
-use sluice_proto::packet::Reader;
 use sluice_proto::replication;
 
-use super::conn::{self as bconn, Credential};
+use super::conn as bconn;
+use super::manage::{Manage, error_message, replica_status_of};
 use super::{Backend, Replication};
 use crate::config::{HealthConfig, Live};
-use crate::net::PacketConn;
 
 /// Starts the checks of every backend (tasks that run until the backend is retired). A replica
 /// further behind than `routing.max_replica_lag` serves no reads. Each round reads the
@@ -49,7 +46,7 @@ async fn check_loop(b: &Backend, config: &Live) {
             return;
         }
         let monitor = match (&cfg.user, &cfg.password) {
-            (Some(u), p) => Some((u.clone(), Credential::Password(p.clone().unwrap_or_default().into_bytes()))),
+            (Some(u), p) => Some((u.clone(), p.clone().unwrap_or_default())),
             _ => None,
         };
         let now = crate::metrics::mono_ns() / 1_000_000;
@@ -65,53 +62,19 @@ async fn check_loop(b: &Backend, config: &Live) {
     }
 }
 
-/// Why a probe failed: the reason for logs, errors and the admin API, and whether it was
-/// sluice's own fault (out of descriptors or memory) rather than the backend's.
-#[derive(Debug, thiserror::Error)]
-#[error("{reason}")]
-pub struct Failure {
-    pub reason: String,
-    pub local: bool,
-}
-
-impl Failure {
-    /// The backend's failure.
-    pub fn of_backend(reason: impl Into<String>) -> Failure {
-        Failure { reason: reason.into(), local: false }
-    }
-}
+pub use super::manage::Failure;
 
 /// One probe.
-pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Credential)>, max_lag: Duration) -> Result<(), Failure> {
+pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, String)>, max_lag: Duration) -> Result<(), Failure> {
+    let Some((user, password)) = monitor else {
+        return greets(b, cfg.timeout).await;
+    };
     let work = async {
-        let (conn, g) = bconn::open(b, cfg.timeout, bconn::Origin::Sluice)
-            .await
-            .map_err(|e| Failure { local: e.side == crate::error::Side::Proxy, reason: e.message })?;
-        // As for a TLS client's session: a backend with backend_tls "on" that does not offer
-        // TLS cannot serve anyone, and a monitor login is encrypted whenever sessions may be.
-        let tls = b.tls.decide(true, &g).map_err(|e| Failure::of_backend(e.message))?;
-        let Some((user, cred)) = monitor else {
-            drop(conn);
-            return Ok(());
-        };
-        let caps = bconn::backend_capabilities(cap::SLUICE_SUPPORTED, &g, tls) & !cap::CONNECT_WITH_DB;
-        let hr = HandshakeResponse {
-            capabilities: caps,
-            max_packet: 1 << 24,
-            collation: g.collation,
-            user: user.as_bytes().to_vec(),
-            ..Default::default()
-        };
-        let mut conn =
-            bconn::login(b, conn, &g, hr, cred).await.map_err(|e| Failure::of_backend(format!("monitor login: {}", e.message)))?;
-        let ping = |e| Failure::of_backend(format!("ping: {e}"));
-        conn.write_packet(&[com::PING], 0).await.map_err(ping)?;
-        let (_, p) = conn.read_packet(1 << 16).await.map_err(ping)?;
-        if p.first() != Some(&0) {
-            return Err(Failure::of_backend("ping was not answered with OK"));
-        }
-        let replication = observe(&mut conn, caps).await?;
-        bconn::quit(conn).await;
+        let epoch = b.assumed();
+        let mut m = Manage::open(b, user, password, cfg.timeout).await?;
+        m.ping().await?;
+        let replication = Replication { epoch, ..observe(&mut m).await? };
+        m.quit().await;
         if let Some(role) = b.observed(replication, max_lag) {
             tracing::warn!(backend = %b.name, address = %b.address, role = role.name(), "backend changed role");
         }
@@ -123,44 +86,40 @@ pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, Cr
     }
 }
 
+/// Without a monitor user: whether the backend greets, and could serve a session (a backend
+/// with backend_tls "on" that does not offer TLS cannot serve anyone).
+async fn greets(b: &Backend, timeout: Duration) -> Result<(), Failure> {
+    let (conn, g) = bconn::open(b, timeout, bconn::Origin::Sluice)
+        .await
+        .map_err(|e| Failure { local: e.side == crate::error::Side::Proxy, reason: e.message })?;
+    drop(conn);
+    b.tls.decide(true, &g).map_err(|e| Failure::of_backend(e.message))?;
+    Ok(())
+}
+
 /// Reads the backend's place in replication on the monitor's connection. A server that cannot
 /// say whether it is read-only fails the check; one whose replication status the monitor may not
 /// read has an unknown lag.
-async fn observe(conn: &mut PacketConn, caps: u32) -> Result<Replication, Failure> {
-    let server = query(conn, caps, replication::SERVER_QUERY).await?;
+async fn observe(m: &mut Manage) -> Result<Replication, Failure> {
+    let server = m.query_raw(replication::SERVER_QUERY).await?;
     let role = match &server[..] {
-        [_, _, _, row] => replication::server_role(row),
+        [_, _, _, _, row] => replication::server_role(row),
         _ => None,
     }
     .ok_or_else(|| Failure::of_backend(format!("unexpected answer to {}", String::from_utf8_lossy(replication::SERVER_QUERY))))?;
-    let mut r = Replication { read_only: Some(role.read_only), gtid_binlog_pos: role.gtid_binlog_pos, ..Default::default() };
-    let status = query(conn, caps, replication::REPLICA_QUERY).await?;
+    let mut r = Replication {
+        read_only: Some(role.read_only),
+        gtid_binlog_pos: role.gtid_binlog_pos,
+        gtid_current_pos: role.gtid_current_pos,
+        ..Default::default()
+    };
+    let status = m.query_raw(replication::REPLICA_QUERY).await?;
     match status.first().map(|p| p.first()) {
         Some(Some(0xff)) => r.unreadable = Some(error_message(&status[0])),
-        Some(_) => {
-            let columns = Reader::new(&status[0]).lenenc("column count").map_or(0, |n| n as usize).min(status.len() - 1);
-            r.replica = replication::replica_status(&status[1..=columns], &status[columns + 1..]);
-        }
+        Some(_) => r.replica = replica_status_of(&status),
         None => {}
     }
     Ok(r)
-}
-
-/// Runs one text query on the monitor's connection: its result's packets (see
-/// [`super::restore::read_text_result`]).
-async fn query(conn: &mut PacketConn, caps: u32, sql: &[u8]) -> Result<Vec<Vec<u8>>, Failure> {
-    let mut payload = Vec::with_capacity(sql.len() + 1);
-    payload.push(com::QUERY);
-    payload.extend_from_slice(sql);
-    conn.write_packet(&payload, 0).await.map_err(|e| Failure::of_backend(format!("monitor query: {e}")))?;
-    super::restore::read_text_result(conn, caps, "monitor query").await.map_err(|e| Failure::of_backend(e.message))
-}
-
-fn error_message(p: &[u8]) -> String {
-    match sluice_proto::basic::Err::parse(p) {
-        Ok(e) => format!("{} ({})", String::from_utf8_lossy(e.message), e.code),
-        Err(_) => "a malformed error".to_string(),
-    }
 }
 
 /// Applies a probe result with rise/fall hysteresis.

@@ -5,11 +5,13 @@ pub mod checkout;
 pub mod conn;
 pub mod health;
 pub mod link;
+pub mod manage;
 pub mod mirror;
 pub mod pool;
 pub mod restore;
 pub mod shared;
 mod tls;
+pub mod topology;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -66,12 +68,17 @@ pub struct Replication {
     pub read_only: Option<bool>,
     /// `@@gtid_binlog_pos`: the last transaction in its own binary log.
     pub gtid_binlog_pos: String,
+    /// `@@gtid_current_pos`: the last transaction it applied (its own, or replicated).
+    pub gtid_current_pos: String,
     /// How it replicates, when it does (None: from nobody, or unreadable).
     pub replica: Option<sluice_proto::replication::ReplicaStatus>,
     /// Why its replication status could not be read (the monitor user lacks `SLAVE MONITOR`).
     pub unreadable: Option<String>,
     /// Why, as a replica, it serves no reads of the split (lag, replication stopped).
     pub reads_out: Option<String>,
+    /// The backend's [`Backend::assumed`] count when the check began: a check that began
+    /// before a promotion or demotion does not undo it.
+    pub epoch: u64,
 }
 
 impl Replication {
@@ -94,6 +101,25 @@ impl Replication {
             Some(_) => None,
         }
     }
+}
+
+/// Why sluice's failover keeps a backend out of service until it is rejoined.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    pub kind: FenceKind,
+    pub reason: String,
+    pub since: std::time::SystemTime,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FenceKind {
+    /// A primary that a failover replaced: it must not take writes when it returns.
+    Replaced,
+    /// A writable server that is not the primary (two writable servers would diverge).
+    Writable,
+    /// It holds transactions the primary lacks: it cannot replicate from it.
+    Diverged,
 }
 
 /// When a backend last served traffic successfully (passive health): milliseconds of the
@@ -134,6 +160,9 @@ pub struct Backend {
     pub tls: BackendTls,
     /// Its configured part in replication.
     pub role: Role,
+    /// A failover may promote it; among equally advanced replicas, the highest priority wins.
+    pub candidate: bool,
+    pub priority: u32,
     /// Connections to it begin with a PROXY protocol header of this version.
     pub send_proxy: Option<crate::config::SendProxy>,
     /// The part it plays now (a [`Role`] as u8: never `Auto`).
@@ -151,6 +180,11 @@ pub struct Backend {
     drain_since_ms: AtomicU64,
     /// Removed at run time: its health checks stop.
     retired: AtomicBool,
+    /// Kept out of service by failover ([`Fence`]).
+    fenced: AtomicBool,
+    /// See [`Backend::assumed`].
+    assumed: AtomicU64,
+    fence: Mutex<Option<Fence>>,
     /// Client sessions currently bound to this backend.
     pub sessions: AtomicUsize,
     pub metrics: BackendMetrics,
@@ -185,8 +219,12 @@ impl Backend {
     }
 
     /// Records what the health checks read (a replica lagging more than `max_lag` serves no
-    /// reads); returns the part it plays now when that changed.
+    /// reads); returns the part it plays now when that changed. A check that began before
+    /// failover set the backend's role is dropped.
     pub fn observed(&self, mut r: Replication, max_lag: std::time::Duration) -> Option<Role> {
+        if r.epoch != self.assumed() {
+            return None; // read before failover changed its role: stale
+        }
         let role = match (self.role, r.read_only) {
             (Role::Auto, Some(true)) => Role::Replica,
             (Role::Auto, _) => Role::Primary,
@@ -238,6 +276,8 @@ impl Backend {
             weight: AtomicU32::new(c.weight.max(1)),
             tls,
             role: c.role,
+            candidate: c.candidate,
+            priority: c.priority,
             send_proxy: c.send_proxy,
             serving: AtomicU8::new(if c.role == Role::Replica { Role::Replica as u8 } else { Role::Primary as u8 }),
             reads_ok: AtomicBool::new(true),
@@ -247,6 +287,9 @@ impl Backend {
             draining: AtomicBool::new(false),
             drain_since_ms: AtomicU64::new(0),
             retired: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
+            assumed: AtomicU64::new(0),
+            fence: Mutex::new(None),
             sessions: AtomicUsize::new(0),
             activity: Activity::since(crate::metrics::mono_ns() / 1_000_000),
             health: Mutex::new(HealthState {
@@ -359,9 +402,38 @@ impl Backend {
         self.is_draining().then(|| std::time::Duration::from_millis((crate::metrics::mono_ns() / 1_000_000).saturating_sub(since)))
     }
 
-    /// Up and not draining: the balancer may send sessions here.
+    /// Up, not draining and not fenced: the balancer may send sessions here.
     pub fn is_usable(&self) -> bool {
-        self.is_up() && !self.is_draining()
+        self.is_up() && !self.is_draining() && !self.is_fenced()
+    }
+
+    /// How many times failover set its role ([`Backend::assume`]).
+    pub fn assumed(&self) -> u64 {
+        self.assumed.load(Ordering::SeqCst)
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Relaxed)
+    }
+
+    /// Why failover keeps it out, if it does.
+    pub fn fence(&self) -> Option<Fence> {
+        self.fence.lock().clone()
+    }
+
+    /// Keeps it out of service (Some) or lets it serve again (None).
+    pub fn set_fence(&self, f: Option<Fence>) {
+        let mut g = self.fence.lock();
+        self.fenced.store(f.is_some(), Ordering::SeqCst);
+        *g = f;
+    }
+
+    /// Serves as `role` from now on (a promotion, a demotion), before the health checks read it.
+    pub fn assume(&self, role: Role) {
+        self.assumed.fetch_add(1, Ordering::SeqCst);
+        let role = if role == Role::Replica { Role::Replica } else { Role::Primary };
+        self.serving.store(role as u8, Ordering::Relaxed);
+        self.metrics.primary.set(i64::from(role == Role::Primary));
     }
 
     pub fn set_up(&self, up: bool) {
@@ -387,7 +459,9 @@ impl Backend {
 
     /// Why the balancer sends it nothing now ("draining", "down: ..."); None when it is usable.
     pub fn why_unusable(&self) -> Option<String> {
-        if self.is_draining() {
+        if let Some(f) = self.fence() {
+            Some(format!("fenced: {}", f.reason))
+        } else if self.is_draining() {
             Some("draining".into())
         } else if !self.is_up() {
             Some(format!("down: {}", self.out_reason()))
@@ -427,6 +501,8 @@ pub struct Backends {
     next_index: std::sync::atomic::AtomicUsize,
     /// Chooses among them for each new session.
     pub balancer: balance::Balancer,
+    /// Which one is the primary, for failover.
+    pub topology: topology::Topology,
 }
 
 impl Backends {
@@ -436,6 +512,7 @@ impl Backends {
             list: arc_swap::ArcSwap::from_pointee(list.into_iter().map(Arc::new).collect()),
             next_index: std::sync::atomic::AtomicUsize::new(n),
             balancer: balance::Balancer::new(policy),
+            topology: Default::default(),
         }
     }
 

@@ -55,6 +55,10 @@ fn call_of(verb: &CtlVerb) -> Result<Call, InvalidValue> {
         CtlVerb::Reload => post("/config/reload"),
         CtlVerb::Upgrade => post("/upgrade"),
         CtlVerb::Config => get("/config"),
+        CtlVerb::Switchover { backend } => {
+            Call { method: "POST", path: "/cluster/switchover".into(), body: Some(serde_json::json!({ "to": backend })) }
+        }
+        CtlVerb::Failovers => get("/cluster/failover"),
         CtlVerb::Instances => get("/cluster/instances"),
         CtlVerb::Digests { top, by } => get(format!("/digests?top={top}&by={}", segment(by))),
         CtlVerb::Capture { action, options } => match action.as_str() {
@@ -207,7 +211,7 @@ fn render(verb: &CtlVerb, v: &Value) -> String {
                     s(&b["sessions"]),
                     s(&b["serves_as"]),
                     s(&b["draining"]),
-                    s(&b["reason"]),
+                    if b["fenced"].is_null() { s(&b["reason"]) } else { format!("fenced: {}", s(&b["fenced"]["reason"])) },
                 ]
             }),
         ),
@@ -239,6 +243,23 @@ fn render(verb: &CtlVerb, v: &Value) -> String {
             rows(&v["digests"], |d| {
                 vec![s(&d["digest"]), s(&d["count"]), s(&d["errors"]), s(&d["avg_us"]), s(&d["p99_us"]), s(&d["text"])]
             }),
+        ),
+        CtlVerb::Switchover { .. } => format!("{}\n", s(&v["message"])),
+        CtlVerb::Failovers => format!(
+            "primary: {}\nlast position seen: {}\n{}",
+            s(&v["primary"]),
+            s(&v["last_seen"]),
+            table(
+                &["AT", "OPERATION", "RESULT", "BACKEND", "MS", "MESSAGE"],
+                rows(&v["events"], |e| vec![
+                    s(&e["at"]),
+                    s(&e["operation"]),
+                    s(&e["result"]),
+                    s(&e["backend"]),
+                    s(&e["took_ms"]),
+                    s(&e["message"])
+                ]),
+            )
         ),
         _ => format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_default()),
     }

@@ -101,6 +101,11 @@ pub enum CtlVerb {
     /// Starts the binary sluice was started from (as it is on disk now) and hands it the
     /// listening sockets; the old process serves its sessions until they end.
     Upgrade,
+    /// Makes the backend named the primary: the primary is made read-only, the backend catches
+    /// up, is promoted, and the old primary becomes its replica (`[failover]` user needed).
+    Switchover { backend: String },
+    /// What failover knows: the primary, and the failovers, switchovers and rejoins made or refused.
+    Failovers,
     /// The configuration in force (secrets masked).
     Config,
     /// The instances registered in the cluster's etcd (`[cluster]`).
@@ -211,6 +216,8 @@ impl Cli {
                     tls_skip_verify: false,
                     role: Default::default(),
                     group: None,
+                    candidate: true,
+                    priority: 0,
                     send_proxy: None,
                 })
                 .collect();

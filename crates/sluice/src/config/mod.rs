@@ -11,6 +11,7 @@ mod address;
 mod admin;
 mod capture;
 mod cluster;
+mod failover;
 mod live;
 mod routing;
 mod rules;
@@ -20,6 +21,7 @@ pub use address::{Address, parse_address};
 pub use admin::AdminConfig;
 pub use capture::CaptureConfig;
 pub use cluster::{ClusterConfig, Shared};
+pub use failover::FailoverConfig;
 pub use live::{Live, Source, fixed_changes};
 pub use routing::{CausalReads, ReadOnlyTransactions, RoutingConfig};
 pub use rules::{DigestsConfig, Network, RuleConfig, parse_digest};
@@ -57,6 +59,9 @@ pub struct Config {
     /// Instances sharing backends, users and drains through etcd.
     #[serde(default)]
     pub cluster: ClusterConfig,
+    /// Promotion of a replica when the primary is lost; switchover; rejoin.
+    #[serde(default)]
+    pub failover: FailoverConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
@@ -249,6 +254,12 @@ pub struct BackendConfig {
     pub role: Role,
     /// A group that query rules may route to.
     pub group: Option<String>,
+    /// A failover may promote it (a replica with `false` never becomes the primary).
+    #[serde(default = "yes")]
+    pub candidate: bool,
+    /// Among replicas equally advanced, a failover promotes the one of highest priority.
+    #[serde(default)]
+    pub priority: u32,
     /// Begin every connection to it with a PROXY protocol header ("v1" or "v2"), so that the
     /// server sees each client's own address (MariaDB's `proxy_protocol_networks` must name
     /// sluice's). Sluice's own connections (health checks) send LOCAL (v1: UNKNOWN). Pooled
@@ -329,6 +340,10 @@ pub struct InvalidValue(pub String);
 
 fn one() -> u32 {
     1
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// When sluice's connection to a backend uses TLS.
@@ -623,6 +638,7 @@ impl Config {
         if self.health.user.is_some() != self.health.password.is_some() && self.health.password.is_some() {
             return Err(ConfigError { file: None, line: None, message: "health.password needs health.user".into() });
         }
+        self.failover.check(&self.backends, &self.health).map_err(|message| ConfigError { file: None, line: None, message })?;
         Ok(())
     }
 

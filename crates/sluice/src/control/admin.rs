@@ -32,6 +32,8 @@ pub fn router(ctx: Arc<Ctx>) -> Router {
         .route("/config/reload", post(reload))
         .route("/upgrade", post(upgrade))
         .route("/cluster/instances", get(instances))
+        .route("/cluster/failover", get(failover_state))
+        .route("/cluster/switchover", post(switchover))
         .route("/capture", get(capture_status))
         .route("/capture/start", post(capture_start))
         .route("/capture/stop", post(capture_stop))
@@ -193,6 +195,16 @@ pub(crate) struct BackendView {
     reads_out: Option<String>,
     /// What the health checks' monitor user last read (absent without one).
     replication: Option<ReplicationView>,
+    /// Why failover keeps it out of service (a replaced primary, a second writable server, a
+    /// diverged one), until it is rejoined.
+    fenced: Option<FenceView>,
+}
+
+#[derive(Serialize)]
+struct FenceView {
+    kind: crate::backend::FenceKind,
+    reason: String,
+    for_seconds: u64,
 }
 
 #[derive(Serialize)]
@@ -269,6 +281,11 @@ pub(crate) fn backend_views(ctx: &Ctx) -> Vec<BackendView> {
                 serves_reads: b.fit_for_reads(),
                 reads_out: reads_out(b),
                 replication: replication_view(b.replication.lock().clone()),
+                fenced: b.fence().map(|f| FenceView {
+                    kind: f.kind,
+                    reason: f.reason,
+                    for_seconds: f.since.elapsed().map_or(0, |d| d.as_secs()),
+                }),
             }
         })
         .collect()
@@ -336,9 +353,6 @@ async fn move_session(State(ctx): State<Arc<Ctx>>, Path(id): Path<u32>, Query(q)
     (StatusCode::ACCEPTED, Json(body)).into_response()
 }
 
-/// Drains a backend: no new session goes there, and every session on it moves at its next safe
-/// point; those that cannot move (passthrough) are closed at their next safe point once
-/// `drain_timeout` passed.
 /// Closes a session: at once when it waits for a command, else once its command is through.
 async fn kill_session(State(ctx): State<Arc<Ctx>>, Path(id): Path<u32>) -> Response {
     let Some(h) = ctx.sessions.get(id) else { return not_found(format!("no session {id}")) };
@@ -346,10 +360,41 @@ async fn kill_session(State(ctx): State<Arc<Ctx>>, Path(id): Path<u32>) -> Respo
     (StatusCode::OK, Json(serde_json::json!({ "session": id, "killed": true }))).into_response()
 }
 
+/// Drains a backend: no new session goes there, and every session on it moves at its next safe
+/// point; those that cannot move (passthrough) are closed at their next safe point once
+/// `drain_timeout` passed.
 async fn drain(State(ctx): State<Arc<Ctx>>, Path(name): Path<String>) -> Response {
     let Some(b) = ctx.backends.by_name(&name) else { return not_found(format!("no backend {name}")) };
     let asked = control::start_drain(&ctx, &b);
     (StatusCode::ACCEPTED, Json(serde_json::json!({ "backend": name, "draining": true, "sessions": asked }))).into_response()
+}
+
+/// What failover knows: the primary, its last position seen, and the operations made or refused.
+async fn failover_state(State(ctx): State<Arc<Ctx>>) -> Json<serde_json::Value> {
+    let c = ctx.config();
+    let t = &ctx.backends.topology;
+    let primary = t.primary().and_then(|i| ctx.backends.get(i)).map(|b| b.name.clone());
+    Json(serde_json::json!({
+        "enabled": c.failover.enabled,
+        "manages": c.failover.manages(),
+        "primary": primary,
+        "last_seen": t.last_seen().to_string(),
+        "events": t.events(),
+    }))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SwitchTo {
+    to: String,
+}
+
+/// Makes the backend named the primary; answers once it is (or why it is not).
+async fn switchover(State(ctx): State<Arc<Ctx>>, Json(s): Json<SwitchTo>) -> Response {
+    match crate::control::failover::switchover(&ctx, &s.to).await {
+        Ok(message) => (StatusCode::OK, Json(serde_json::json!({ "primary": s.to, "message": message }))).into_response(),
+        Err(e) => (StatusCode::CONFLICT, Json(serde_json::json!({ "error": e }))).into_response(),
+    }
 }
 
 /// A backend to add at run time, as in `[[backends]]`.

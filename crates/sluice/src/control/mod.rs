@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod cluster;
+pub mod failover;
 pub mod rebalance;
 pub mod reload;
 pub mod sqladmin;

@@ -31,12 +31,12 @@ pub async fn run(ctx: &Ctx) {
     }
 }
 
-/// After a failover: sessions on a backend that no longer serves as the primary move to the
-/// one that does, at their next safe point (all of them: a failover does not wait for a rate).
+/// After a failover: sessions on a backend that no longer serves as the primary (or that
+/// failover fenced) move to the one that does, at their next safe point (all of them: a failover does not wait for a rate).
 /// Split sessions choose at every statement and are left alone. Returns how many were asked.
 pub fn follow_roles(ctx: &Ctx) -> usize {
     let list = ctx.backends.list();
-    let replicas: Vec<u32> = list.iter().filter(|b| b.serves_as() == Role::Replica).map(|b| b.index as u32).collect();
+    let replicas: Vec<u32> = list.iter().filter(|b| b.serves_as() == Role::Replica || b.is_fenced()).map(|b| b.index as u32).collect();
     // (Without replicas, or without a primary to go to, there is nothing to walk.)
     if replicas.is_empty() || !list.iter().any(|b| b.is_usable() && b.serves_as() == Role::Primary) {
         return 0;

@@ -2,7 +2,7 @@
 //! one of `[[admin.sql_users]]`, and read the same data as the HTTP API through read-only
 //! SELECTs over tables (`backends`, `sessions`, `digests`, `config`, `instances`), or run the
 //! verbs as statements (`DRAIN BACKEND 'a'`, `UNDRAIN BACKEND 'a'`, `RELOAD CONFIG`, `KILL
-//! SESSION 42`). A statement it does not know gets a MySQL error naming those it does.
+//! SESSION 42`, `SWITCHOVER TO 'b'`). A statement it does not know gets a MySQL error naming those it does.
 
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -19,9 +19,9 @@ use crate::auth::{Check, Users};
 use crate::ctx::Ctx;
 use crate::net::{PacketConn, Stream};
 
-const TABLES: &str = "backends, sessions, digests, config, instances";
+const TABLES: &str = "backends, sessions, digests, config, instances, failovers";
 const STATEMENTS: &str = "SELECT columns FROM table [WHERE column = 'value'] [LIMIT n], SHOW TABLES, DRAIN BACKEND 'name', \
-UNDRAIN BACKEND 'name', RELOAD CONFIG, KILL SESSION id";
+UNDRAIN BACKEND 'name', RELOAD CONFIG, KILL SESSION id, SWITCHOVER TO 'name'";
 
 /// Accepts admin connections until the process ends.
 /// Serves the SQL admin listener: at most `[admin] max_connections` sessions at once (more
@@ -322,6 +322,13 @@ async fn run(ctx: &Arc<Ctx>, sql: &str) -> Answer {
             Err(refused) => Answer::Error(1105, format!("reload refused: {refused}")),
         };
     }
+    static SWITCHOVER: OnceLock<Regex> = OnceLock::new();
+    if let Some(m) = re(&SWITCHOVER, r"(?i)^switchover\s+to\s+'([^']+)'$").captures(sql) {
+        return match crate::control::failover::switchover(ctx, &m[1]).await {
+            Ok(message) => Answer::Done(message),
+            Err(e) => Answer::Error(1105, format!("switchover refused: {e}")),
+        };
+    }
     static KILL_SESSION: OnceLock<Regex> = OnceLock::new();
     if let Some(m) = re(&KILL_SESSION, r"(?i)^kill\s+(?:session\s+)?(\d+)$").captures(sql) {
         let id = &m[1];
@@ -359,6 +366,7 @@ async fn table_rows(ctx: &Ctx, table: &str) -> Result<Vec<Map<String, Value>>, A
             flatten("", &serde_json::to_value(&**ctx.config()).unwrap_or_default(), &mut rows);
             Value::Array(rows.into_iter().map(|(k, v)| serde_json::json!({ "key": k, "value": v })).collect())
         }
+        "failovers" => serde_json::to_value(ctx.backends.topology.events()).unwrap_or_default(),
         "instances" if ctx.config().cluster.etcd.is_empty() => Value::Array(Vec::new()),
         "instances" => Value::Array(crate::control::cluster::instances(ctx).await.map_err(|e| Answer::Error(1105, e.to_string()))?),
         other => return Err(Answer::Error(1146, format!("Table 'sluice.{other}' doesn't exist: the tables are {TABLES}"))),

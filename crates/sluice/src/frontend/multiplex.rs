@@ -69,6 +69,21 @@ impl Session {
         }
     }
 
+    /// Holds the command while the primary changes (a switchover, a lost primary replaced:
+    /// `[failover] hold_timeout` at most); then a session on a backend that no longer serves
+    /// as the primary moves to the one that does before the command runs.
+    pub(super) async fn wait_primary(&mut self) -> Result<()> {
+        self.handle.gated.store(true, Ordering::Relaxed);
+        self.ctx.backends.topology.wait(self.config.failover.hold_timeout).await;
+        self.handle.gated.store(false, Ordering::Relaxed);
+        let demoted = self.backend.guard.serves_as() == crate::config::Role::Replica || self.backend.guard.is_fenced();
+        if !self.route.split && !self.backend.conn.is_detached() && demoted {
+            self.handle.ask_move(None, MoveReason::Role);
+            self.settle().await?;
+        }
+        Ok(())
+    }
+
     /// Reads back the user variables that statements named since the last time, so that
     /// another connection can be given them. Values sluice cannot write back exactly pin the
     /// session instead.
@@ -410,6 +425,15 @@ impl Session {
         let backends = &self.ctx.backends;
         let target = match to {
             Some(i) => backends.get(i).filter(|b| b.is_up()),
+            // Off a backend that stopped being the primary: to the one that is now, if any (a
+            // session that got there since stays).
+            None if why == MoveReason::Role => {
+                let primary = |b: &Backend| b.is_usable() && b.serves_as() == crate::config::Role::Primary;
+                if primary(&self.backend.guard) {
+                    return;
+                }
+                backends.balancer.pick(backends, &[], crate::backend::balance::Want::Primary).filter(|b| primary(b))
+            }
             None => {
                 let mut exclude = vec![(self.backend.guard.index, Error::backend("the session is there"))];
                 match link::pick(backends, &exclude) {

@@ -180,6 +180,10 @@ impl Session {
         if capture & crate::capture::GATE != 0 && !self.state.in_transaction() {
             capture = Box::pin(self.wait_gate()).await;
         }
+        // The primary is changing: the command waits for the new one.
+        if self.backend.key.is_some() && self.ctx.backends.topology.is_held() && !self.state.in_transaction() {
+            Box::pin(self.wait_primary()).await?;
+        }
         // Plan: its record, its statement read once, its rule (which may answer it, or rewrite
         // it), where it should run.
         let mut plan = self.plan(cmd, h, capture);

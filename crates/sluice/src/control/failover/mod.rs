@@ -1,0 +1,424 @@
+//! Failover, switchover and rejoin (`[failover]`), on the control thread.
+//!
+//! Each health interval the loop looks at what the health checks read (with the monitor user):
+//! - The primary is the one writable backend (once known, sluice keeps it until it promotes
+//!   another). While it is up, its GTID position is noted: a failover must not lose what
+//!   sluice saw committed there.
+//! - Another writable backend is fenced: no session goes there until it is rejoined.
+//! - A primary down for `after` (in failed checks) is replaced (`enabled = true`): the
+//!   replicas are read afresh, one is chosen ([`choose`]), it applies what it received and is
+//!   made writable, and the other replicas replicate from it. The old primary is fenced. A
+//!   promotion that would lose transactions, or with replicas that disagree, or with the old
+//!   primary still answering sluice, is refused (and said once, until the reason changes).
+//! - A fenced server that is up is rejoined: made a replica of the primary when what it has
+//!   applied is a prefix of the primary's log, else kept out as diverged, its extra
+//!   transactions named. A replica still following a former primary is pointed at the new one.
+//!
+//! A switchover ([`switchover`], asked through the admin API) makes the primary read-only,
+//! lets the chosen replica catch up, promotes it and makes the old primary its replica.
+
+mod choose;
+mod steps;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_proto::gtid::{Position, describe};
+
+use crate::backend::manage::Manage;
+use crate::backend::topology::Event;
+use crate::backend::{Backend, Fence, FenceKind};
+use crate::config::{Config, Role};
+use crate::ctx::Ctx;
+use steps::Seen;
+
+/// Runs until the process ends.
+pub async fn run(ctx: &Ctx) {
+    loop {
+        let c = ctx.config();
+        tokio::time::sleep(c.health.interval.max(Duration::from_millis(50))).await;
+        if !c.failover.manages() || ctx.is_draining() {
+            continue;
+        }
+        // (A switchover asked through the admin API holds it: this pass is skipped.)
+        let Ok(_busy) = ctx.backends.topology.busy.try_lock() else { continue };
+        tick(ctx, &c).await;
+    }
+}
+
+async fn tick(ctx: &Ctx, c: &Config) {
+    let list: Vec<Arc<Backend>> = ctx.backends.list().iter().cloned().collect();
+    let Some(primary) = known_primary(ctx, &list) else { return };
+    let topo = &ctx.backends.topology;
+    if primary.is_up() {
+        if topo.is_held() {
+            topo.release();
+        }
+        if let Some(pos) = Position::parse(&primary.replication.lock().gtid_binlog_pos) {
+            ctx.backends.topology.saw(pos);
+        }
+        fence_writable(&list, &primary);
+        if c.failover.rejoin {
+            rejoin_all(ctx, c, &list, &primary).await;
+        }
+    } else if c.failover.enabled {
+        // Sessions hold their next command until a replica is promoted (or that is refused).
+        topo.hold();
+        if primary.health.lock().consecutive_fail >= c.failover.failed_checks(&c.health) {
+            failover(ctx, c, &list, &primary).await;
+            topo.release();
+        }
+    }
+}
+
+/// The backend sluice knows as the primary; the first time, the one writable backend (None
+/// while there is none, or more than one).
+fn known_primary(ctx: &Ctx, list: &[Arc<Backend>]) -> Option<Arc<Backend>> {
+    let topo = &ctx.backends.topology;
+    if let Some(i) = topo.primary() {
+        return list.iter().find(|b| b.index == i).cloned();
+    }
+    let writable: Vec<&Arc<Backend>> =
+        list.iter().filter(|b| b.is_up() && !b.is_fenced() && b.replication.lock().read_only == Some(false)).collect();
+    let [p] = writable[..] else { return None };
+    topo.set_primary(p.index);
+    tracing::info!(backend = %p.name, "failover: the primary is the one writable backend");
+    Some(p.clone())
+}
+
+/// Fences every other writable backend: two writable servers would diverge.
+fn fence_writable(list: &[Arc<Backend>], primary: &Backend) {
+    for b in list.iter().filter(|b| b.index != primary.index && b.is_up() && !b.is_fenced()) {
+        if b.replication.lock().read_only == Some(false) {
+            let reason = format!("writable, but {} is the primary: kept out until it is rejoined as its replica", primary.name);
+            tracing::warn!(backend = %b.name, "{reason}");
+            b.set_fence(Some(fence(FenceKind::Writable, reason)));
+        }
+    }
+}
+
+fn fence(kind: FenceKind, reason: String) -> Fence {
+    Fence { kind, reason, since: std::time::SystemTime::now() }
+}
+
+/// Records an operation's outcome: logged and counted unless it repeats the refusal before.
+fn record(ctx: &Ctx, started: Instant, operation: &'static str, result: &'static str, backend: Option<&Backend>, message: String) {
+    let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let backend = backend.map(|b| b.name.clone());
+    let e =
+        Event { at, operation, result, backend: backend.clone(), message: message.clone(), took_ms: started.elapsed().as_millis() as u64 };
+    if !ctx.backends.topology.record(e) {
+        return;
+    }
+    ctx.metrics.cluster_operation(operation, result);
+    let backend = backend.unwrap_or_default();
+    match result {
+        "done" => tracing::warn!(operation, backend, "{message}"),
+        _ => tracing::error!(operation, result, backend, "{message}"),
+    }
+}
+
+/// A replica as read just before a failover or switchover, with the connection to act on it.
+struct Replica {
+    b: Arc<Backend>,
+    m: Option<Manage>,
+    seen: Seen,
+    candidate: choose::Candidate,
+}
+
+/// Reads every up, unfenced backend but `except`, as failover's user.
+async fn read_replicas(c: &Config, list: &[Arc<Backend>], except: &Backend) -> Vec<Replica> {
+    let mut out = Vec::new();
+    for b in list.iter().filter(|b| b.index != except.index && b.is_up() && !b.is_fenced()) {
+        let read = async {
+            let mut m = steps::connect(b, &c.failover, c.health.timeout).await?;
+            let seen = steps::observe(&mut m).await?;
+            Ok::<_, crate::backend::manage::Failure>((m, seen))
+        };
+        let (m, seen, out_why) = match read.await {
+            Ok((m, seen)) => {
+                let why = match &seen.replica {
+                    _ if !b.candidate => Some("candidate = false".to_string()),
+                    None => Some("it replicates from nobody".to_string()),
+                    Some(r) if r.delay > 0 => Some(format!("a delayed replica (SQL_Delay {} s)", r.delay)),
+                    Some(_) => None,
+                };
+                (Some(m), seen, why)
+            }
+            Err(e) => (None, Seen::default(), Some(format!("unreadable: {e}"))),
+        };
+        let candidate = choose::Candidate {
+            name: b.name.clone(),
+            out: out_why,
+            priority: b.priority,
+            received: seen.received.clone(),
+            applied: seen.applied.clone(),
+        };
+        out.push(Replica { b: b.clone(), m, seen, candidate });
+    }
+    out
+}
+
+/// Replaces a lost primary.
+async fn failover(ctx: &Ctx, c: &Config, list: &[Arc<Backend>], old: &Arc<Backend>) {
+    let started = Instant::now();
+    let down_for = old.health.lock().since.elapsed();
+    if let Ok((conn, _)) = crate::backend::conn::open(old, c.health.timeout, crate::backend::conn::Origin::Sluice).await {
+        drop(conn);
+        let why = format!("{} fails its checks ({}) but still answers sluice's connections: not promoting", old.name, old.out_reason());
+        return record(ctx, started, "failover", "refused", Some(old), why);
+    }
+    let mut replicas = read_replicas(c, list, old).await;
+    let candidates: Vec<choose::Candidate> = replicas.iter().map(|r| r.candidate.clone()).collect();
+    let chosen = match choose::choose(&ctx.backends.topology.last_seen(), &candidates) {
+        Ok(i) => i,
+        Err(refusal) => return record(ctx, started, "failover", "refused", Some(old), refusal.to_string()),
+    };
+    let new = replicas[chosen].b.clone();
+    let received = replicas[chosen].seen.received.clone();
+    let Some(m) = replicas[chosen].m.as_mut() else { return };
+    if let Err(e) = steps::promote(m, &received, c.failover.catch_up_timeout).await {
+        return record(ctx, started, "failover", "failed", Some(&new), format!("promoting {}: {e}", new.name));
+    }
+    let reason = format!("the primary until a failover promoted {}: it rejoins as a replica when it returns", new.name);
+    old.set_fence(Some(fence(FenceKind::Replaced, reason)));
+    new.assume(Role::Primary);
+    ctx.backends.topology.promoted(new.index, received.clone());
+    crate::control::rebalance::follow_roles(ctx);
+    let following = repoint(&mut replicas, &new).await;
+    let msg = format!(
+        "{} promoted after {} was down for {:.1} s (it had received {received}); {following}",
+        new.name,
+        old.name,
+        down_for.as_secs_f64()
+    );
+    record(ctx, started, "failover", "done", Some(&new), msg);
+}
+
+/// Points every replica but `new` at it; says which follow it and which could not be made to.
+async fn repoint(replicas: &mut [Replica], new: &Backend) -> String {
+    let (mut ok, mut failed) = (Vec::new(), Vec::new());
+    for r in replicas.iter_mut().filter(|r| r.b.index != new.index) {
+        let Some(m) = r.m.as_mut() else {
+            failed.push(format!("{} (unreadable)", r.b.name));
+            continue;
+        };
+        match steps::follow(m, new, None, false).await {
+            Ok(()) => ok.push(r.b.name.clone()),
+            Err(e) => failed.push(format!("{} ({e})", r.b.name)),
+        }
+    }
+    for r in replicas.iter_mut() {
+        if let Some(m) = r.m.take() {
+            m.quit().await;
+        }
+    }
+    let mut s = format!("replicas following it: {}", if ok.is_empty() { "none".into() } else { ok.join(", ") });
+    if !failed.is_empty() {
+        s += &format!("; not following it: {}", failed.join(", "));
+    }
+    s
+}
+
+/// Rejoins fenced servers that are up, and points replicas still following a former primary
+/// at the primary.
+async fn rejoin_all(ctx: &Ctx, c: &Config, list: &[Arc<Backend>], primary: &Arc<Backend>) {
+    let primary_at = steps::source_name(primary);
+    for b in list.iter().filter(|b| b.index != primary.index && b.is_up()) {
+        let follows_another = {
+            let r = b.replication.lock();
+            let source = r.replica.as_ref().map(|s| s.source.clone());
+            source.is_some_and(|s| Some(&s) != primary_at.as_ref() && list.iter().any(|o| steps::source_name(o).as_ref() == Some(&s)))
+        };
+        if b.is_fenced() || follows_another {
+            rejoin(ctx, c, b, primary).await;
+        }
+    }
+}
+
+/// Makes `b` a replica of `primary` when what it applied is a prefix of the primary's log;
+/// else fences it as diverged.
+async fn rejoin(ctx: &Ctx, c: &Config, b: &Arc<Backend>, primary: &Arc<Backend>) {
+    let started = Instant::now();
+    let read = async {
+        let mut pm = steps::connect(primary, &c.failover, c.health.timeout).await?;
+        let p = steps::observe(&mut pm).await?;
+        pm.quit().await;
+        let mut m = steps::connect(b, &c.failover, c.health.timeout).await?;
+        let seen = steps::observe(&mut m).await?;
+        Ok::<_, crate::backend::manage::Failure>((p.logged, m, seen))
+    };
+    let (primary_log, mut m, seen) = match read.await {
+        Ok(r) => r,
+        Err(e) => return record(ctx, started, "rejoin", "failed", Some(b), format!("reading {} and {}: {e}", b.name, primary.name)),
+    };
+    let extra = beyond_history(&seen.applied, &primary_log, ctx.backends.topology.history().as_ref());
+    if !extra.is_empty() {
+        m.quit().await;
+        let why = format!("diverged: it has transactions the primary {} lacks: {}", primary.name, describe(&extra));
+        b.set_fence(Some(fence(FenceKind::Diverged, why.clone())));
+        return record(ctx, started, "rejoin", "diverged", Some(b), why);
+    }
+    // A server that replicated from nobody (a former primary) gets the replication account,
+    // and its own transactions count as replicated.
+    let alone = seen.replica.is_none();
+    let account = alone.then(|| c.failover.replication_account());
+    let done = steps::follow(&mut m, primary, account, alone).await;
+    m.quit().await;
+    if let Err(e) = done {
+        return record(ctx, started, "rejoin", "failed", Some(b), format!("making {} a replica of {}: {e}", b.name, primary.name));
+    }
+    b.assume(Role::Replica);
+    b.set_fence(None);
+    let msg = format!("{} replicates from {} (it had applied {})", b.name, primary.name, seen.applied);
+    record(ctx, started, "rejoin", "done", Some(b), msg);
+}
+
+/// What a server applied that is not in the primary's history: past the primary's log in a
+/// domain, or, in a domain whose last transaction another server wrote, past what the
+/// primary held of its predecessor's log when it was promoted (`history`). Sequence numbers
+/// alone cannot tell: a new primary that wrote more has larger ones than a diverged old one.
+fn beyond_history(applied: &Position, log: &Position, history: Option<&Position>) -> Vec<sluice_proto::gtid::Beyond> {
+    let mut out = applied.beyond(log);
+    if let (true, Some(h)) = (out.is_empty(), history) {
+        for g in applied.gtids() {
+            if log.get(g.domain).is_some_and(|p| p.server != g.server) {
+                out.extend(applied.only(g.domain).beyond(h));
+            }
+        }
+    }
+    out
+}
+
+/// Makes `to` the primary (the admin API's switchover): the primary is made read-only, `to`
+/// applies everything it logged, is promoted, and the old primary becomes its replica.
+pub async fn switchover(ctx: &Ctx, to: &str) -> Result<String, String> {
+    let c = ctx.config();
+    if !c.failover.manages() {
+        return Err("switchover needs [failover] user and password".into());
+    }
+    let _busy = ctx.backends.topology.busy.lock().await;
+    let started = Instant::now();
+    let list: Vec<Arc<Backend>> = ctx.backends.list().iter().cloned().collect();
+    let refuse = |why: String| {
+        record(ctx, started, "switchover", "refused", None, why.clone());
+        Err(why)
+    };
+    let Some(new) = list.iter().find(|b| b.name == to).cloned() else { return refuse(format!("no backend is named {to:?}")) };
+    let Some(old) = known_primary(ctx, &list) else { return refuse("no primary is known".into()) };
+    if old.index == new.index {
+        return refuse(format!("{to} is the primary already"));
+    }
+    if let Some(why) =
+        old.why_unusable().or_else(|| new.why_unusable()).or_else(|| (!new.candidate).then(|| format!("{to} has candidate = false")))
+    {
+        return refuse(why);
+    }
+    // Sessions hold their next command; those running a command or a transaction finish it.
+    let topo = &ctx.backends.topology;
+    topo.hold();
+    let busy = quiet(ctx, c.failover.hold_timeout).await;
+    if !busy.is_empty() {
+        tracing::warn!(sessions = ?busy, "switchover: sessions still in a transaction go on; their next writes may fail");
+    }
+    let switched = switch(ctx, &c, &list, &old, &new).await;
+    topo.release();
+    match switched {
+        Ok(msg) => {
+            record(ctx, started, "switchover", "done", Some(&new), msg.clone());
+            Ok(msg)
+        }
+        Err(e) => {
+            record(ctx, started, "switchover", "failed", Some(&new), e.clone());
+            Err(e)
+        }
+    }
+}
+
+/// Waits (at most `limit`) until no users-mode session runs a command or a transaction
+/// outside the hold; the sessions that still do.
+async fn quiet(ctx: &Ctx, limit: Duration) -> Vec<u32> {
+    use std::sync::atomic::Ordering;
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let mut busy = Vec::new();
+        ctx.sessions.for_each(|h| {
+            let in_trans = h.status.load(Ordering::Relaxed) & sluice_proto::consts::status::IN_TRANS != 0;
+            let running = !h.gated.load(Ordering::Relaxed) && (h.busy.load(Ordering::Relaxed) || in_trans);
+            if running && !h.info.lock().state.passthrough {
+                busy.push(h.id);
+            }
+        });
+        if busy.is_empty() || tokio::time::Instant::now() >= deadline {
+            return busy;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn switch(ctx: &Ctx, c: &Config, list: &[Arc<Backend>], old: &Arc<Backend>, new: &Arc<Backend>) -> Result<String, String> {
+    let timeout = c.health.timeout;
+    let mut om = steps::connect(old, &c.failover, timeout).await.map_err(|e| format!("{}: {e}", old.name))?;
+    let mut replicas = read_replicas(c, list, old).await;
+    let Some(ni) = replicas.iter().position(|r| r.b.index == new.index && r.m.is_some()) else {
+        return Err(format!("{} could not be read", new.name));
+    };
+    om.query("SET GLOBAL read_only = 1").await.map_err(|e| format!("{}: {e}", old.name))?;
+    let catch_up = async {
+        let pos = steps::observe(&mut om).await?.logged;
+        let m = replicas[ni].m.as_mut().expect("read");
+        steps::wait_for(m, &pos, c.failover.catch_up_timeout).await?;
+        steps::promote(m, &Position::default(), c.failover.catch_up_timeout).await?;
+        Ok::<_, crate::backend::manage::Failure>(pos)
+    };
+    let pos = match catch_up.await {
+        Ok(pos) => pos,
+        Err(e) => {
+            // The old primary takes writes again.
+            let undone = om.query("SET GLOBAL read_only = 0").await;
+            let undone = if undone.is_ok() { "it is writable again" } else { "it could not be made writable again" };
+            return Err(format!("{} did not take over: {e} ({} {undone})", new.name, old.name));
+        }
+    };
+    new.assume(Role::Primary);
+    old.assume(Role::Replica);
+    ctx.backends.topology.promoted(new.index, pos.clone());
+    crate::control::rebalance::follow_roles(ctx);
+    let demoted = steps::follow(&mut om, new, Some(c.failover.replication_account()), true).await;
+    om.quit().await;
+    let following = repoint(&mut replicas, new).await;
+    let old_state = match demoted {
+        Ok(()) => format!("{} replicates from it", old.name),
+        Err(e) => {
+            let why = format!("the primary until a switchover; making it a replica failed: {e}");
+            old.set_fence(Some(fence(FenceKind::Replaced, why.clone())));
+            why
+        }
+    };
+    Ok(format!("{} is the primary (at {pos}); {old_state}; {following}", new.name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Position {
+        Position::parse(s).unwrap()
+    }
+
+    #[test]
+    fn a_server_is_in_the_primarys_history_up_to_the_promotion() {
+        // The old primary had 0-1-10 when a replica holding all of it was promoted; the new
+        // primary wrote 0-2-15 since.
+        let history = p("0-1-10");
+        assert!(beyond_history(&p("0-1-10"), &p("0-2-15"), Some(&history)).is_empty());
+        assert!(beyond_history(&p("0-1-8"), &p("0-2-15"), Some(&history)).is_empty());
+        // Two more of its own after the promotion: diverged, though 12 < 15.
+        let extra = beyond_history(&p("0-1-12"), &p("0-2-15"), Some(&history));
+        assert_eq!(describe(&extra), "0-*-11..0-1-12 (2 transactions)");
+        // Past the primary's log in a domain, with or without a history.
+        assert_eq!(describe(&beyond_history(&p("0-1-17"), &p("0-2-15"), None)), "0-*-16..0-1-17 (2 transactions)");
+        // The same server's transactions are one history.
+        assert!(beyond_history(&p("0-2-14"), &p("0-2-15"), Some(&history)).is_empty());
+    }
+}

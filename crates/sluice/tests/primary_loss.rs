@@ -1,0 +1,221 @@
+//! Losing the primary (`[failover]`), against a real replicated MariaDB topology: a killed
+//! primary is replaced by the replica that has everything sluice saw committed, the other
+//! replicas follow it, sessions carry on there, and the old primary rejoins as a replica when
+//! it returns, or is kept out, its extra transactions named, when it diverged. A promotion that
+//! would lose transactions is refused. A switchover asked through the admin API swaps the
+//! roles and back.
+
+mod common;
+
+use common::*;
+use mysql_async::prelude::*;
+use serde_json::Value;
+use sluice_testkit::Topology;
+
+fn failover_sluice(t: &Topology, extra: &[&str]) -> SluiceProc {
+    let mut c = TestConfig::new()
+        .table("health", "interval = \"100ms\"\ntimeout = \"500ms\"\nfall = 2\nrise = 2\nuser = \"monitor\"\npassword = \"monitorpw\"\n")
+        .table("failover", "enabled = true\nuser = \"app\"\npassword = \"apppw\"\nafter = \"300ms\"\n")
+        .app_users();
+    for (i, s) in t.servers.iter().enumerate() {
+        c = c.backend_with(&s.addr(), &format!("name = \"s{i}\"\n{}\n", extra.get(i).copied().unwrap_or_default()));
+    }
+    let s = c.start();
+    wait_for("the primary known", || state(&s)["primary"] == "s0");
+    s
+}
+
+fn state(s: &SluiceProc) -> Value {
+    json(&admin_get(s, "/cluster/failover", None).1)
+}
+
+fn backend(s: &SluiceProc, name: &str) -> Value {
+    let v = json(&admin_get(s, "/backends", None).1);
+    v.as_array().and_then(|l| l.iter().find(|b| b["name"] == name).cloned()).expect("the backend")
+}
+
+/// Waits for an operation's event and returns it.
+fn event(s: &SluiceProc, operation: &str, nth: usize) -> Value {
+    let found = |s: &SluiceProc| {
+        let v = state(s);
+        v["events"].as_array().and_then(|e| e.iter().filter(|e| e["operation"] == operation).nth(nth).cloned())
+    };
+    wait_for(&format!("{operation} #{nth}"), || found(s).is_some());
+    found(s).expect("the event")
+}
+
+fn index_of(name: &Value) -> usize {
+    name.as_str().and_then(|n| n.strip_prefix('s')).and_then(|i| i.parse().ok()).expect("a backend sN")
+}
+
+fn source_is(s: &SluiceProc, name: &str, primary: &sluice_testkit::MariaDb) -> bool {
+    let b = backend(s, name);
+    b["replication"]["source"] == format!("127.0.0.1:{}", primary.port).as_str() && b["replication"]["replicating"] == true
+}
+
+/// What `db` has applied of `primary`'s log, waited for.
+fn caught_up(db: &sluice_testkit::MariaDb, primary: &sluice_testkit::MariaDb) -> bool {
+    let pos = primary.sql("SELECT @@gtid_binlog_pos").trim().to_string();
+    db.sql(&format!("SELECT MASTER_GTID_WAIT('{pos}', 60)")).trim() == "0"
+}
+
+fn rows(db: &sluice_testkit::MariaDb, table: &str) -> String {
+    db.sql(&format!("SELECT COUNT(*) FROM {table}")).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_replaced_and_rejoins_as_a_replica() {
+    let mut t = Topology::start(2);
+    let s = failover_sluice(&t, &[]);
+    let mut idle = app(&s).await;
+    idle.query_drop("CREATE TABLE test.kept (id INT PRIMARY KEY)").await.unwrap();
+    for i in 0..10 {
+        idle.exec_drop("INSERT INTO test.kept VALUES (?)", (i,)).await.unwrap();
+    }
+    t.wait_caught_up();
+    let last = t.primary_gtid();
+    wait_for("sluice saw the primary's last write", || state(&s)["last_seen"] == last.as_str());
+
+    t.servers[0].kill();
+    let e = event(&s, "failover", 0);
+    assert_eq!(e["result"], "done", "{e}");
+    let new = index_of(&state(&s)["primary"]);
+    let other = 3 - new;
+    assert_eq!(t.servers[new].sql("SELECT @@read_only").trim(), "0", "the promoted replica is writable");
+    assert_eq!(backend(&s, &format!("s{new}"))["serves_as"], "primary");
+    wait_for("the other replica following the new primary", || source_is(&s, &format!("s{other}"), &t.servers[new]));
+    let old = backend(&s, "s0");
+    assert_eq!(old["fenced"]["kind"], "replaced", "{old}");
+    assert_eq!(metric(&s, "sluice_failovers_total{result=\"done\"}"), 1);
+
+    // The idle session carries on at the new primary, and so do new ones; nothing was lost.
+    let port: u16 = idle.query_first("SELECT @@port").await.unwrap().unwrap();
+    assert_eq!(port, t.servers[new].port);
+    idle.exec_drop("INSERT INTO test.kept VALUES (?)", (10,)).await.unwrap();
+    let mut fresh = app(&s).await;
+    fresh.exec_drop("INSERT INTO test.kept VALUES (?)", (11,)).await.unwrap();
+    let port: u16 = fresh.query_first("SELECT @@port").await.unwrap().unwrap();
+    assert_eq!(port, t.servers[new].port);
+    assert_eq!(rows(&t.servers[new], "test.kept"), "12");
+    assert!(caught_up(&t.servers[other], &t.servers[new]));
+    assert_eq!(rows(&t.servers[other], "test.kept"), "12");
+
+    // The old primary returns: it rejoins as a replica of the new one and gets what it missed.
+    t.servers[0].restart();
+    let e = event(&s, "rejoin", 0);
+    assert_eq!(e["result"], "done", "{e}");
+    assert_eq!(t.servers[0].sql("SELECT @@read_only").trim(), "1");
+    wait_for("the old primary replicating from the new one", || source_is(&s, "s0", &t.servers[new]));
+    let b = backend(&s, "s0");
+    assert!(b["fenced"].is_null(), "{b}");
+    assert_eq!(b["serves_as"], "replica");
+    assert!(caught_up(&t.servers[0], &t.servers[new]));
+    assert_eq!(rows(&t.servers[0], "test.kept"), "12");
+    assert_eq!(metric(&s, "sluice_rejoins_total{result=\"done\"}"), 1);
+    drop(idle);
+    drop(fresh);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diverged_old_primary_is_kept_out_with_its_transactions_named() {
+    let mut t = Topology::start(1);
+    let s = failover_sluice(&t, &[]);
+    t.primary().sql("CREATE TABLE test.d (id INT PRIMARY KEY); INSERT INTO test.d VALUES (1)");
+    t.wait_caught_up();
+    let last = t.primary_gtid();
+    wait_for("sluice saw the primary's last write", || state(&s)["last_seen"] == last.as_str());
+    t.servers[0].kill();
+    assert_eq!(event(&s, "failover", 0)["result"], "done");
+    assert_eq!(state(&s)["primary"], "s1");
+    // The new primary takes more writes than the old one will have of its own.
+    let mut c = app(&s).await;
+    for i in 2..8 {
+        c.exec_drop("INSERT INTO test.d VALUES (?)", (i,)).await.unwrap();
+    }
+
+    // The old primary comes back where sluice does not see it, takes two writes of its own,
+    // and returns at its address.
+    let port = t.servers[0].port;
+    t.servers[0].restart_at(sluice_testkit::mariadb::free_port());
+    t.servers[0].sql("INSERT INTO test.d VALUES (100); INSERT INTO test.d VALUES (101)");
+    t.servers[0].restart_at(port);
+
+    let e = event(&s, "rejoin", 0);
+    assert_eq!(e["result"], "diverged", "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("(2 transactions)"), "{message}");
+    let b = backend(&s, "s0");
+    assert_eq!(b["fenced"]["kind"], "diverged", "{b}");
+    assert!(b["up"] == true && b["sessions"] == 0);
+    // Sessions never go there.
+    for _ in 0..4 {
+        let mut c = app(&s).await;
+        let port: u16 = c.query_first("SELECT @@port").await.unwrap().unwrap();
+        assert_eq!(port, t.servers[1].port);
+    }
+    assert_eq!(t.servers[0].sql("SELECT @@read_only").trim(), "0", "sluice changed nothing there");
+    assert_eq!(metric(&s, "sluice_rejoins_total{result=\"diverged\"}"), 1);
+}
+
+#[test]
+fn a_promotion_that_would_lose_transactions_is_refused() {
+    let mut t = Topology::start(2);
+    // s1 may not be promoted; s2 stops receiving, and the primary commits what it lacks.
+    let s = failover_sluice(&t, &["", "candidate = false"]);
+    t.servers[2].sql("STOP SLAVE IO_THREAD");
+    t.primary().sql("CREATE TABLE test.lost (id INT PRIMARY KEY); INSERT INTO test.lost VALUES (1)");
+    let last = t.primary_gtid();
+    wait_for("sluice saw the primary's last write", || state(&s)["last_seen"] == last.as_str());
+    t.servers[0].kill();
+    let e = event(&s, "failover", 0);
+    assert_eq!(e["result"], "refused", "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.starts_with("s2 lacks the primary's last transactions that sluice saw"), "{message}");
+    assert_eq!(state(&s)["primary"], "s0", "nothing was promoted");
+    assert_eq!(t.servers[1].sql("SELECT @@read_only").trim(), "1");
+    assert_eq!(t.servers[2].sql("SELECT @@read_only").trim(), "1");
+    assert_eq!(metric(&s, "sluice_failovers_total{result=\"refused\"}"), 1, "a refusal is counted once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_swaps_the_roles_and_back() {
+    let t = Topology::start(2);
+    let s = failover_sluice(&t, &[]);
+    let mut idle = app(&s).await;
+    idle.query_drop("CREATE TABLE test.sw (id INT PRIMARY KEY)").await.unwrap();
+
+    let (code, body) = admin_post_json(&s, "/cluster/switchover", &serde_json::json!({ "to": "s2" }));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(state(&s)["primary"], "s2");
+    assert_eq!(t.servers[2].sql("SELECT @@read_only").trim(), "0");
+    assert_eq!(t.servers[0].sql("SELECT @@read_only").trim(), "1");
+    wait_for("the old primary replicating from the new one", || source_is(&s, "s0", &t.servers[2]));
+    wait_for("the other replica too", || source_is(&s, "s1", &t.servers[2]));
+    wait_for("the idle session moved", || backend(&s, "s2")["sessions"] == 1);
+    idle.query_drop("INSERT INTO test.sw VALUES (1)").await.unwrap();
+    let port: u16 = idle.query_first("SELECT @@port").await.unwrap().unwrap();
+    assert_eq!(port, t.servers[2].port);
+
+    // Refused: to the primary itself, to a backend that does not exist.
+    let (code, body) = admin_post_json(&s, "/cluster/switchover", &serde_json::json!({ "to": "s2" }));
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("is the primary already"), "{body}");
+    let (code, _) = admin_post_json(&s, "/cluster/switchover", &serde_json::json!({ "to": "nobody" }));
+    assert_eq!(code, 409);
+
+    // And back.
+    let (code, body) = admin_post_json(&s, "/cluster/switchover", &serde_json::json!({ "to": "s0" }));
+    assert_eq!(code, 200, "{body}");
+    wait_for("s2 replicating from s0", || source_is(&s, "s2", &t.servers[0]));
+    wait_for("the idle session moved back", || backend(&s, "s0")["sessions"] == 1);
+    idle.query_drop("INSERT INTO test.sw VALUES (2)").await.unwrap();
+    let port: u16 = idle.query_first("SELECT @@port").await.unwrap().unwrap();
+    assert_eq!(port, t.servers[0].port);
+    for db in &t.servers[1..] {
+        assert!(caught_up(db, &t.servers[0]), "{}", db.sql("SHOW SLAVE STATUS"));
+    }
+    for db in &t.servers {
+        assert_eq!(rows(db, "test.sw"), "2");
+    }
+    assert_eq!(metric(&s, "sluice_switchovers_total{result=\"done\"}"), 2);
+}
