@@ -120,7 +120,7 @@ async function drain(name, undo) {
 }
 
 function backendRow(b) {
-  const health = b.draining ? "draining" : b.up ? "up" : "down";
+  const health = b.fenced ? "fenced" : b.draining ? "draining" : b.up ? "up" : "down";
   const button = document.createElement("button");
   button.className = "drain";
   button.textContent = b.draining ? "undrain" : "drain";
@@ -129,7 +129,7 @@ function backendRow(b) {
   const row = tr([
     cell(show(b.name)),
     cell(show(b.address)),
-    cell(health === "down" ? "down: " + show(b.reason) : health, health),
+    cell(health === "down" ? "down: " + show(b.reason) : health === "fenced" ? b.fenced.kind + ": " + show(b.fenced.reason) : health, health),
     cell(show(b.serves_as)),
     cell(String(b.sessions), "sessions"),
     cell(String(b.weight)),

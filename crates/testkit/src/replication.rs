@@ -1,5 +1,6 @@
 //! A replication topology for tests and benchmarks: a MariaDB primary and replicas that follow it
-//! with GTID replication (`MASTER_USE_GTID = slave_pos`), each on its own loopback port. A replica
+//! with semi-synchronous GTID replication (`MASTER_USE_GTID = slave_pos`), each on its own
+//! loopback port. A replica
 //! can be made to lag (a replication delay, or its SQL thread stopped), and one can be promoted
 //! the way an external failover tool does it: the old primary made read-only, the replica made
 //! writable, every other server pointed at it.
@@ -121,12 +122,20 @@ impl Topology {
 }
 
 /// What makes server `i` a member of a topology: its own server id, a binary log holding the
-/// changes it applies as a replica too, and row-based events.
+/// changes it applies as a replica too, and row-based events. Replication is semi-synchronous
+/// (MariaDB's built-in plugin), with the wait after the binary log's sync and before the
+/// engine's commit (`AFTER_SYNC`): a transaction a client saw committed is in a replica's relay
+/// log, so a failover that promotes the replica that received most loses nothing acknowledged.
+/// A primary that no replica acknowledges within a second goes on asynchronously.
 fn server_options(i: usize) -> Vec<String> {
     vec![
         format!("--server-id={}", i + 1),
         "--log-bin=mariadb-bin".to_string(),
         "--log-slave-updates".to_string(),
         "--binlog-format=ROW".to_string(),
+        "--rpl-semi-sync-master-enabled=ON".to_string(),
+        "--rpl-semi-sync-slave-enabled=ON".to_string(),
+        "--rpl-semi-sync-master-wait-point=AFTER_SYNC".to_string(),
+        "--rpl-semi-sync-master-timeout=1000".to_string(),
     ]
 }

@@ -18,6 +18,10 @@ pub struct Totals {
 }
 
 fn base(workload: &str, addr: &str, tables: u32, table_size: u32) -> Command {
+    base_as(workload, addr, tables, table_size, ("app", "apppw"))
+}
+
+fn base_as(workload: &str, addr: &str, tables: u32, table_size: u32, (user, password): (&str, &str)) -> Command {
     let (host, port) = addr.rsplit_once(':').expect("host:port");
     let mut c = Command::new("sysbench");
     c.args([
@@ -25,8 +29,8 @@ fn base(workload: &str, addr: &str, tables: u32, table_size: u32) -> Command {
         "--db-driver=mysql",
         &format!("--mysql-host={host}"),
         &format!("--mysql-port={port}"),
-        "--mysql-user=app",
-        "--mysql-password=apppw",
+        &format!("--mysql-user={user}"),
+        &format!("--mysql-password={password}"),
         "--mysql-db=sbtest",
         &format!("--tables={tables}"),
         &format!("--table-size={table_size}"),
@@ -67,18 +71,35 @@ const LIMIT_SECONDS: u32 = 900;
 
 /// Starts `workload` against `addr`, ignoring (and reconnecting after) errors.
 pub fn start(workload: &str, addr: &str, tables: u32, table_size: u32, threads: u32) -> Run {
-    let mut c = base(workload, addr, tables, table_size);
+    start_as(workload, addr, tables, table_size, threads, ("app", "apppw"))
+}
+
+/// [`start`] as another user (`app` has SUPER, which writes to a read-only server).
+pub fn start_as(workload: &str, addr: &str, tables: u32, table_size: u32, threads: u32, login: (&str, &str)) -> Run {
+    let mut c = base_as(workload, addr, tables, table_size, login);
     c.args([
         &format!("--threads={threads}"),
         &format!("--time={LIMIT_SECONDS}"),
         "--mysql-ignore-errors=all",
+        // (Its debug level names each error it ignores.)
+        "--verbosity=5",
         "--report-interval=1",
         "run",
     ]);
     c.env("LD_PRELOAD", shim()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = c.spawn().expect("start sysbench");
     let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
     let out = Arc::new(Mutex::new(String::new()));
+    // What it says of the errors it ignores goes to stderr: kept with the reports.
+    let sink = out.clone();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(|l| l.ok()) {
+            let mut s = sink.lock().unwrap_or_else(|e| e.into_inner());
+            s.push_str(&line);
+            s.push('\n');
+        }
+    });
     let sink = out.clone();
     let reader = std::thread::spawn(move || {
         for line in stdout.lines().map_while(|l| l.ok()) {
@@ -99,6 +120,12 @@ impl Run {
     /// The totals of its one-second reports so far.
     pub fn progress(&self) -> Totals {
         interval_totals(&self.out.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The error codes it ignored so far, one per error, in order.
+    pub fn errors(&self) -> Vec<u16> {
+        let out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        out.lines().filter_map(|l| l.split_once("Ignoring error ")?.1.split_whitespace().next()?.parse().ok()).collect()
     }
 
     /// Ends the run and reads its totals; `text` is everything it printed. sysbench has no
