@@ -223,6 +223,10 @@ pub mod err {
     pub const UNKNOWN_ERROR: u16 = 1105;
     /// ER_OUT_OF_RESOURCES.
     pub const OUT_OF_RESOURCES: u16 = 1041;
+    /// ER_ERROR_DURING_COMMIT: whether a transaction committed is not known.
+    pub const ERROR_DURING_COMMIT: u16 = 1180;
+    /// ER_LOCK_DEADLOCK (SQLSTATE 40001): the transaction was rolled back; run it again.
+    pub const LOCK_DEADLOCK: u16 = 1213;
 }
 
 /// Default collation for a new session when the client names none: utf8mb4_general_ci.

@@ -212,6 +212,12 @@ impl ResponseTracker {
 
     /// Begins following the response to a new command whose last packet had sequence id
     /// `request_seq` (the response continues from there).
+    /// Whether any of the response was seen since [`ResponseTracker::start`] (for a command
+    /// answered by OK, ERR or results).
+    pub fn begun(&self) -> bool {
+        self.phase != Phase::First
+    }
+
     pub fn start(&mut self, expect: Expect, request_seq: u8) {
         self.last_seq = request_seq;
         self.multi = matches!(expect, Expect::Results | Expect::Cursor);

@@ -32,6 +32,10 @@ pub enum Retry {
     Safe,
     /// A command was sent: retrying could run it twice.
     Unsafe,
+    /// A command was sent and its backend connection lost before any of its answer reached
+    /// the client: it may have run; the client has seen nothing of it (transaction replay
+    /// decides what to do).
+    Unanswered,
 }
 
 /// Why an upgrade failed: the old process goes on as before.

@@ -330,6 +330,8 @@ pub struct Metrics {
     failovers: Family<Labels, Counter>,
     switchovers: Family<Labels, Counter>,
     rejoins: Family<Labels, Counter>,
+    /// Commands whose backend was lost before they were answered, by what became of them.
+    replays: Family<Labels, Counter>,
     /// Statements the read/write split routed, by [`Split::index`].
     split: Vec<ShardedCounter>,
     /// The series of the configured backends, in order.
@@ -550,6 +552,11 @@ impl Metrics {
             failovers: reg(r, "failovers", "Promotions of a replica after the primary was lost, by result (done, refused, failed)"),
             switchovers: reg(r, "switchovers", "Switchovers of the primary asked of sluice, by result (done, refused, failed)"),
             rejoins: reg(r, "rejoins", "Servers sluice made replicas of the primary (done) or kept out (diverged, failed)"),
+            replays: reg(
+                r,
+                "transaction_replays",
+                "Commands whose backend was lost before they were answered: replayed (their transaction run again), again (run again), diverged, unknown (a commit or write that may have run), not_replayable, failed (no backend)",
+            ),
             backends: backend_names.iter().map(|n| backend_families.series(n)).collect(),
             backend_families,
             registry,
@@ -578,6 +585,11 @@ impl Metrics {
             _ => &self.rejoins,
         };
         family.get_or_create(&vec![("result", result.into())]).inc();
+    }
+
+    /// What became of a command whose backend was lost before it was answered.
+    pub fn replayed(&self, result: &'static str) {
+        self.replays.get_or_create(&vec![("result", result.into())]).inc();
     }
 
     /// A multiplexed session kept its connection for a reason it did not have before.

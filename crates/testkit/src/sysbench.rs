@@ -76,7 +76,13 @@ pub fn start(workload: &str, addr: &str, tables: u32, table_size: u32, threads: 
 
 /// [`start`] as another user (`app` has SUPER, which writes to a read-only server).
 pub fn start_as(workload: &str, addr: &str, tables: u32, table_size: u32, threads: u32, login: (&str, &str)) -> Run {
+    start_with(workload, addr, tables, table_size, threads, login, &[])
+}
+
+/// [`start_as`] with more of sysbench's options (`--db-ps-mode=disable`: text statements only).
+pub fn start_with(workload: &str, addr: &str, tables: u32, table_size: u32, threads: u32, login: (&str, &str), extra: &[&str]) -> Run {
     let mut c = base_as(workload, addr, tables, table_size, login);
+    c.args(extra);
     c.args([
         &format!("--threads={threads}"),
         &format!("--time={LIMIT_SECONDS}"),

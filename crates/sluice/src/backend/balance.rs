@@ -11,7 +11,8 @@ use crate::config::{Policy, Role};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Want {
     /// Those serving as the primary: where sessions and writes go. When none is usable, any
-    /// usable backend (a session may still read there; a write gets the server's error).
+    /// usable backend (a session may still read there; a write gets the server's error),
+    /// unless failover is on: then none.
     Primary,
     /// Replicas fit for reads ([`Backend::fit_for_reads`]).
     Reads,
@@ -60,7 +61,10 @@ impl Balancer {
         match want {
             Want::Primary => self
                 .pick_among(backends, |b| b.is_usable() && b.serves_as() == Role::Primary && !exclude.contains(&b.index))
-                .or_else(|| self.pick_among(backends, |b| b.is_usable() && !exclude.contains(&b.index))),
+                .or_else(|| {
+                    let any = !backends.topology.is_strict();
+                    any.then(|| self.pick_among(backends, |b| b.is_usable() && !exclude.contains(&b.index))).flatten()
+                }),
             Want::Reads => self.pick_among(backends, |b| b.fit_for_reads() && !exclude.contains(&b.index)),
             Want::Among(mask) => {
                 self.pick_among(backends, |b| b.is_usable() && b.index < 64 && mask >> b.index & 1 == 1 && !exclude.contains(&b.index))

@@ -21,6 +21,9 @@ pub struct Topology {
     /// sessions outside a transaction hold their next command ([`Topology::wait`]).
     held: AtomicBool,
     released: tokio::sync::Notify,
+    /// Failover is on: a session that needs the primary waits for one rather than taking
+    /// another backend (whose writes would fail, or, for a user with SUPER, diverge).
+    strict: AtomicBool,
 }
 
 #[derive(Default, Clone)]
@@ -64,6 +67,14 @@ impl Topology {
     pub fn release(&self) {
         self.held.store(false, Ordering::SeqCst);
         self.released.notify_waiters();
+    }
+
+    pub fn set_strict(&self, on: bool) {
+        self.strict.store(on, Ordering::Relaxed);
+    }
+
+    pub fn is_strict(&self) -> bool {
+        self.strict.load(Ordering::Relaxed)
     }
 
     #[inline]

@@ -74,6 +74,14 @@ impl RowSums {
         self.unordered = self.unordered.wrapping_add(v.wrapping_mul(UNORDERED));
     }
 
+    /// The ordered checksum of the rows so far (the sums go on).
+    pub fn current(&mut self) -> u64 {
+        if self.in_pieces {
+            self.end_pieces();
+        }
+        self.ordered
+    }
+
     /// The checksums of all rows: in order, and in any order; the sums start again from none.
     pub fn finish(&mut self) -> (u64, u64) {
         if self.in_pieces {

@@ -104,3 +104,51 @@ impl FailoverConfig {
         Ok(())
     }
 }
+
+impl super::Config {
+    /// Whether users-mode sessions keep their transactions to replay them
+    /// (`routing.transaction_replay`, on by default with `failover.enabled`).
+    pub fn replays_transactions(&self) -> bool {
+        self.routing.transaction_replay.unwrap_or(self.failover.enabled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn check(text: &str) -> Result<Config, String> {
+        Config::parse(text).map_err(|e| e.message)
+    }
+
+    const BACKENDS: &str = "[[backends]]\naddress = \"127.0.0.1:3306\"\n[[backends]]\naddress = \"127.0.0.1:3307\"\n";
+    const MONITOR: &str = "[health]\nuser = \"monitor\"\npassword = \"m\"\n";
+
+    #[test]
+    fn failover_needs_its_account_the_monitor_and_auto_roles() {
+        let e = check(&format!("{BACKENDS}{MONITOR}[failover]\nenabled = true\n")).unwrap_err();
+        assert!(e.contains("failover.enabled needs failover.user"), "{e}");
+        let e = check(&format!("{BACKENDS}[failover]\nenabled = true\nuser = \"f\"\npassword = \"p\"\n")).unwrap_err();
+        assert!(e.contains("failover needs health.user"), "{e}");
+        let fixed = "[[backends]]\naddress = \"127.0.0.1:3306\"\nrole = \"primary\"\n";
+        let e = check(&format!("{fixed}{MONITOR}[failover]\nuser = \"f\"\npassword = \"p\"\n")).unwrap_err();
+        assert!(e.contains("its role must be \"auto\""), "{e}");
+        let c = check(&format!("{BACKENDS}{MONITOR}[failover]\nenabled = true\nuser = \"f\"\npassword = \"p\"\n")).unwrap();
+        assert!(c.failover.manages() && c.replays_transactions(), "transaction replay is on with failover");
+        assert_eq!(c.failover.replication_account(), ("f", "p"));
+        let c = check(&format!(
+            "{BACKENDS}{MONITOR}[failover]\nenabled = true\nuser = \"f\"\npassword = \"p\"\n[routing]\ntransaction_replay = false\n"
+        ))
+        .unwrap();
+        assert!(!c.replays_transactions());
+        assert!(!check(BACKENDS).unwrap().replays_transactions(), "off without failover");
+    }
+
+    #[test]
+    fn the_wait_before_a_failover_is_counted_in_failed_checks() {
+        let c = check(&format!("{BACKENDS}{MONITOR}[failover]\nafter = \"3s\"\n")).unwrap();
+        assert_eq!(c.failover.failed_checks(&c.health), 3, "3 s at a check every 2 s: 2, but at least fall (3)");
+        let c = check(&format!("{BACKENDS}[health]\ninterval = \"500ms\"\nfall = 2\n[failover]\nafter = \"3s\"\n")).unwrap();
+        assert_eq!(c.failover.failed_checks(&c.health), 6);
+    }
+}

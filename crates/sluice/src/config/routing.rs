@@ -31,6 +31,17 @@ pub struct RoutingConfig {
     /// Bytes the result cache of rules with `cache_ttl` may hold (an answer larger than a
     /// sixteenth of it is not kept).
     pub cache_size: usize,
+    /// Users-mode sessions keep the statements of their open transaction and a checksum of
+    /// each result; when the transaction's backend is lost, it is run again on the primary
+    /// and goes on if every result is the same. An autocommit read lost is run again.
+    /// Unset: on with `[failover] enabled`.
+    pub transaction_replay: Option<bool>,
+    /// How long a session whose backend was lost waits for a primary to replay on.
+    #[serde(deserialize_with = "duration", serialize_with = "super::show::duration")]
+    pub transaction_replay_timeout: Duration,
+    /// Bytes of statements a transaction may keep; a larger one is not replayed (its client
+    /// gets the error of the lost connection).
+    pub transaction_replay_max_size: usize,
 }
 
 impl Default for RoutingConfig {
@@ -43,6 +54,9 @@ impl Default for RoutingConfig {
             causal_reads_timeout: Duration::from_secs(1),
             mirror_queue: 1000,
             cache_size: 64 << 20,
+            transaction_replay: None,
+            transaction_replay_timeout: Duration::from_secs(30),
+            transaction_replay_max_size: 1 << 20,
         }
     }
 }

@@ -257,8 +257,6 @@ fn re(cell: &'static OnceLock<Regex>, pattern: &str) -> &'static Regex {
 /// Answers one statement.
 async fn run(ctx: &Arc<Ctx>, sql: &str) -> Answer {
     static SELECT: OnceLock<Regex> = OnceLock::new();
-    static VERB: OnceLock<Regex> = OnceLock::new();
-    static RELOAD: OnceLock<Regex> = OnceLock::new();
     let sql = sql.trim().trim_end_matches(';').trim();
     let lower = sql.to_ascii_lowercase();
     let one =
@@ -302,45 +300,52 @@ async fn run(ctx: &Arc<Ctx>, sql: &str) -> Answer {
         let limit = m.get(6).and_then(|l| l.as_str().parse().ok()).unwrap_or(usize::MAX);
         return select_from(ctx, &table, want, filter, limit).await;
     }
-    let verb = re(&VERB, r"(?i)^(drain|undrain)\s+backend\s+'([^']+)'$");
-    if let Some(m) = verb.captures(sql) {
-        let Some(b) = ctx.backends.by_name(&m[2]) else {
-            let names: Vec<String> = ctx.backends.list().iter().map(|b| b.name.clone()).collect();
-            return Answer::Error(1105, format!("no backend '{}': backends are {}", &m[2], names.join(", ")));
-        };
-        return if m[1].eq_ignore_ascii_case("drain") {
-            let asked = crate::control::start_drain(ctx, &b);
-            Answer::Done(format!("draining {}: {asked} sessions asked to move", b.name))
-        } else {
-            crate::control::undrain(ctx, &b);
-            Answer::Done(format!("{} undrained", b.name))
-        };
-    }
-    if re(&RELOAD, r"(?i)^reload\s+config(uration)?$").is_match(sql) {
-        return match crate::control::reload::reload(ctx) {
-            Ok(out) => Answer::Done(serde_json::to_string(&out).unwrap_or_default()),
-            Err(refused) => Answer::Error(1105, format!("reload refused: {refused}")),
-        };
-    }
-    static SWITCHOVER: OnceLock<Regex> = OnceLock::new();
-    if let Some(m) = re(&SWITCHOVER, r"(?i)^switchover\s+to\s+'([^']+)'$").captures(sql) {
-        return match crate::control::failover::switchover(ctx, &m[1]).await {
-            Ok(message) => Answer::Done(message),
-            Err(e) => Answer::Error(1105, format!("switchover refused: {e}")),
-        };
-    }
-    static KILL_SESSION: OnceLock<Regex> = OnceLock::new();
-    if let Some(m) = re(&KILL_SESSION, r"(?i)^kill\s+(?:session\s+)?(\d+)$").captures(sql) {
-        let id = &m[1];
-        return match id.parse::<u32>().ok().and_then(|id| ctx.sessions.get(id)) {
-            Some(h) => {
-                h.kill();
-                Answer::Done(format!("session {} killed", h.id))
-            }
-            None => Answer::Error(1094, format!("Unknown thread id: {id} (SELECT id FROM sessions lists them)")),
-        };
+    if let Some(answer) = run_verb(ctx, sql).await {
+        return answer;
     }
     Answer::Error(1064, format!("sluice's admin listener does not know this statement; it knows: {STATEMENTS}"))
+}
+
+/// The verbs: DRAIN / UNDRAIN BACKEND, RELOAD CONFIG, SWITCHOVER TO, KILL SESSION (None: the
+/// statement is none of them).
+async fn run_verb(ctx: &Arc<Ctx>, sql: &str) -> Option<Answer> {
+    static VERB: OnceLock<Regex> = OnceLock::new();
+    static RELOAD: OnceLock<Regex> = OnceLock::new();
+    static SWITCHOVER: OnceLock<Regex> = OnceLock::new();
+    static KILL_SESSION: OnceLock<Regex> = OnceLock::new();
+    if let Some(m) = re(&VERB, r"(?i)^(drain|undrain)\s+backend\s+'([^']+)'$").captures(sql) {
+        let Some(b) = ctx.backends.by_name(&m[2]) else {
+            let names: Vec<String> = ctx.backends.list().iter().map(|b| b.name.clone()).collect();
+            return Some(Answer::Error(1105, format!("no backend '{}': backends are {}", &m[2], names.join(", "))));
+        };
+        if m[1].eq_ignore_ascii_case("drain") {
+            let asked = crate::control::start_drain(ctx, &b);
+            return Some(Answer::Done(format!("draining {}: {asked} sessions asked to move", b.name)));
+        }
+        crate::control::undrain(ctx, &b);
+        return Some(Answer::Done(format!("{} undrained", b.name)));
+    }
+    if re(&RELOAD, r"(?i)^reload\s+config(uration)?$").is_match(sql) {
+        return Some(match crate::control::reload::reload(ctx) {
+            Ok(out) => Answer::Done(serde_json::to_string(&out).unwrap_or_default()),
+            Err(refused) => Answer::Error(1105, format!("reload refused: {refused}")),
+        });
+    }
+    if let Some(m) = re(&SWITCHOVER, r"(?i)^switchover\s+to\s+'([^']+)'$").captures(sql) {
+        return Some(match crate::control::failover::switchover(ctx, &m[1]).await {
+            Ok(message) => Answer::Done(message),
+            Err(e) => Answer::Error(1105, format!("switchover refused: {e}")),
+        });
+    }
+    let m = re(&KILL_SESSION, r"(?i)^kill\s+(?:session\s+)?(\d+)$").captures(sql)?;
+    let id = &m[1];
+    Some(match id.parse::<u32>().ok().and_then(|id| ctx.sessions.get(id)) {
+        Some(h) => {
+            h.kill();
+            Answer::Done(format!("session {} killed", h.id))
+        }
+        None => Answer::Error(1094, format!("Unknown thread id: {id} (SELECT id FROM sessions lists them)")),
+    })
 }
 
 /// A `SET`: drivers set their session up on connecting, which is accepted and changes nothing.

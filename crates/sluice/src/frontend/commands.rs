@@ -205,7 +205,8 @@ impl Session {
         let mut sink = StateSink::new(&mut self.state);
         let watch = crate::session::deadline::Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
         self.backend.tracker.start(Expect::Results, 0);
-        relay_response(&mut self.backend.tracker, &mut self.backend.conn, &mut self.client, &mut sink, &self.ctx, watch).await?;
+        relay_response(&mut self.backend.tracker, &mut self.backend.conn, Some(&mut self.client), &mut sink, &self.ctx, watch, false)
+            .await?;
         let changed = sink.changed;
         let ok = sink.error.is_none();
         if changed {

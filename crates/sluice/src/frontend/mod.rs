@@ -9,6 +9,7 @@ mod login;
 mod multiplex;
 mod relay;
 mod response;
+mod retry;
 mod rules;
 mod session;
 mod split;

@@ -181,6 +181,38 @@ impl Session {
         Ok(())
     }
 
+    /// No connection could be had for a command (its backend is down, or none serves as the
+    /// primary) while failover is on: the session waits for a primary, up to
+    /// `transaction_replay_timeout`, aiming again as the command would.
+    pub(super) async fn attach_when_primary(
+        &mut self,
+        aim: Option<(super::split::Target, crate::metrics::Split)>,
+        first: Error,
+    ) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + self.config.routing.transaction_replay_timeout;
+        let mut last = first;
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            match aim {
+                Some((target, why)) => self.aim(target, why, false),
+                None => {
+                    let backends = &self.ctx.backends;
+                    if let Some(b) = backends.balancer.pick(backends, &[], crate::backend::balance::Want::Primary) {
+                        self.bind_to(&b);
+                    }
+                }
+            }
+            if !self.backend.guard.is_usable() {
+                continue;
+            }
+            match self.attach(None).await {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
     /// Gives the connection back to the backend's shared connections (multiplexing, at a safe
     /// point). A KILL aimed at the session's running statement keeps it (the killer read the
     /// thread id before it was cleared).
@@ -387,21 +419,44 @@ impl Session {
         }
     }
 
-    /// Logs in to a backend again (another one first) and restores the session there.
-    async fn move_after_loss(&mut self) -> Result<()> {
-        let lost = self.backend.guard.index;
-        // The dead connection goes now (its place under the cap with it).
+    /// After a loss, a new connection on `b` with the session's state (transaction replay's,
+    /// on the primary).
+    pub(super) async fn reconnect_on(&mut self, b: &Arc<Backend>) -> Result<()> {
+        self.drop_dead_connection();
+        let ready = self.connection_on(b, true, None).await?;
+        drop(self.install(b, ready));
+        self.handle.publish(&self.state);
+        Ok(())
+    }
+
+    /// The dead connection goes now (its place under the cap with it).
+    fn drop_dead_connection(&mut self) {
         drop(self.backend.carries.take());
         self.backend.conn = PacketConn::detached();
         self.backend.slot = None;
+    }
+
+    /// Logs in to a backend again (another one first) and restores the session there.
+    pub(super) async fn move_after_loss(&mut self) -> Result<()> {
+        let lost = self.backend.guard.index;
+        self.drop_dead_connection();
         let mut tried = vec![(lost, Error::backend("the session's connection to it was lost"))];
+        let deadline = tokio::time::Instant::now() + self.config.routing.transaction_replay_timeout;
+        let mut lost_again = false;
         loop {
             let b = match link::pick(&self.ctx.backends, &tried) {
                 Ok(b) => b,
                 // Nothing else is usable: the lost backend itself may be back (a restart), or
                 // only the connection was closed (wait_timeout).
-                Err(_) if tried.first().is_some_and(|(i, _)| *i == lost) && self.backend.guard.is_up() => {
+                Err(_) if !lost_again && tried.first().is_some_and(|(i, _)| *i == lost) && self.backend.guard.is_up() => {
+                    lost_again = true;
                     tried.remove(0);
+                    continue;
+                }
+                // Failover is on: a primary may be being promoted.
+                Err(_) if self.ctx.backends.topology.is_strict() && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    tried.clear();
                     continue;
                 }
                 Err(e) => return Err(e),

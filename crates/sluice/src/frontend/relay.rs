@@ -19,7 +19,7 @@ use super::session::{BackendSide, Ended, Flow, INSPECT_LIMIT, Identity, Routing,
 use super::statement::Done;
 use crate::backend::shared::Key;
 use crate::ctx::Ctx;
-use crate::error::{Error, Result, Side};
+use crate::error::{Error, Result, Retry, Side};
 use crate::metrics::{Split, mono_ns};
 use crate::route::digest::Outcome;
 use crate::session::deadline::Watch;
@@ -35,6 +35,26 @@ enum Route {
     ChangeUser,
 }
 
+/// The sink that follows a command's response into the session's state: `preparing`, the text
+/// of a statement being prepared; `command`, what the command expects and the statement it
+/// names (only an execute that asked for a cursor, or a fetch from one, moves its state).
+fn sink_for<'a>(
+    state: &'a mut crate::session::SessionState,
+    preparing: Option<&'a [u8]>,
+    (expect, stmt_id): (Expect, Option<u32>),
+    conn_gen: u32,
+    cache: bool,
+    sums: Option<Box<crate::capture::sums::RowSums>>,
+) -> StateSink<'a> {
+    let mut sink = StateSink::new(state);
+    sink.preparing = preparing;
+    sink.executing = matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten();
+    sink.conn_gen = conn_gen;
+    sink.capture = cache.then(Vec::new);
+    sink.sums = sums;
+    sink
+}
+
 /// What the relay of a command leaves to account for.
 struct Relayed {
     /// When the request was forwarded (`mono_ns()`).
@@ -48,7 +68,11 @@ struct Relayed {
 
 impl Relayed {
     /// What the sink gathered of the response; what it did to the session goes to `done`.
-    fn of(sink: &mut StateSink<'_>, done: &mut Done, recording: bool, started: u64) -> Relayed {
+    /// `log`: transaction replay's, when the command was logged (it notes the result).
+    fn of(sink: &mut StateSink<'_>, done: &mut Done, recording: bool, started: u64, log: Option<&mut super::retry::TrxLog>) -> Relayed {
+        if let Some(log) = log {
+            log.noted(sink, recording);
+        }
         let rows = sink.rows;
         let response = recording.then(|| super::capture::Response {
             error: sink.error,
@@ -83,6 +107,7 @@ impl Session {
         let key = (l.credential.is_some() && l.profile.is_some())
             .then(|| Box::new(Key { user: l.state.user.clone(), fit: l.fit, collation: l.state.collation, attrs: l.conn_attrs }));
         let split = config.routing.split && key.is_some();
+        let replays = config.replays_transactions() && key.is_some();
         handle.split.store(split, Ordering::Relaxed);
         let multiplex = (multiplex || split) && key.is_some();
         let mut state = l.state;
@@ -115,7 +140,7 @@ impl Session {
                 lost: None,
                 fit: l.fit,
             },
-            route: Routing { multiplex, split, causal: None, pinned: 0 },
+            route: Routing { multiplex, split, causal: None, pinned: 0, replay: replays.then(Box::default) },
             capture: None,
             waker: None,
             idle_since: None,
@@ -176,13 +201,11 @@ impl Session {
             Some(cmd) => cmd,
             None => return Err(Box::pin(self.bad_command(h)).await),
         };
+        // A capture's consistent start, or the primary changing: the command waits.
         let mut capture = self.ctx.capture.generation();
-        if capture & crate::capture::GATE != 0 && !self.state.in_transaction() {
-            capture = Box::pin(self.wait_gate()).await;
-        }
-        // The primary is changing: the command waits for the new one.
-        if self.backend.key.is_some() && self.ctx.backends.topology.is_held() && !self.state.in_transaction() {
-            Box::pin(self.wait_primary()).await?;
+        let held = self.backend.key.is_some() && self.ctx.backends.topology.is_held();
+        if (capture & crate::capture::GATE != 0 || held) && !self.state.in_transaction() {
+            capture = Box::pin(self.wait_gates(capture)).await?;
         }
         // Plan: its record, its statement read once, its rule (which may answer it, or rewrite
         // it), where it should run.
@@ -211,11 +234,8 @@ impl Session {
         let mut done = Done { scanned: plan.hazards, ..Done::default() };
         let expect = match self.route(cmd, body_end, &mut done) {
             Route::Relay(expect) => expect,
-            Route::Quit => return Ok(Flow::Close),
             // Rare paths are boxed: their state stays out of every idle session's task.
-            Route::Unsupported => return Box::pin(self.unsupported(cmd)).await,
-            Route::Kill(kill) => return Box::pin(self.run_kill(kill)).await,
-            Route::ChangeUser => return Box::pin(self.change_user(h)).await,
+            apart => return Box::pin(self.handle_apart(apart, cmd, h)).await,
         };
         let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         if (self.state.stmt_ids_mapped || cmd == com::STMT_EXECUTE)
@@ -229,23 +249,26 @@ impl Session {
         // Causal reads: the wait for the session's last write goes first, in the same round trip.
         let causal = if self.causal_due() { Box::pin(self.send_causal_wait(HEADER + h.len)).await? } else { None };
         let _timer = if plan.rule.is_some() { self.watch_timeout(&plan) } else { None };
-        let request_seq = self.forward_request().await?;
+        let logged = self.route.replay.is_some() && causal.is_none() && self.note_for_replay(cmd, h.len);
+        let request_seq = match self.forward_request().await {
+            Ok(seq) => seq,
+            Err(e) if logged && e.side == Side::Backend => return Box::pin(self.recover(e, false)).await,
+            Err(e) => return Err(e),
+        };
         if let Some(copy) = causal {
             Box::pin(self.causal_outcome(copy, expect)).await?;
         }
-        let sums = if plan.recording { Some(self.capture_sums()) } else { None };
+        let sums = self.response_sums(plan.recording, logged);
         let preparing = done.preparing.take();
-        let mut sink = StateSink::new(&mut self.state);
-        sink.preparing = preparing.as_deref();
-        // Only an execute that asked for a cursor, or a fetch from one, moves its state.
-        sink.executing = matches!(expect, Expect::Cursor | Expect::Rows).then_some(stmt_id).flatten();
-        sink.conn_gen = self.backend.taken;
-        sink.capture = plan.cache.is_some().then(Vec::new);
-        sink.sums = sums;
+        let mut sink = sink_for(&mut self.state, preparing.as_deref(), (expect, stmt_id), self.backend.taken, plan.cache.is_some(), sums);
         let watch = Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
         self.backend.tracker.start(expect, request_seq);
-        relay_response(&mut self.backend.tracker, &mut self.backend.conn, &mut self.client, &mut sink, &self.ctx, watch).await?;
-        let relayed = Relayed::of(&mut sink, &mut done, plan.recording, started);
+        let (tracker, client) = (&mut self.backend.tracker, Some(&mut self.client));
+        match relay_response(tracker, &mut self.backend.conn, client, &mut sink, &self.ctx, watch, logged).await {
+            Err(e) if e.retry == Retry::Unanswered => return Box::pin(self.recover(e, true)).await,
+            r => r?,
+        }
+        let relayed = Relayed::of(&mut sink, &mut done, plan.recording, started, self.route.replay.as_deref_mut().filter(|_| logged));
         done.preparing = preparing;
         // Account: statistics, the capture's record, what the session is now.
         let later = self.account(cmd, &plan, relayed, done);
@@ -253,6 +276,40 @@ impl Session {
             Box::pin(self.after_response_on_backend(later)).await?;
         }
         Ok(Flow::Continue)
+    }
+
+    /// Waits at a capture's gate (`capture`: its generation) or while the primary changes; the
+    /// capture's generation after.
+    async fn wait_gates(&mut self, mut capture: u64) -> Result<u64> {
+        if capture & crate::capture::GATE != 0 {
+            capture = self.wait_gate().await;
+        }
+        if self.backend.key.is_some() && self.ctx.backends.topology.is_held() {
+            self.wait_primary().await?;
+        }
+        Ok(capture)
+    }
+
+    /// A command not relayed as it is.
+    async fn handle_apart(&mut self, route: Route, cmd: u8, h: Header) -> Result<Flow> {
+        match route {
+            Route::Relay(_) | Route::Quit => Ok(Flow::Close),
+            Route::Unsupported => self.unsupported(cmd).await,
+            Route::Kill(kill) => self.run_kill(kill).await,
+            Route::ChangeUser => self.change_user(h).await,
+        }
+    }
+
+    /// The row sums a response is followed with: for a capture's record, or transaction
+    /// replay's log.
+    fn response_sums(&mut self, recording: bool, logged: bool) -> Option<Box<crate::capture::sums::RowSums>> {
+        if recording {
+            Some(self.capture_sums())
+        } else if logged {
+            self.replay_sums()
+        } else {
+            None
+        }
     }
 
     /// The plan's synchronous part: the command counted (and recorded when a capture takes it),
@@ -328,6 +385,9 @@ impl Session {
     /// A split session's connection is taken where `aim` says.
     async fn take_connection(&mut self, cmd: u8, aim: Option<(super::split::Target, Split)>) -> Result<std::result::Result<(), Error>> {
         if let Some(reason) = self.backend.lost.take() {
+            if self.may_replay() {
+                return Box::pin(self.replay_after_idle_loss(&reason)).await;
+            }
             Box::pin(self.move_or_fail(&reason)).await?;
         }
         if !self.backend.conn.is_detached() || (cmd == com::STMT_CLOSE && self.route.multiplex) {
@@ -338,7 +398,14 @@ impl Session {
         }
         // Boxed: a new login, a state to bring or a wait for a connection is the rare path, and
         // its future large.
-        let taken = if let Err(found) = self.attach_at_once() { Box::pin(self.attach(found)).await } else { Ok(()) };
+        let mut taken = if let Err(found) = self.attach_at_once() { Box::pin(self.attach(found)).await } else { Ok(()) };
+        if self.ctx.backends.topology.is_strict() {
+            // (A backend that could not be reached, not one that refused.)
+            taken = match taken {
+                Err(e) if e.retry == Retry::Safe && !e.is_backend_refusal() => Box::pin(self.attach_when_primary(aim, e)).await,
+                other => other,
+            };
+        }
         // A shared connection carries the statements no client holds any more, to close first.
         if taken.is_ok() && self.backend.carries.as_ref().is_some_and(|c| !c.to_close.is_empty()) {
             Box::pin(self.close_unheld()).await?;

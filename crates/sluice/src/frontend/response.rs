@@ -9,20 +9,23 @@ use sluice_proto::response::{ResponseTracker, State};
 
 use super::client::ClientConn;
 use crate::ctx::Ctx;
-use crate::error::{Error, Result, Side};
+use crate::error::{Error, Result, Retry, Side};
 use crate::net::{BUF_SIZE, LARGE_BUF_SIZE, PacketConn};
 use crate::session::StateSink;
 use crate::session::deadline::Watch;
 
 /// Follows the backend's response to one command (the tracker started for it) and writes it to
-/// the client as it arrives.
+/// the client as it arrives (None: a replayed statement's, read for the sink alone).
+/// `replayable`: a connection lost before any of the answer was seen is said so
+/// ([`Retry::Unanswered`]), and the client is told nothing yet.
 pub(super) async fn relay_response(
     tracker: &mut ResponseTracker,
     backend: &mut PacketConn,
-    client: &mut ClientConn,
+    mut client: Option<&mut ClientConn>,
     sink: &mut StateSink<'_>,
     ctx: &Ctx,
     mut watch: Watch<'_>,
+    replayable: bool,
 ) -> Result<()> {
     // Whether the last read filled the buffer: the response is large, read it in large pieces.
     let mut filled = false;
@@ -36,8 +39,10 @@ pub(super) async fn relay_response(
             if let Some(c) = sink.capture.as_mut() {
                 c.extend_from_slice(&backend.rbuf[..scan.consumed]);
             }
-            client.write(&backend.rbuf[..scan.consumed]).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
-            ctx.metrics.bytes_to_clients.inc_by(scan.consumed as u64);
+            if let Some(client) = client.as_mut() {
+                client.write(&backend.rbuf[..scan.consumed]).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
+                ctx.metrics.bytes_to_clients.inc_by(scan.consumed as u64);
+            }
             backend.rbuf.advance(scan.consumed);
         }
         match scan.state {
@@ -49,6 +54,7 @@ pub(super) async fn relay_response(
             }
             // The rare paths are boxed: their futures stay out of every session's task.
             State::LocalInfile => {
+                let Some(client) = client.as_mut() else { return Err(Error::backend("a replayed statement asked for a local file")) };
                 Box::pin(relay_infile(backend, client, ctx)).await?;
                 tracker.after_infile();
             }
@@ -59,7 +65,9 @@ pub(super) async fn relay_response(
                 let plain = tracker.rewrite_ok(&packet[HEADER..]);
                 let payload = plain.as_deref().unwrap_or(&packet[HEADER..]);
                 let seq = packet[3];
-                Box::pin(client.write_packet(payload, seq)).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
+                if let Some(client) = client.as_mut() {
+                    Box::pin(client.write_packet(payload, seq)).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
+                }
                 backend.rbuf.advance(len);
             }
             State::Pending => {
@@ -69,23 +77,46 @@ pub(super) async fn relay_response(
                 }
                 let room = backend.rbuf.capacity() - backend.rbuf.len();
                 let e = match watch.read(&mut backend.stream, &mut backend.rbuf).await {
-                    Ok(0) => Error::backend("the backend closed the connection in the middle of a response"),
+                    Ok(0) => Err(Error::backend("the backend closed the connection in the middle of a response")),
                     Ok(n) => {
                         filled = n == room;
                         continue;
                     }
-                    Err(e) => Error::io(Side::Backend, "reading response", e),
+                    Err(e) => Ok(e),
                 };
-                // The client gets an error it can show, when the response can still end cleanly.
-                if tracker.at_packet_boundary() {
-                    let mut p = Vec::new();
-                    sluice_proto::basic::err_payload(&mut p, code::SERVER_LOST, b"HY000", &format!("sluice: {}", e.message));
-                    let _ = Box::pin(client.write_packet(&p, tracker.last_seq.wrapping_add(1))).await;
-                }
-                return Err(e);
+                let unanswered = replayable && !tracker.begun();
+                return Err(Box::pin(read_failed(e, tracker, client, unanswered)).await);
             }
         }
     }
+}
+
+/// The backend could not be read (`Err`: it closed the connection; `Ok`: the read's error).
+/// A loss before anything was `answered` is said so ([`Retry::Unanswered`], the client told
+/// nothing yet); otherwise the client gets an error it can show, when the response can still
+/// end cleanly. (A response timeout is no loss: the statement may still run.)
+async fn read_failed(
+    e: std::result::Result<std::io::Error, Error>,
+    tracker: &ResponseTracker,
+    client: Option<&mut ClientConn>,
+    unanswered: bool,
+) -> Error {
+    let (e, lost) = match e {
+        Err(closed) => (closed, true),
+        Ok(e) => {
+            let lost = e.kind() != std::io::ErrorKind::TimedOut;
+            (Error::io(Side::Backend, "reading response", e), lost)
+        }
+    };
+    if unanswered && lost {
+        return Error { retry: Retry::Unanswered, ..e };
+    }
+    if let Some(client) = client.filter(|_| tracker.at_packet_boundary()) {
+        let mut p = Vec::new();
+        sluice_proto::basic::err_payload(&mut p, code::SERVER_LOST, b"HY000", &format!("sluice: {}", e.message));
+        let _ = client.write_packet(&p, tracker.last_seq.wrapping_add(1)).await;
+    }
+    e
 }
 
 /// LOCAL INFILE: the client's file arrives as packets ending with an empty one.

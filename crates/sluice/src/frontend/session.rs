@@ -102,6 +102,8 @@ pub(super) struct Routing {
     pub(super) causal: Option<Box<Causal>>,
     /// The pins last counted (bits by `Pin::ALL` index), so that each is counted as it begins.
     pub(super) pinned: u32,
+    /// The open transaction's statements, kept to replay it (`retry.rs`; None: replay off).
+    pub(super) replay: Option<Box<super::retry::TrxLog>>,
 }
 
 /// How [`Session::run`] returned.

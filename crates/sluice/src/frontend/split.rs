@@ -128,7 +128,7 @@ impl Session {
         self.bind_to(&b);
     }
 
-    fn bind_to(&mut self, b: &std::sync::Arc<crate::backend::Backend>) {
+    pub(super) fn bind_to(&mut self, b: &std::sync::Arc<crate::backend::Backend>) {
         if b.index != self.backend.guard.index {
             self.backend.guard = b.bind();
             self.handle.bind_backend(b.index, &b.name, 0);

@@ -34,8 +34,10 @@ use steps::Seen;
 
 /// Runs until the process ends.
 pub async fn run(ctx: &Ctx) {
+    ctx.backends.topology.set_strict(ctx.config().failover.enabled);
     loop {
         let c = ctx.config();
+        ctx.backends.topology.set_strict(c.failover.enabled);
         tokio::time::sleep(c.health.interval.max(Duration::from_millis(50))).await;
         if !c.failover.manages() || ctx.is_draining() {
             continue;

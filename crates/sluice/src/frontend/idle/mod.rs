@@ -156,7 +156,7 @@ impl Session {
         let handle = &*self.handle;
         let killed = handle.killed.load(Ordering::Relaxed) || handle.kill_pending.load(Ordering::Relaxed);
         // A connection killed on purpose is not revived.
-        if self.may_move() && !killed && code != Some(code::CONNECTION_KILLED) {
+        if (self.may_move() || self.may_replay()) && !killed && code != Some(code::CONNECTION_KILLED) {
             tracing::info!(session = handle.id, backend = %self.backend.guard.name, reason = %reason, "backend connection lost while idle; the session moves at its next command");
             self.backend.conn.rbuf.clear();
             self.backend.lost = Some(reason.into());

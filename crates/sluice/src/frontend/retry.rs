@@ -1,0 +1,373 @@
+//! Transaction replay (`[routing] transaction_replay`): a users-mode session keeps the statements
+//! of its open transaction, each with a checksum of its result (its rows' sum, row count,
+//! affected rows, error code), so that when its backend connection is lost before a statement
+//! was answered, it can wait for a primary, run the transaction again there, and go on with
+//! the statement if every result is the same. Outside a transaction, a lost read (or `BEGIN`,
+//! or a change of session state) is run again. A lost `COMMIT` or autocommit write may have
+//! run: the client is told its outcome is unknown, never a silent second run.
+//!
+//! What is replayed: text statements (COM_QUERY). A transaction with a prepared statement's
+//! execute, a request too large to keep whole, or more than `transaction_replay_max_size` of
+//! statements, is not replayable: its client gets the lost connection's error.
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use sluice_proto::consts::{com, err as code, status};
+use sluice_proto::packet::HEADER;
+use sluice_proto::response::Expect;
+use sluice_proto::rw::Class;
+use sluice_proto::sql::TransactionEnd;
+
+use super::response::relay_response;
+use super::session::{Flow, Session};
+use crate::backend::balance::Want;
+use crate::capture::sums::RowSums;
+use crate::config::Role;
+use crate::error::{Error, Result, Side};
+use crate::session::StateSink;
+
+/// What a statement's result was, as replay compares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Outcome {
+    error: Option<u16>,
+    rows: u64,
+    affected: u64,
+    sum: u64,
+}
+
+/// The statements of the session's open transaction.
+#[derive(Default)]
+pub(super) struct TrxLog {
+    /// The requests' payloads (COM_QUERY and its text), back to back.
+    bytes: Vec<u8>,
+    /// Where each ends in `bytes`, and its result once it came.
+    entries: Vec<(usize, Option<Outcome>)>,
+    /// Why the transaction cannot be replayed (None: it can).
+    broken: Option<&'static str>,
+    /// The row sums of the response being relayed (kept for the next one).
+    sums: Option<Box<RowSums>>,
+    /// Recoveries of the command logged last (a command is not run again forever).
+    attempts: u8,
+}
+
+/// How many times one command is run again.
+const ATTEMPTS: u8 = 3;
+
+/// What can be done for a command whose backend was lost before it was answered.
+#[derive(Debug, PartialEq, Eq)]
+enum Lost {
+    /// Run the transaction again, then the command.
+    Replay,
+    /// Run the command again (it changed nothing, or only the session's state).
+    Again,
+    /// It may have run: the client is told so.
+    Unknown,
+    /// Nothing: the transaction cannot be replayed (why).
+    No(&'static str),
+}
+
+impl TrxLog {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.entries.clear();
+        self.broken = None;
+    }
+
+    /// Notes the result of the command logged last, from the sink that followed its response
+    /// (`shared`: a capture records it too, and takes the sums).
+    pub(super) fn noted(&mut self, sink: &mut StateSink<'_>, shared: bool) {
+        let outcome = outcome_of(sink);
+        self.attempts = 0;
+        if !shared {
+            self.sums = sink.sums.take();
+            if let Some(s) = self.sums.as_mut() {
+                s.finish(); // (back to none, for the next response)
+            }
+        }
+        if let Some(last) = self.entries.last_mut() {
+            last.1 = Some(outcome);
+        }
+    }
+
+    fn request(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.entries[i - 1].0 };
+        &self.bytes[start..self.entries[i].0]
+    }
+}
+
+impl Session {
+    /// Notes a command about to be relayed (its request whole in the client buffer, `len`
+    /// bytes of payload): whether its answer is to be summed for the log.
+    pub(super) fn note_for_replay(&mut self, cmd: u8, len: usize) -> bool {
+        let in_transaction = self.state.in_transaction();
+        let max = self.config.routing.transaction_replay_max_size;
+        let Some(log) = self.route.replay.as_mut() else { return false };
+        if !in_transaction {
+            log.clear();
+        }
+        if log.broken.is_some() {
+            return false;
+        }
+        match cmd {
+            com::QUERY => {}
+            com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE => {
+                log.broken = Some("a prepared statement ran in it");
+                return false;
+            }
+            // Pings, and what the session's state restores (schema, options, prepares).
+            _ => return false,
+        }
+        let whole = self.client.rbuf.len() >= HEADER + len && len < sluice_proto::consts::MAX_PAYLOAD;
+        if !whole || log.bytes.len() + len > max {
+            log.broken = Some("its statements are larger than transaction_replay_max_size");
+            return false;
+        }
+        log.bytes.extend_from_slice(&self.client.rbuf[HEADER..HEADER + len]);
+        log.entries.push((log.bytes.len(), None));
+        true
+    }
+
+    /// The row sums for a logged command's response.
+    pub(super) fn replay_sums(&mut self) -> Option<Box<RowSums>> {
+        Some(self.route.replay.as_mut()?.sums.take().unwrap_or_default())
+    }
+
+    /// The backend connection was lost before the logged command was answered (`lost`;
+    /// `forwarded`: the request left the client buffer). Replays what can be and puts the
+    /// command back to run again, or tells the client what became of it.
+    pub(super) async fn recover(&mut self, lost: Error, forwarded: bool) -> Result<Flow> {
+        let what = self.what_was_lost();
+        let log = self.route.replay.as_mut().expect("a logged command");
+        log.attempts += 1;
+        let current = log.request(log.entries.len() - 1).to_vec();
+        // The command runs again as if the client had just sent it, and is logged again then.
+        log.bytes.truncate(log.entries.len().checked_sub(2).map_or(0, |i| log.entries[i].0));
+        log.entries.pop();
+        let from = self.backend.guard.name.clone();
+        tracing::info!(session = self.handle.id, backend = %from, plan = ?what, error = %lost.message, "a command's backend was lost before it was answered");
+        let failed = match what {
+            Lost::No(why) => Some((
+                code::SERVER_LOST,
+                *b"08S01",
+                "not_replayable",
+                format!("({}) and the transaction cannot be replayed: {why}", lost.message),
+            )),
+            Lost::Unknown => Some((
+                code::ERROR_DURING_COMMIT,
+                *b"HY000",
+                "unknown",
+                format!("while this statement ran ({}); whether it committed is unknown", lost.message),
+            )),
+            Lost::Again => match Box::pin(self.move_after_loss()).await {
+                Ok(()) => None,
+                Err(e) => Some((
+                    code::SERVER_LOST,
+                    *b"08S01",
+                    "failed",
+                    format!("({}) and no backend took the session again: {}", lost.message, e.message),
+                )),
+            },
+            Lost::Replay => self.resume_transaction().await?,
+        };
+        if let Some((code, state, result, why)) = failed {
+            self.ctx.metrics.replayed(result);
+            let msg = format!("sluice: the connection to backend {from} was lost {why}");
+            return self.lost_with(code, &state, &msg, forwarded).await;
+        }
+        self.ctx.metrics.replayed(if what == Lost::Replay { "replayed" } else { "again" });
+        if forwarded {
+            self.put_back(&current);
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Whether the session, its connection lost while idle in a transaction, can have the
+    /// transaction replayed at its next command.
+    pub(super) fn may_replay(&self) -> bool {
+        let log = self.route.replay.as_ref();
+        log.is_some_and(|l| l.broken.is_none() && !l.entries.is_empty())
+            && self.backend.key.is_some()
+            && self.state.in_transaction()
+            && self.state.hazards == 0
+            && self.state.unread_variables.is_empty()
+    }
+
+    /// The connection of a session in a transaction was lost while it was idle: the
+    /// transaction is replayed on the primary before the next command; the error for that
+    /// command when it cannot be.
+    pub(super) async fn replay_after_idle_loss(&mut self, reason: &str) -> Result<std::result::Result<(), Error>> {
+        let from = self.backend.guard.name.clone();
+        let failed = self.resume_transaction().await?;
+        let Some((code, state, result, why)) = failed else {
+            self.ctx.metrics.replayed("replayed");
+            return Ok(Ok(()));
+        };
+        self.ctx.metrics.replayed(result);
+        if let Some(log) = self.route.replay.as_mut() {
+            log.clear();
+        }
+        self.state.status &= !status::IN_TRANS;
+        self.state.open_transaction = false;
+        self.backend.lost = Some(format!("{reason}; replay: {why}").into());
+        let msg = format!("sluice: the connection to backend {from} was lost ({reason}) in a transaction, {why}");
+        Ok(Err(Error::new(Side::Backend, code, msg).state(&state)))
+    }
+
+    /// A new connection on the primary (waiting for one, a failover may be promoting it), and
+    /// the logged statements run again there. None when every result was the same; else
+    /// what to tell the client (code, SQL state, metric result, why).
+    async fn resume_transaction(&mut self) -> Result<Option<(u16, [u8; 5], &'static str, String)>> {
+        // (The transaction ended with its connection.)
+        self.state.status &= !status::IN_TRANS;
+        self.state.open_transaction = false;
+        if let Err(e) = self.reconnect_for_replay().await {
+            return Ok(Some((code::SERVER_LOST, *b"08S01", "failed", format!("and no primary took the session again: {}", e.message))));
+        }
+        Ok(self.replay_log().await?.map(|diverged| {
+            let why = format!("and the transaction replayed on {}, where {diverged}: it was rolled back", self.backend.guard.name);
+            (code::LOCK_DEADLOCK, *b"40001", "diverged", why)
+        }))
+    }
+
+    /// What can be done for the command logged last.
+    fn what_was_lost(&self) -> Lost {
+        let Some(log) = self.route.replay.as_ref() else { return Lost::No("transaction replay is off") };
+        if let Some(why) = log.broken {
+            return Lost::No(why);
+        }
+        if log.attempts >= ATTEMPTS {
+            return Lost::No("its connection was lost on every attempt");
+        }
+        if self.state.hazards != 0 || !self.state.unread_variables.is_empty() {
+            return Lost::No("the session holds state sluice cannot recreate");
+        }
+        let sql = &log.request(log.entries.len() - 1)[1..];
+        let within = log.entries.len() > 1 || self.state.in_transaction();
+        if within {
+            return match sluice_proto::sql::transaction_end(sql) {
+                TransactionEnd::Ends => Lost::Unknown,
+                _ => Lost::Replay,
+            };
+        }
+        match sluice_proto::rw::classify_in(sql, self.state.mode_for(sql)) {
+            Class::Read | Class::Begin { .. } | Class::Session => Lost::Again,
+            _ => Lost::Unknown,
+        }
+    }
+
+    /// A new connection for the session on the primary, waiting up to
+    /// `transaction_replay_timeout` for one to be usable (a failover may be promoting one).
+    async fn reconnect_for_replay(&mut self) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + self.config.routing.transaction_replay_timeout;
+        let mut last = Error::backend("no primary is usable");
+        loop {
+            let backends = &self.ctx.backends;
+            let chosen = backends.balancer.pick(backends, &[], Want::Primary).filter(|b| b.serves_as() == Role::Primary);
+            if let Some(b) = chosen.filter(|_| !backends.topology.is_held()) {
+                match Box::pin(self.reconnect_on(&b)).await {
+                    Ok(()) => return Ok(()),
+                    Err(e) => last = e,
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(last);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Runs the logged statements on the new connection; None when every result is the same,
+    /// else what differed (the transaction is rolled back).
+    async fn replay_log(&mut self) -> Result<Option<String>> {
+        let log = self.route.replay.take().expect("a log");
+        let mut diverged = None;
+        for i in 0..log.entries.len() {
+            let seen = self.run_again(log.request(i)).await?;
+            if Some(seen) != log.entries[i].1 {
+                let sql = String::from_utf8_lossy(&log.request(i)[1..]).chars().take(80).collect::<String>();
+                diverged = Some(format!("statement {} ({sql}) had another result ({seen:?}, before {:?})", i + 1, log.entries[i].1));
+                break;
+            }
+        }
+        self.route.replay = Some(log);
+        if diverged.is_some() {
+            self.run_again(b"\x03ROLLBACK").await?;
+            if let Some(log) = self.route.replay.as_mut() {
+                log.clear();
+            }
+        }
+        Ok(diverged)
+    }
+
+    /// Sends one request (a payload) on the session's connection and reads its answer, which
+    /// the client does not see, into the session's state.
+    async fn run_again(&mut self, payload: &[u8]) -> Result<Outcome> {
+        let mut packet = Vec::with_capacity(payload.len() + HEADER);
+        sluice_proto::packet::frame(&mut packet, payload, 0);
+        let limit = self.config.proxy.response_timeout;
+        self.backend.conn.stream.write_within(limit, &packet).await.map_err(|e| Error::io(Side::Backend, "replaying a statement", e))?;
+        let mut sink = StateSink::new(&mut self.state);
+        sink.sums = Some(Box::default());
+        sink.conn_gen = self.backend.taken;
+        let watch = crate::session::deadline::Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
+        self.backend.tracker.start(Expect::Results, 0);
+        relay_response(&mut self.backend.tracker, &mut self.backend.conn, None, &mut sink, &self.ctx, watch, false).await?;
+        let outcome = outcome_of(&mut sink);
+        if sink.changed {
+            self.handle.publish(&self.state);
+        }
+        Ok(outcome)
+    }
+
+    /// The client gets `msg` for its command; the session goes on without a connection (the
+    /// next command takes one) and out of any transaction.
+    async fn lost_with(&mut self, code: u16, state: &[u8; 5], msg: &str, forwarded: bool) -> Result<Flow> {
+        if !forwarded {
+            self.skip_request().await?;
+        }
+        if let Some(log) = self.route.replay.as_mut() {
+            log.clear();
+            log.attempts = 0;
+        }
+        self.state.status &= !status::IN_TRANS;
+        self.state.open_transaction = false;
+        self.backend.lost = Some(msg.into());
+        self.client_error(1, code, state, msg).await;
+        Ok(Flow::Continue)
+    }
+
+    /// Puts a request back at the front of the client buffer, as if the client had just sent it.
+    fn put_back(&mut self, payload: &[u8]) {
+        let mut b = BytesMut::with_capacity(HEADER + payload.len() + self.client.rbuf.len());
+        let mut head = Vec::with_capacity(HEADER + payload.len());
+        sluice_proto::packet::frame(&mut head, payload, 0);
+        b.extend_from_slice(&head);
+        b.extend_from_slice(&self.client.rbuf);
+        self.client.rbuf = b;
+    }
+}
+
+/// What a response was, from the sink that followed it.
+fn outcome_of(sink: &mut StateSink<'_>) -> Outcome {
+    let sum = sink.sums.as_mut().map_or(0, |s| s.current());
+    Outcome { error: sink.error, rows: sink.rows, affected: sink.affected, sum }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_keeps_each_request_apart() {
+        let mut log = TrxLog::default();
+        for r in [&b"\x03BEGIN"[..], b"\x03UPDATE t SET a = 1"] {
+            log.bytes.extend_from_slice(r);
+            log.entries.push((log.bytes.len(), None));
+        }
+        assert_eq!(log.request(0), b"\x03BEGIN");
+        assert_eq!(log.request(1), b"\x03UPDATE t SET a = 1");
+        log.clear();
+        assert!(log.entries.is_empty() && log.bytes.is_empty());
+    }
+}
