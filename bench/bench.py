@@ -22,7 +22,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,49 +30,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
+from ports import free_port, free_ports, wait_port  # noqa: E402
 import suites  # noqa: E402
+import tidb  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling", "floor", "multiplex", "idle", "drain", "split", "features",
-              "capture"]
+              "capture", "failover", "tidb"]
 # Not part of the default run: the comparison of sluice's two runtime flavours.
 EXTRA_SUITES = ["runtime"]
 
 
 def log(msg):
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port():
-    return free_ports(1)[0]
-
-
-def free_ports(n):
-    """n distinct free loopback ports: held open together while they are picked (two ports
-    picked one after the other may be the same one)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def wait_port(port, proc, timeout=60):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process for port {port} exited")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
 
 
 def proc_cpu_split(pid):
@@ -183,14 +154,14 @@ class Env:
         # The seed's baseline: one replica, directly.
         self.targets["split-direct"] = Target("split-direct", ports[1], socket_path=self.repl_socks[1])
 
-    def start_haproxy(self, name, backend_port, more_ports=()):
+    def start_haproxy(self, name, backend_port, more_ports=(), threads=None):
         port = free_port()
         sock = WORK / f"{name}.sock"
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         cfg = WORK / f"{name}.cfg"
         cfg.write_text(f"""global
     maxconn {max(1000, min(soft, hard) // 2 - 100)}
-    nbthread {self.args.workers}
+    nbthread {threads or self.args.workers}
 defaults
     mode tcp
     timeout connect 2s
@@ -316,14 +287,14 @@ allow_absolute_paths = true
     def sysbench(self, t, workload, threads, duration, extra=(), unix=False):
         cmd = self.sysbench_cmd(t, workload, threads, duration, extra, unix)
         cpu0 = proc_cpu_split(t.pid) if t.pid else None
-        srv0 = self.server_cpu()
+        srv0 = self.server_cpu(t)
         m0, ru0 = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.time()
         out = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.time() - t0
         m1, ru1 = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu1 = proc_cpu_split(t.pid) if t.pid else None
-        srv1 = self.server_cpu()
+        srv1 = self.server_cpu(t)
         text = out.stdout
         m = re.search(r"queries:\s+(\d+)\s+\(([\d.]+) per sec", text)
         if out.returncode != 0 or not m:
@@ -356,9 +327,10 @@ allow_absolute_paths = true
             cell["proxy_rss_kb"] = proc_rss_kb(t.pid)
         return cell
 
-    def server_cpu(self):
-        """utime+stime of the main MariaDB server so far, in seconds (None: not known)."""
-        pid = getattr(self, "server_pid", None)
+    def server_cpu(self, t=None):
+        """utime+stime so far, in seconds, of the server behind target `t` (its own, as the TiDB
+        suite's targets have), else of the main MariaDB server (None: not known)."""
+        pid = getattr(t, "server_pid", None) or getattr(self, "server_pid", None)
         try:
             return sum(proc_cpu_split(pid)) if pid else None
         except OSError:
@@ -394,8 +366,9 @@ def prepare_tables(env, port, sock, log_as="the server"):
             "--mysql-db=sbtest", "--mysql-host=127.0.0.1", f"--mysql-port={port}",
             f"--tables={a.tables}", f"--table-size={a.table_size}"]
     # Thousands of clients preparing sysbench's statements (up to 20 each) directly or through
-    # HAProxy would pass the server's default limit of 16382.
-    root_sql(sock, "SET GLOBAL max_prepared_stmt_count = 1048576")
+    # HAProxy would pass the server's default limit of 16382 (MariaDB; TiDB: no socket given).
+    if sock:
+        root_sql(sock, "SET GLOBAL max_prepared_stmt_count = 1048576")
     subprocess.run(base + ["cleanup"], capture_output=True)
     subprocess.run(base + ["prepare"], check=True, capture_output=True)
 
@@ -411,6 +384,8 @@ def median_cells(results):
     for key, cells in results.items():
         med = {f: (max if f in WORST_OF_ROUNDS else statistics.median)(c[f] for c in cells)
                for f in cells[0] if isinstance(cells[0][f], (int, float))}
+        # (Text figures, such as the failover suite's error codes: the last round's.)
+        med.update({f: v for f, v in cells[-1].items() if isinstance(v, str)})
         med["rounds"] = len(cells)
         med["discarded"] = sum(len(c.get("discarded_steal_pct", [])) for c in cells)
         med["qps_rounds"] = [c.get("qps") for c in cells]
@@ -451,6 +426,9 @@ def parse_args():
     p.add_argument("--capture-dir", default=None, help="where the capture suite's captures go (default: the work directory)")
     p.add_argument("--capture-phases", type=int, default=12, help="phases of each capture suite run (off and on in turn)")
     p.add_argument("--drain-sessions", default="16,1000", help="idle sessions moved by a drain in the drain suite")
+    p.add_argument("--failover-rows", type=int, default=10000, help="rows of each of the failover suite's 2 tables")
+    p.add_argument("--failover-duration", type=int, default=30, help="seconds of each failover suite run (the loss a third in)")
+    p.add_argument("--tidb-threads", default="8,32", help="sysbench threads of the TiDB suite's basic workloads")
     p.add_argument("--steal-limit", type=float, default=5.0,
                    help="a measurement during which the host stole more than this %% of the CPU is taken again")
     p.add_argument("--steal-retries", type=int, default=2, help="how many times at most (0: never)")
@@ -467,6 +445,8 @@ def parse_args():
         a.range_sizes, a.idle_conns, a.churn_rate = "10,100", 50, 50
         a.mux_clients, a.mux_cap, a.idle_clients, a.drain_sessions = "40", 4, 50, "16"
         a.split_threads, a.capture_threads, a.capture_phase, a.capture_phases = "4", "4", 2, 4
+        a.failover_rows, a.failover_duration = 1000, 12
+        a.tidb_threads = "4"
         a.workloads = "oltp_point_select,oltp_read_only"
         a.steal_retries = 0
         a.name = a.name or "smoke"
@@ -479,6 +459,7 @@ def parse_args():
     a.drain_sessions = [int(x) for x in a.drain_sessions.split(",")]
     a.split_threads = [int(x) for x in a.split_threads.split(",")]
     a.capture_threads = [int(x) for x in a.capture_threads.split(",")]
+    a.tidb_threads = [int(x) for x in a.tidb_threads.split(",")]
     if a.idle_conns == 0:
         # Each idle client costs the proxy two descriptors, and the backend one connection.
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -555,7 +536,7 @@ def main():
         return rewrite_report(args)
     subprocess.run([str(ROOT / "scripts/setup.sh"), "sysbench", "haproxy"], check=True)
     report.ensure_matplotlib()
-    if "idle" in args.suites or "drain" in args.suites:
+    if "idle" in args.suites or "drain" in args.suites or "failover" in args.suites:
         suites.ensure_pymysql()
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "sluice", "-p", "sluice-testkit"], cwd=ROOT, check=True)
     # A fresh work directory, except bench/work/soak: a `make soak` may be running.
@@ -587,6 +568,8 @@ def main():
         if "capture" in args.suites:
             backend = f'[[backends]]\naddress = "127.0.0.1:{env.backend_port}"\n'
             env.start_sluice_users("sluice-capture", args.workers, 'tls = "off"\n', "", backend)
+        if "tidb" in args.suites:
+            tidb.start(env, args, lambda env, port: prepare_tables(env, port, None, log_as="the tidb-server"), Target)
         if "floor" in args.suites:
             env.start_forward("forward-epoll", "epoll", env.backend_port)
             env.start_forward("forward-uring", "uring", env.backend_port)

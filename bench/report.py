@@ -6,6 +6,9 @@ import statistics
 import subprocess
 import sys
 
+import failover
+import tidb
+
 
 def ensure_matplotlib():
     try:
@@ -640,7 +643,11 @@ def write(med, args, out, command):
                 ("drain", "Drain: moving every session off a backend", drain),
                 ("split", "Read/write split over a primary and two replicas", split),
                 ("features", "The cost of digests, rules and the classifier", features),
-                ("capture", "Traffic capture", capture)]
+                ("capture", "Traffic capture", capture),
+                ("failover", "Losing the primary: failover and switchover under load",
+                 lambda med, args, lines: failover.report(med, args, lines, f, get)),
+                ("tidb", "TiDB: the TiProxy report's tables in front of one tidb-server",
+                 lambda med, args, lines: tidb.report(med, args, lines, f, get))]
     if any(s in args.suites for s in ("basic", "ranges", "latency", "long", "short", "scaling", "multiplex", "idle", "capture")):
         lines += ["## Targets", ""]
         targets(med, args, lines)

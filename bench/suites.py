@@ -12,6 +12,8 @@ import threading
 import time
 
 import capture_cost
+import failover
+import tidb
 
 BASIC = ["oltp_point_select", "oltp_read_only", "oltp_write_only", "oltp_read_write"]
 RANGE_SIZES = [10, 100, 1000, 10000]
@@ -26,7 +28,7 @@ class Cell:
     """One measurement: a sysbench workload against a target, with optional companions."""
 
     def __init__(self, suite, variant, workload, threads, targets, extra=(), unix=False, hold=0, churn=0, ps=True,
-                 sample=False, idle=0, drain=0, capture=False):
+                 sample=False, idle=0, drain=0, capture=False, loss=None):
         self.suite, self.variant, self.workload, self.threads = suite, variant, workload, threads
         self.targets, self.extra, self.unix, self.hold, self.churn, self.ps = targets, list(extra), unix, hold, churn, ps
         # sample: the backend's connections and the proxy's memory halfway through the run;
@@ -34,6 +36,8 @@ class Cell:
         self.sample, self.idle, self.drain = sample, idle, drain
         # capture: capture switched off and on in turn during the run (capture_cost.py).
         self.capture = capture
+        # loss: the primary of a fresh topology lost this way during the run (failover.py).
+        self.loss = loss
 
     def key(self, target):
         return f"{self.suite}/{self.variant}/{target}"
@@ -118,6 +122,14 @@ def cells(env, args):
         for threads in args.capture_threads:
             out.append(Cell("capture", f"oltp_read_write/{threads}", "oltp_read_write", threads, ["sluice-capture"],
                             capture=True))
+    if "failover" in suites:
+        # The primary lost under load (or switched over), through sluice and through HAProxy,
+        # each run on a fresh replicated topology (failover.py).
+        for loss in failover.LOSSES:
+            out.append(Cell("failover", loss, "oltp_read_write", failover.THREADS, failover.TARGETS, loss=loss))
+    if "tidb" in suites:
+        # The TiProxy report's tables in front of one tidb-server (tidb.py).
+        out += tidb.cells(args, Cell, RANGE_ARGS)
     if "floor" in suites:
         # The cells of the CPU targets, also on two forwarders that relay bytes and do nothing
         # else (sluice-forward): what relaying costs on each event loop, with no protocol work.
@@ -205,7 +217,8 @@ def connection_cost(env, cell, target, args):
     MariaDB server and the client."""
     t = env.targets[target]
     cpu = lambda pid: env.cpu_seconds(pid) if pid else 0.0  # noqa: E731
-    proxy0, server0 = cpu(t.pid), cpu(env.server_pid)
+    server_pid = getattr(t, "server_pid", None) or env.server_pid
+    proxy0, server0 = cpu(t.pid), cpu(server_pid)
     p = subprocess.Popen([str(env.conns_bin), "churn", f"127.0.0.1:{t.port}", "sbtest", "sbtest",
                           str(cell.churn), str(args.duration)], stdout=subprocess.PIPE, text=True)
     out = p.stdout.read()
@@ -215,7 +228,7 @@ def connection_cost(env, cell, target, args):
     if p.returncode != 0 or not m:
         raise RuntimeError(f"churn failed on {target}: {out}")
     n = max(int(m.group(1)) - int(m.group(2)), 1)
-    figures = {"conns": float(n), "server_us_per_conn": 1e6 * (cpu(env.server_pid) - server0) / n,
+    figures = {"conns": float(n), "server_us_per_conn": 1e6 * (cpu(server_pid) - server0) / n,
                "client_us_per_conn": 1e6 * (usage.ru_utime + usage.ru_stime) / n}
     if t.pid:
         figures["proxy_us_per_conn"] = 1e6 * (cpu(t.pid) - proxy0) / n
@@ -230,6 +243,8 @@ def measure(env, cell, target, args):
         return drain_time(env, cell, target)
     if cell.workload is None:
         return connection_cost(env, cell, target, args)
+    if cell.loss:
+        return failover.measure(env, cell, target, args)
     if cell.capture:
         return capture_cost.measure(env, cell, target, args, admin, lambda t, d: replay_rate(env, d))
     t = env.targets[target]

@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # sysbench (and a C compiler for its reconnect shim) drive the failover-under-load tests.
-scripts/setup.sh sysbench gcc libc6-dev etcd-server
+scripts/setup.sh sysbench gcc libc6-dev etcd-server openssl
+# A standalone tidb-server (TiDB with its embedded store) for the TiDB tests, built from the Go
+# module proxy once and cached (some minutes the first time).
+scripts/tidb.sh >/dev/null
 # Chromium, Node.js and playwright-core drive the web dashboard's browser test (Node.js also
 # runs the mysql2 driver's behaviours, tests/node_driver.rs).
 scripts/browser.sh >/dev/null

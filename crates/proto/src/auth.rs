@@ -10,6 +10,11 @@ pub const NATIVE: &[u8] = b"mysql_native_password";
 pub const CACHING_SHA2: &[u8] = b"caching_sha2_password";
 pub const CLEAR: &[u8] = b"mysql_clear_password";
 pub const ED25519: &[u8] = b"client_ed25519";
+/// TiDB's login with a session token (the auth data) instead of a password.
+pub const TIDB_SESSION_TOKEN: &[u8] = b"tidb_session_token";
+/// TiDB's caching_sha2_password with SM3 for SHA-256 (a TiDB server always asks for the clear
+/// password after the scramble).
+pub const TIDB_SM3: &[u8] = b"tidb_sm3_password";
 
 /// Length of the scramble sluice sends in its greeting.
 pub const SCRAMBLE_LEN: usize = 20;
@@ -31,7 +36,14 @@ fn sha1(parts: &[&[u8]]) -> [u8; 20] {
 }
 
 fn sha256(parts: &[&[u8]]) -> [u8; 32] {
-    let mut h = Sha256::new();
+    digest32::<Sha256>(parts)
+}
+
+fn digest32<D: Digest>(parts: &[&[u8]]) -> [u8; 32]
+where
+    [u8; 32]: From<sha2::digest::Output<D>>,
+{
+    let mut h = D::new();
     for p in parts {
         h.update(p);
     }
@@ -101,6 +113,18 @@ pub fn sha2_reply(scramble: &[u8], password: &[u8]) -> [u8; 32] {
     xor(&stage1, &sha256(&[&stage2, scramble]))
 }
 
+/// The client's tidb_sm3_password scramble: caching_sha2's with SM3 for SHA-256
+/// (XOR(SM3(pw), SM3(SM3(SM3(pw)), nonce))); empty for an empty password.
+pub fn sm3_reply(scramble: &[u8], password: &[u8]) -> Vec<u8> {
+    if password.is_empty() {
+        return Vec::new();
+    }
+    let sm3 = |parts: &[&[u8]]| digest32::<sm3::Sm3>(parts);
+    let stage1 = sm3(&[password]);
+    let stage2 = sm3(&[&stage1]);
+    xor(&stage1, &sm3(&[&stage2, scramble])).to_vec()
+}
+
 /// Verifies a caching_sha2_password fast-auth reply against SHA256(SHA256(password)).
 pub fn verify_sha2(scramble: &[u8], reply: &[u8], stage2: &[u8; 32]) -> bool {
     let Ok(reply) = <&[u8; 32]>::try_from(reply) else { return false };
@@ -146,6 +170,20 @@ mod tests {
         assert_eq!(h, native_stage2(b"secret"));
         assert!(parse_native_hash("14E65567ABDB5135D0CFD9A70B3032C179A49EE7").is_none());
         assert!(parse_native_hash("*ZZ").is_none());
+    }
+
+    #[test]
+    fn sm3_scramble_is_caching_sha2s_with_sm3() {
+        let sm3 = |parts: &[&[u8]]| digest32::<sm3::Sm3>(parts);
+        // GB/T 32905-2016's example: SM3("abc").
+        let abc: Vec<u8> = (0..32)
+            .map(|i| u8::from_str_radix(&"66c7f0f462eeedd9d1f2d46bdc10e4e24167c4875cf2f7a2297da02b8f4ba8e0"[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(sm3(&[b"abc"]).to_vec(), abc);
+        let stage2 = sm3(&[&sm3(&[b"pw"])]);
+        let reply: [u8; 32] = sm3_reply(SCRAMBLE, b"pw").try_into().unwrap();
+        assert_eq!(sm3(&[&xor(&reply, &sm3(&[&stage2, SCRAMBLE]))]), stage2);
+        assert!(sm3_reply(SCRAMBLE, b"").is_empty());
     }
 
     #[test]

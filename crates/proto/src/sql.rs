@@ -8,7 +8,7 @@ use crate::lexer::{self, Kind, Token};
 mod hazards;
 pub use hazards::{hazard, hazards, hazards_in, shape_hazards, user_variables};
 
-/// `KILL [HARD | SOFT] [CONNECTION | QUERY] <n>`.
+/// `KILL [HARD | SOFT] [TIDB] [CONNECTION | QUERY] <n>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kill {
     pub query_only: bool,
@@ -149,6 +149,11 @@ fn kill_statement(sql: &[u8], st: &[Token]) -> Option<KillTarget> {
     let is = |r: &[Token], kw: &str| r.first().is_some_and(|t| t.is_word(sql, kw));
     if is(rest, "HARD") || is(rest, "SOFT") {
         kill.hard = Some(is(rest, "HARD"));
+        rest = &rest[1..];
+    }
+    // TiDB's `KILL TIDB [CONNECTION | QUERY] <n>` (the id is translated as for KILL; the word
+    // stays for the server).
+    if is(rest, "TIDB") {
         rest = &rest[1..];
     }
     if is(rest, "CONNECTION") {
@@ -509,6 +514,8 @@ mod tests {
         assert_eq!(kills("/* x */ KILL HARD CONNECTION 7"), vec![id(false, 7, Some(true), 29..30)]);
         assert_eq!(kills("KILL SOFT QUERY 7"), vec![id(true, 7, Some(false), 16..17)]);
         assert_eq!(kills("KILL QUERY ID 7"), vec![QueryId]);
+        assert_eq!(kills("KILL TIDB 5"), vec![id(false, 5, None, 10..11)]);
+        assert_eq!(kills("kill tidb query 5"), vec![id(true, 5, None, 16..17)]);
         assert_eq!(kills("KILL USER bob"), vec![User]);
         assert_eq!(kills("KILL HARD USER 'bob'@'%'"), vec![User]);
         assert_eq!(kills("KILL CONNECTION_ID()"), vec![Own]);

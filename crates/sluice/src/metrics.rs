@@ -198,6 +198,8 @@ pub enum Split {
     Causal,
     /// Where a query rule or a `/* sluice: route=... */` comment said.
     Rule,
+    /// An optimistic transaction's statement, to a replica (`optimistic_transactions`).
+    Optimistic,
 }
 
 /// The `reason` labels of [`Split::Primary`], in the order of [`sluice_proto::rw::Why`].
@@ -227,8 +229,24 @@ impl Split {
             5 => ("current", "session_state"),
             6 => ("primary", "causal"),
             7 => ("rule", "rule"),
-            i => ("primary", SPLIT_WHY[(i - 8) % SPLIT_WHY.len()]),
+            8 => ("replica", "optimistic"),
+            i => ("primary", SPLIT_WHY[(i - 9) % SPLIT_WHY.len()]),
         }
+    }
+
+    /// Every series of `sluice_split_statements_total`, by [`Split::index`].
+    fn series(r: &mut Registry) -> Vec<ShardedCounter> {
+        let split: Family<Labels, ShardedCounter> = reg(
+            r,
+            "split_statements",
+            "Statements the read/write split routed (those of sessions holding no connection), by where and why",
+        );
+        (0..9 + SPLIT_WHY.len())
+            .map(|i| {
+                let (to, reason) = Split::labels(i);
+                split.get_or_create(&vec![("to", to.into()), ("reason", reason.into())]).clone()
+            })
+            .collect()
     }
 
     fn index(self) -> usize {
@@ -241,7 +259,8 @@ impl Split {
             Split::Current => 5,
             Split::Causal => 6,
             Split::Rule => 7,
-            Split::Primary(why) => 8 + usize::from(why) % SPLIT_WHY.len(),
+            Split::Optimistic => 8,
+            Split::Primary(why) => 9 + usize::from(why) % SPLIT_WHY.len(),
         }
     }
 }
@@ -488,11 +507,6 @@ impl Metrics {
         let bytes: Family<Labels, ShardedCounter> = reg(r, "bytes", "Bytes relayed, by direction");
         let errors: Family<Labels, Counter> = reg(r, "errors", "Failed sessions and commands, by whose fault it was");
         let moves: Family<Labels, Counter> = reg(r, "session_moves", "Sessions moved to another backend connection, by reason and outcome");
-        let split: Family<Labels, ShardedCounter> = reg(
-            r,
-            "split_statements",
-            "Statements the read/write split routed (those of sessions holding no connection), by where and why",
-        );
         // (Each series taken in a statement of its own, or in a closure: a family's read guard
         // lives to the end of its statement, and a struct literal is one.)
         let bytes_from_clients = bytes.get_or_create(&vec![("direction", "from_clients".into())]).clone();
@@ -534,12 +548,7 @@ impl Metrics {
                 "session_pins",
                 "Safe points at which a multiplexed session kept its backend connection, by the reason that began",
             ),
-            split: (0..8 + SPLIT_WHY.len())
-                .map(|i| {
-                    let (to, reason) = Split::labels(i);
-                    split.get_or_create(&vec![("to", to.into()), ("reason", reason.into())]).clone()
-                })
-                .collect(),
+            split: Split::series(r),
             rule_hits: reg(r, "rule_hits", "Statements each query rule matched (the first rule that matched applies)"),
             rule_timeouts: reg(r, "rule_timeouts", "Statements killed on their backend (KILL QUERY) for running over their rule's timeout"),
             digest_evictions: reg(r, "digest_evictions", "Digests forgotten, least recently used first, to keep within digests.max"),
@@ -555,7 +564,7 @@ impl Metrics {
             replays: reg(
                 r,
                 "transaction_replays",
-                "Commands whose backend was lost before they were answered: replayed (their transaction run again), again (run again), diverged, unknown (a commit or write that may have run), not_replayable, failed (no backend)",
+                "Commands whose backend was lost before they were answered: replayed (their transaction run again), again (run again), diverged, unknown (a commit or write that may have run), not_replayable, failed (no backend); optimistic transactions moved to the primary (optimistic) or not (optimistic_diverged, optimistic_failed)",
             ),
             backends: backend_names.iter().map(|n| backend_families.series(n)).collect(),
             backend_families,

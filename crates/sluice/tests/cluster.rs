@@ -15,6 +15,8 @@ use mysql_async::prelude::*;
 struct EtcdServer {
     child: Child,
     client: String,
+    /// Its data folder (64 MiB of preallocated log at least), removed when it stops.
+    dir: std::path::PathBuf,
 }
 
 fn free_port() -> u16 {
@@ -125,7 +127,7 @@ impl EtcdServer {
             .stderr(log)
             .spawn()
             .expect("start etcd");
-        EtcdServer { child, client: format!("127.0.0.1:{client}") }
+        EtcdServer { child, client: format!("127.0.0.1:{client}"), dir }
     }
 
     fn call(&self, path: &str, body: &str) -> Result<String, String> {
@@ -159,6 +161,7 @@ impl Drop for EtcdServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -314,4 +317,88 @@ async fn a_store_behind_tls_client_certificates_and_authentication() {
         assert!(backends(&s).is_empty(), "{why}: nothing taken from the store");
         assert!(!s.log_text().contains("rootpw") && !s.log_text().contains("wrong\""), "{why}: no password in the log");
     }
+}
+
+fn failover_state(s: &SluiceProc) -> serde_json::Value {
+    serde_json::from_str(&admin_get(s, "/cluster/failover", None).1).unwrap()
+}
+
+fn failovers(s: &SluiceProc) -> Vec<serde_json::Value> {
+    let v = failover_state(s);
+    v["events"].as_array().unwrap().iter().filter(|e| e["operation"] == "failover").cloned().collect()
+}
+
+/// Two instances with `[failover]` in one cluster: one is elected and acts, the other follows.
+/// A killed primary is replaced once; the other instance's sessions go on at the new primary;
+/// when the acting instance ends, the other takes over and rejoins the old primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_of_a_cluster_acts_on_a_lost_primary() {
+    let mut t = sluice_testkit::Topology::start(2);
+    let etcd = EtcdServer::start();
+    let prefix = format!("/t{}/", sluice_testkit::unique_id());
+    let start = |name: &str| {
+        let mut c = TestConfig::new()
+            .app_users()
+            .table(
+                "cluster",
+                &format!("etcd = [\"http://{}\"]\nprefix = \"{prefix}\"\nname = \"{name}\"\nlease_ttl = \"2s\"\n", etcd.client),
+            )
+            .table(
+                "health",
+                "interval = \"100ms\"\ntimeout = \"500ms\"\nfall = 2\nrise = 2\nuser = \"monitor\"\npassword = \"monitorpw\"\n",
+            )
+            .table("failover", "enabled = true\nuser = \"app\"\npassword = \"apppw\"\nafter = \"300ms\"\n");
+        for (i, s) in t.servers.iter().enumerate() {
+            c = c.backend_with(&s.addr(), &format!("name = \"s{i}\"\n"));
+        }
+        c.start()
+    };
+    let mut instances = vec![Some(start("i1")), Some(start("i2"))];
+    let acting = |all: &[Option<SluiceProc>]| -> Vec<usize> {
+        (0..all.len()).filter(|&i| all[i].as_ref().is_some_and(|s| failover_state(s)["acting"] == true)).collect()
+    };
+    wait_for("one instance elected", || {
+        let a = acting(&instances);
+        a.len() == 1 && instances.iter().flatten().all(|s| failover_state(s)["leader"] == format!("i{}", a[0] + 1).as_str())
+    });
+    let (lead, follower) = match acting(&instances)[..] {
+        [0] => (0, 1),
+        _ => (1, 0),
+    };
+    for s in instances.iter().flatten() {
+        wait_for("the primary known", || failover_state(s)["primary"] == "s0");
+    }
+    let mut idle = app(instances[follower].as_ref().unwrap()).await;
+    idle.query_drop("CREATE TABLE test.elected (id INT PRIMARY KEY)").await.unwrap();
+    idle.exec_drop("INSERT INTO test.elected VALUES (?)", (1,)).await.unwrap();
+    t.wait_caught_up();
+    let last = t.primary_gtid();
+    for s in instances.iter().flatten() {
+        wait_for("the primary's last write seen", || failover_state(s)["last_seen"] == last.as_str());
+    }
+
+    t.servers[0].kill();
+    let (l, f) = (instances[lead].as_ref().unwrap(), instances[follower].as_ref().unwrap());
+    wait_for("the acting instance's failover", || !failovers(l).is_empty());
+    assert_eq!(failovers(l)[0]["result"], "done", "{}", failover_state(l));
+    let new = failover_state(l)["primary"].clone();
+    wait_for("the other instance following the new primary", || failover_state(f)["primary"] == new);
+    assert!(failovers(f).is_empty(), "the other instance promotes nothing: {}", failover_state(f));
+    assert_eq!(metric_sum(l, "sluice_failovers_total{") + metric_sum(f, "sluice_failovers_total{"), 1);
+    let new_port = t.servers[new.as_str().unwrap()[1..].parse::<usize>().unwrap()].port;
+    idle.exec_drop("INSERT INTO test.elected VALUES (?)", (2,)).await.unwrap();
+    assert_eq!(idle.query_first::<u16, _>("SELECT @@port").await.unwrap(), Some(new_port));
+    assert_eq!(f.log_text().matches("following the primary the acting instance made").count(), 1);
+
+    // The acting instance ends: the other is elected, and it is the one to rejoin the old primary.
+    instances[lead] = None;
+    wait_for("the other instance elected", || acting(&instances) == [follower]);
+    t.servers[0].restart();
+    let f = instances[follower].as_ref().unwrap();
+    wait_for("the old primary rejoined", || {
+        failover_state(f)["events"].as_array().unwrap().iter().any(|e| e["operation"] == "rejoin" && e["result"] == "done")
+    });
+    assert!(failovers(f).is_empty(), "no second promotion: {}", failover_state(f));
+    assert_eq!(t.servers[0].sql("SELECT @@read_only").trim(), "1");
+    drop(idle);
 }

@@ -10,7 +10,8 @@
 //! file written into the copy of the suite appends `tls=skip-verify` to the suite's DSN, so that
 //! nearly every test logs in over TLS; sluice has no TLS configuration (it presents its own
 //! self-signed certificate) and its backend leg follows the client's ("auto"), which the extra
-//! test checks: the whole path is encrypted. Every test that passes directly must pass through
+//! test checks: the whole path is encrypted. `go_sql_driver_suite_in_front_of_tidb` makes the
+//! same comparison in front of a TiDB server. Every test that passes directly must pass through
 //! sluice; since some of the driver's tests depend on timing, one that does not is run again
 //! (twice at most) before it counts as broken by sluice.
 
@@ -148,7 +149,7 @@ fn fetch_driver(go_root: &Path) -> (PathBuf, String) {
     let version = info["Version"].as_str().expect("module version").to_string();
     assert!(version.starts_with("v1."), "expected a v1 release, got {version}");
     let module_dir = PathBuf::from(info["Dir"].as_str().expect("module dir"));
-    // One copy per test process (runs may share the target directory); copies left by
+    // One copy per test (runs may share the target directory); copies left by
     // processes that are gone are removed. The last copy stays, with the suite's output.
     let srcs = go_root.join("src");
     for e in std::fs::read_dir(&srcs).into_iter().flatten().flatten() {
@@ -157,7 +158,8 @@ fn fetch_driver(go_root: &Path) -> (PathBuf, String) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
-    let src = srcs.join(format!("mysql-{version}-{}", std::process::id()));
+    // The tests of this file run at once: each has its own copy (the process id stays last).
+    let src = srcs.join(format!("mysql-{version}-{}-{}", sluice_testkit::unique_id(), std::process::id()));
     copy_tree(&module_dir, &src);
     std::fs::write(src.join("zz_sluice_tls_hook_test.go"), TLS_HOOK).expect("write TLS hook");
     (src, version)
@@ -334,6 +336,66 @@ fn go_sql_driver_suite_directly_and_through_sluice() {
         runs.push(run);
     }
 
+    let summaries = runs.iter().map(Run::summary).collect::<Vec<_>>().join("\n");
+    assert!(problems.is_empty(), "{}\n{summaries}", problems.join("\n"));
+}
+
+/// The configuration that moves every session at every safe point.
+const MOVE: &str = "move_every_statement = true\n";
+
+/// The same comparison in front of a TiDB server (`sluice_testkit::TiDb`): directly, through
+/// sluice (passthrough), with TLS (the backend leg following the client's), moving every
+/// passthrough session to a new connection at every safe point by its TiDB session states,
+/// alternating between the server's two addresses (TCP and its Unix socket), and in users mode
+/// moving sessions as on MariaDB, then multiplexing. Every test that passes directly must pass
+/// through sluice.
+#[test]
+fn go_sql_driver_suite_in_front_of_tidb() {
+    let go_root = sluice_testkit::mariadb::work_root().join("go");
+    std::fs::create_dir_all(&go_root).expect("create go dir");
+    let (src, version) = fetch_driver(&go_root);
+    eprintln!("{MODULE} {version} in {}", src.display());
+    let db = sluice_testkit::TiDb::start();
+    let admin = std::cell::RefCell::new(Raw::login(&db.addr(), "app", "apppw", None));
+    let suite = Suite { go_root, src, admin };
+    let addr = db.addr();
+    let socket = db.socket.display().to_string();
+
+    let direct = suite.run(&Target { label: "TiDB directly", addr: &addr, tls: false }, None);
+    let passed = direct.with(Outcome::Pass);
+    let why = format!("{}\n{}", direct.explain(&direct.with(Outcome::Fail)), direct.other);
+    assert!(passed.len() > 50, "only {} tests passed directly against TiDB; the comparison would be vacuous\n{why}", passed.len());
+    let mut problems = Vec::new();
+    let mut runs = vec![direct];
+    for (label, auth, keys, tls) in [
+        ("through sluice in front of TiDB", "passthrough", "", false),
+        ("through sluice in front of TiDB with TLS", "passthrough", "", true),
+        ("through sluice in front of TiDB moving passthrough sessions by their states", "passthrough", MOVE, false),
+        ("through sluice in front of TiDB in users mode moving sessions", "users", MOVE, false),
+        ("through sluice in front of TiDB in users mode multiplexing", "users", "multiplex = true\n", false),
+    ] {
+        let moves = keys == MOVE;
+        let mut config = TestConfig::new().proxy(keys).listener(&format!("auth = \"{auth}\"\n")).backend(&addr);
+        if moves {
+            config = config.backend(&socket);
+        }
+        if auth == "users" {
+            config = config.app_users();
+        }
+        let s = config.start();
+        let target = Target { label, addr: &s.listen, tls };
+        let run = suite.run(&target, None);
+        if tls {
+            let why = format!("{}\n{}", run.explain(&BTreeSet::from(["TestSluiceTLSHook".to_string()])), run.other);
+            assert_eq!(run.outcome.get("TestSluiceTLSHook"), Some(&Outcome::Pass), "the TLS run's path to TiDB was not encrypted\n{why}");
+        }
+        problems.extend(suite.lost_passes(&runs[0], &run, &target));
+        if moves {
+            let n = metric(&s, "sluice_session_moves_total{reason=\"test\",result=\"moved\"}");
+            assert!(n > 1000, "only {n} sessions moved in the run {label}");
+        }
+        runs.push(run);
+    }
     let summaries = runs.iter().map(Run::summary).collect::<Vec<_>>().join("\n");
     assert!(problems.is_empty(), "{}\n{summaries}", problems.join("\n"));
 }

@@ -2,7 +2,8 @@
 //! distribution on PyPI) with PyMySQL, run against one MariaDB server set up as production
 //! servers run (TLS, the performance schema, the binary log): directly, through sluice in
 //! passthrough, in users mode, moving every session to a fresh connection at every safe point,
-//! multiplexing, and through the read/write split in front of a primary and a replica.
+//! multiplexing, and through the read/write split in front of a primary and a replica (without
+//! and with optimistic transactions).
 //! Per-test outcomes are compared: every test that passes directly must pass through sluice
 //! (a test that does not is run again, twice at most, since a few depend on timing).
 //!
@@ -178,9 +179,37 @@ fn split_run(env: &PythonEnv, problems: &mut Vec<String>) -> String {
     let primary = t.primary();
     let direct = env.run("directly (primary)", &primary.addr(), primary, None);
     let s = split_sluice(&t);
+    let replica = &t.servers[1];
+    let selects =
+        || replica.sql("SHOW GLOBAL STATUS LIKE 'Com_select'").split_whitespace().last().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+    let before = selects();
     let run = env.run("through the read/write split", &s.listen, primary, None);
     problems.extend(env.lost_passes(&direct, &run, &s.listen, primary));
-    let to_replicas = metric_sum(&s, "sluice_split_statements_total{to=\"replica\"");
-    let to_primary = metric_sum(&s, "sluice_split_statements_total{to=\"primary\"");
-    format!("{} ({to_primary} statements to the primary, {to_replicas} to the replica)", run.summary())
+    let counts = |s: &SluiceProc| {
+        let to_replicas = metric_sum(s, "sluice_split_statements_total{to=\"replica\"");
+        let to_primary = metric_sum(s, "sluice_split_statements_total{to=\"primary\"");
+        format!("{to_primary} statements to the primary, {to_replicas} to the replica")
+    };
+    let plain = format!("{} ({}; SELECTs run on the replica: {})", run.summary(), counts(&s), selects() - before);
+    drop(s);
+    let before = selects();
+    // Optimistic transactions: PyMySQL's implicit transactions begin on the replica, which
+    // waits for every write made through sluice before (the suite reads, on one connection,
+    // what it wrote on another).
+    let s = split_sluice_with(&t, "optimistic_transactions = true\ncausal_reads = \"global\"\n");
+    let run = env.run("through the split with optimistic transactions", &s.listen, primary, None);
+    problems.extend(env.lost_passes(&direct, &run, &s.listen, primary));
+    let replays: Vec<String> = admin_get(&s, "/metrics", None)
+        .1
+        .lines()
+        .filter(|l| l.starts_with("sluice_transaction_replays_total"))
+        .map(|l| l.trim_start_matches("sluice_transaction_replays_total").to_string())
+        .collect();
+    format!(
+        "{plain}\n{} ({}; SELECTs run on the replica: {}; transactions moved to the primary: {})",
+        run.summary(),
+        counts(&s),
+        selects() - before,
+        replays.join(" ")
+    )
 }

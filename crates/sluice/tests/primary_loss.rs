@@ -365,29 +365,61 @@ fn index_of_session(s: &SluiceProc, n: usize) -> u32 {
     ids[n] as u32
 }
 
+/// How the primary is lost under load.
+#[derive(Debug, Clone, Copy)]
+enum Loss {
+    /// `kill -9`: its connections close.
+    Crash,
+    /// SIGSTOP: it hangs, its connections stay open and never answer.
+    Hang,
+    /// Its port is closed (the fault shim between sluice and it resets every connection and
+    /// refuses new ones), while the server itself runs on.
+    PortClosed,
+}
+
 /// sysbench's oltp_read_write (text statements) through the read/write split at 16 threads, as a
-/// user without SUPER, while the primary is killed: a replica is promoted and the load goes on
+/// user without SUPER, while the primary is lost: a replica is promoted and the load goes on
 /// there without a reconnect. Open transactions are replayed; what fails is a COMMIT in flight
-/// when the primary died (1180, its outcome unknown: at most one per thread) and the workload's
-/// own deadlocks (1213).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_primary_under_load_costs_only_the_commits_in_flight() {
+/// when the primary was lost (1180, its outcome unknown: at most one per thread), a replay
+/// that read otherwise (1213), and the workload's own deadlocks (1213).
+async fn primary_lost_under_load(loss: Loss) {
     let mut t = Topology::start(2);
     t.primary().sql("CREATE USER 'writer'@'%' IDENTIFIED BY 'writerpw'; GRANT ALL ON sbtest.* TO 'writer'@'%'");
     sysbench::prepare(t.primary(), 2, 5000);
     t.wait_caught_up();
-    let c = TestConfig::new().table("routing", "split = true\n").user("writer", "password = \"writerpw\"\n");
-    let s = sluice_with(&t, &[], c);
+    let shim = sluice_testkit::fault::FaultProxy::start(&t.servers[0].addr());
+    let mut c = TestConfig::new()
+        .table("health", "interval = \"100ms\"\ntimeout = \"500ms\"\nfall = 2\nrise = 2\nuser = \"monitor\"\npassword = \"monitorpw\"\n")
+        .table("failover", "enabled = true\nuser = \"app\"\npassword = \"apppw\"\nafter = \"300ms\"\n")
+        .table("routing", "split = true\n")
+        .app_users()
+        .user("writer", "password = \"writerpw\"\n");
+    for (i, server) in t.servers.iter().enumerate() {
+        let address = if i == 0 { shim.addr() } else { server.addr() };
+        c = c.backend_with(&address, &format!("name = \"s{i}\"\n"));
+    }
+    let s = c.start();
+    wait_for("the primary known", || state(&s)["primary"] == "s0");
     let load = sysbench::start_with("oltp_read_write", &s.listen, 2, 5000, 16, ("writer", "writerpw"), &["--db-ps-mode=disable"]);
+    t.primary().sql("CREATE TABLE sbtest.acked (id INT PRIMARY KEY)");
+    let writer = Acked::start(&s);
     wait_for("sysbench reports transactions", || load.progress().transactions > 200);
-    t.servers[0].kill();
+    match loss {
+        Loss::Crash => t.servers[0].kill(),
+        Loss::Hang => sigstop(&t.servers[0]),
+        Loss::PortClosed => {
+            shim.set_refuse(true);
+            shim.reset_all();
+        }
+    }
     assert_eq!(event(&s, "failover", 0)["result"], "done", "{}", state(&s));
     let after = load.progress().transactions;
     wait_for("sysbench goes on at the new primary", || load.progress().transactions > after + 200);
     let errors = load.errors();
     let (totals, text) = load.stop();
+    let (acked, unknown) = writer.stop().await;
     eprintln!(
-        "kill -9 under load: {} transactions, errors {errors:?}, {} reconnects, replays: {}",
+        "{loss:?} under load: {} transactions, errors {errors:?}, {} reconnects, replays: {}; {}",
         totals.transactions,
         totals.reconnects,
         admin_get(&s, "/metrics", None)
@@ -395,10 +427,74 @@ async fn a_killed_primary_under_load_costs_only_the_commits_in_flight() {
             .lines()
             .filter(|l| l.starts_with("sluice_transaction_replays_total"))
             .collect::<Vec<_>>()
-            .join(" ")
+            .join(" "),
+        event(&s, "failover", 0)["message"]
     );
     assert!(totals.success, "{text}");
     assert_eq!(totals.reconnects, 0);
     assert!(errors.iter().all(|&e| e == 1213 || e == 1180), "errors other than deadlocks and commits in flight: {errors:?}");
     assert!(errors.iter().filter(|&&e| e == 1180).count() <= 16, "{errors:?}");
+    let new = index_of(&state(&s)["primary"]);
+    let other = 3 - new;
+    wait_for("the other replica following the new primary", || source_is(&s, &format!("s{other}"), &t.servers[new]));
+    // Every write a client was told committed is on the new primary (and no other but those
+    // whose outcome it was told is unknown).
+    let kept: std::collections::BTreeSet<u32> =
+        t.servers[new].sql("SELECT id FROM sbtest.acked").lines().filter_map(|l| l.trim().parse().ok()).collect();
+    let lost: Vec<&u32> = acked.iter().filter(|id| !kept.contains(id)).collect();
+    assert!(lost.is_empty(), "acknowledged writes missing on the new primary: {lost:?}");
+    assert!(kept.iter().all(|id| acked.contains(id) || unknown.contains(id)), "writes no client was told of");
+    assert!(acked.len() > 10, "the writer wrote through the loss: {}", acked.len());
+    if let Loss::Hang = loss {
+        t.servers[0].kill();
+    }
+}
+
+/// A client writing rows one by one (autocommit) through sluice: the ids acknowledged, and
+/// those whose outcome it was told is unknown (1180).
+struct Acked {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(Vec<u32>, Vec<u32>)>,
+}
+
+impl Acked {
+    fn start(s: &SluiceProc) -> Acked {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, addr) = (stop.clone(), s.listen.clone());
+        let task = tokio::spawn(async move {
+            let (mut acked, mut unknown) = (Vec::new(), Vec::new());
+            let mut c = connect(&addr, "writer", "writerpw").await;
+            let mut id = 0u32;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                id += 1;
+                match c.query_drop(format!("INSERT INTO sbtest.acked VALUES ({id})")).await {
+                    Ok(()) => acked.push(id),
+                    Err(mysql_async::Error::Server(e)) if e.code == 1180 => unknown.push(id),
+                    Err(e) => panic!("the writer's insert {id}: {e}"),
+                }
+            }
+            (acked, unknown)
+        });
+        Acked { stop, task }
+    }
+
+    async fn stop(self) -> (Vec<u32>, Vec<u32>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.expect("the writer")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_primary_under_load_costs_only_the_commits_in_flight() {
+    primary_lost_under_load(Loss::Crash).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_primary_under_load_costs_only_the_commits_in_flight() {
+    primary_lost_under_load(Loss::Hang).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_behind_a_closed_port_under_load_costs_only_the_commits_in_flight() {
+    primary_lost_under_load(Loss::PortClosed).await;
 }

@@ -104,6 +104,8 @@ async fn digests_count_statements_by_shape() {
         let _: Vec<i64> = c.exec("SELECT v FROM items WHERE id = ?", (i,)).await.expect("execute");
     }
     let _ = c.query_drop("SELECT nope FROM items").await.expect_err("unknown column");
+    c.disconnect().await.expect("quit");
+    wait_sessions_closed(&s);
     let (code, body) = admin_get(&s, "/digests?top=10&by=count", None);
     assert_eq!(code, 200, "{body}");
     let v = json(&body);
@@ -138,6 +140,7 @@ async fn statements_differing_in_values_spacing_and_comments_count_as_one() {
             let _: Vec<i64> = c.query(format!("{select} {i} /* trace {i} */ + 1 AS  n{space}")).await.unwrap();
         }
         c.disconnect().await.unwrap();
+        wait_sessions_closed(&s);
         let (code, body) = admin_get(&s, "/digests?by=count", None);
         assert_eq!(code, 200, "{body}");
         let v = json(&body);
@@ -162,6 +165,7 @@ async fn digests_are_on_by_default_where_statements_are_read_anyway() {
             let _: Vec<i64> = c.query(format!("SELECT {i} + 1 AS by_default")).await.unwrap();
         }
         c.disconnect().await.unwrap();
+        wait_sessions_closed(&s);
         let (code, body) = admin_get(&s, "/digests?by=count", None);
         assert_eq!(code, 200, "{body}");
         let v = json(&body);

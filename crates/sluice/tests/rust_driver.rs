@@ -2,7 +2,8 @@
 //! by DATABASE_URL), from the copy of the crate that cargo fetched for sluice's own tests, run
 //! against one MariaDB server: directly, through sluice, and in users mode through sluice moving
 //! every session to a fresh connection at every safe point, then multiplexing (and parking at
-//! every command). Every test that passes directly must pass through sluice; one that does not
+//! every command); and in front of a TiDB server (`mysql_async_suite_in_front_of_tidb`).
+//! Every test that passes directly must pass through sluice; one that does not
 //! is run again (twice at most) before it counts as broken by sluice, since some depend on
 //! timing.
 //!
@@ -31,6 +32,9 @@ const PER_CONNECTION_COUNTERS: [&str; 2] =
 /// earlier, with the defaults of that time (as with ProxySQL's connection pool).
 const GLOBAL_DEFAULT_AT_LOGIN: &str = "conn::pool::test::zz_should_check_wait_timeout_on_get_conn";
 
+/// The configuration that moves every session at every safe point.
+const MOVE: &str = "move_every_statement = true\n";
+
 /// Database the suite works in; recreated before every run.
 const DB_NAME: &str = "rusttest";
 
@@ -50,12 +54,19 @@ fn driver_source() -> PathBuf {
     manifest.parent().unwrap().to_path_buf()
 }
 
+/// The driver's unit tests, built once per test process: the tests of this file run at once
+/// and share the one binary (two builds in one copy of the crate would undo each other).
+fn build_suite(root: &Path) -> PathBuf {
+    static SUITE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    SUITE.get_or_init(|| build_suite_once(root)).clone()
+}
+
 /// Builds the driver's unit tests (in a copy of the crate, with its own lock file and a
 /// target directory of its own); returns the test binary.
-fn build_suite(root: &Path) -> PathBuf {
+fn build_suite_once(root: &Path) -> PathBuf {
     let from = driver_source();
     let name = from.file_name().unwrap().to_string_lossy().into_owned();
-    let src = root.join(format!("{name}-{}", std::process::id()));
+    let src = root.join(format!("{name}-{}-{}", std::process::id(), sluice_testkit::unique_id()));
     let _ = std::fs::remove_dir_all(&src);
     copy_tree(&from, &src);
     // A workspace of its own (the copy lies under sluice's target directory).
@@ -117,12 +128,13 @@ impl Run {
 
 struct Suite<'a> {
     exe: PathBuf,
-    db: &'a MariaDb,
+    /// Runs SQL as root on the server (MariaDB or TiDB).
+    sql: &'a dyn Fn(&str) -> String,
 }
 
 impl Suite<'_> {
     fn run(&self, label: &str, addr: &str, only: Option<&BTreeSet<String>>) -> Run {
-        self.db.sql(&format!("DROP DATABASE IF EXISTS {DB_NAME}; CREATE DATABASE {DB_NAME}"));
+        (self.sql)(&format!("DROP DATABASE IF EXISTS {DB_NAME}; CREATE DATABASE {DB_NAME}"));
         let mut cmd = Command::new(&self.exe);
         cmd.env("DATABASE_URL", format!("mysql://app:apppw@{addr}/{DB_NAME}?prefer_socket=false")).arg("--test-threads=2");
         if let Some(names) = only {
@@ -173,7 +185,8 @@ fn mysql_async_suite_directly_and_through_sluice() {
     std::fs::create_dir_all(&root).expect("create the suite's dir");
     let exe = build_suite(&root);
     let db = MariaDb::start();
-    let suite = Suite { exe, db: &db };
+    let sql = |q: &str| db.sql(q);
+    let suite = Suite { exe, sql: &sql };
 
     let addr = db.addr();
     let direct = suite.run("directly", &addr, None);
@@ -218,6 +231,55 @@ fn mysql_async_suite_directly_and_through_sluice() {
         runs.push(run);
     }
 
+    let summaries = std::iter::once(&direct).chain(&runs).map(Run::summary).collect::<Vec<_>>().join("\n");
+    eprintln!("{summaries}");
+    assert!(problems.is_empty(), "{}\n{summaries}", problems.join("\n"));
+}
+
+/// The same comparison in front of a TiDB server: directly, through sluice (passthrough),
+/// moving every passthrough session at every safe point by its TiDB session states between the
+/// server's two addresses (TCP and its Unix socket), in users mode moving sessions the same way,
+/// and multiplexed. Every test that passes directly must pass through sluice, but the two that
+/// read a connection's own status counters, which a session that changes connections sees anew
+/// (and, multiplexed, the one that expects a new global default at its next login).
+#[test]
+fn mysql_async_suite_in_front_of_tidb() {
+    let root = sluice_testkit::mariadb::work_root().join("rust-driver");
+    std::fs::create_dir_all(&root).expect("create the suite's dir");
+    let exe = build_suite(&root);
+    let db = sluice_testkit::TiDb::start();
+    let sql = |q: &str| db.sql(q);
+    let suite = Suite { exe, sql: &sql };
+    let (addr, socket) = (db.addr(), db.socket.display().to_string());
+    let direct = suite.run("TiDB directly", &addr, None);
+    let passed = direct.with(Outcome::Pass);
+    assert!(passed.len() > 50, "only {} tests passed directly; the comparison would be vacuous\n{}", passed.len(), direct.failures());
+    let mut problems = Vec::new();
+    let mut runs = Vec::new();
+    let multiplexing = [PER_CONNECTION_COUNTERS[0], PER_CONNECTION_COUNTERS[1], GLOBAL_DEFAULT_AT_LOGIN];
+    for (label, auth, keys, expected) in [
+        ("through sluice in front of TiDB", "passthrough", "", &[][..]),
+        ("through sluice in front of TiDB moving passthrough sessions by their states", "passthrough", MOVE, &PER_CONNECTION_COUNTERS[..]),
+        ("through sluice in front of TiDB in users mode moving sessions", "users", MOVE, &PER_CONNECTION_COUNTERS[..]),
+        ("through sluice in front of TiDB in users mode multiplexing", "users", "multiplex = true\n", &multiplexing[..]),
+    ] {
+        let moving = keys == MOVE;
+        let mut config = TestConfig::new().proxy(keys).listener(&format!("auth = \"{auth}\"\n")).backend(&addr);
+        if moving {
+            config = config.backend(&socket);
+        }
+        if auth == "users" {
+            config = config.app_users();
+        }
+        let s = config.start();
+        let run = suite.run(label, &s.listen, None);
+        problems.extend(suite.lost_passes(&direct, &run, label, &s.listen, expected));
+        if moving {
+            let n = metric(&s, "sluice_session_moves_total{reason=\"test\",result=\"moved\"}");
+            assert!(n > 100, "only {n} sessions moved in the run {label}");
+        }
+        runs.push(run);
+    }
     let summaries = std::iter::once(&direct).chain(&runs).map(Run::summary).collect::<Vec<_>>().join("\n");
     eprintln!("{summaries}");
     assert!(problems.is_empty(), "{}\n{summaries}", problems.join("\n"));

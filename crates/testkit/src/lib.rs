@@ -1,6 +1,6 @@
 //! Test harness shared by sluice's integration tests and benchmarks: real MariaDB servers on
-//! loopback ports with their own data directories (alone, or a primary and replicas), and a
-//! sluice process under test.
+//! loopback ports with their own data directories (alone, or a primary and replicas), real
+//! TiDB servers (`tidb.rs`), and a sluice process under test.
 
 pub mod fault;
 pub mod mariadb;
@@ -8,10 +8,12 @@ pub mod raw;
 pub mod replication;
 pub mod sluice;
 pub mod sysbench;
+pub mod tidb;
 
 pub use mariadb::MariaDb;
 pub use replication::Topology;
 pub use sluice::SluiceProc;
+pub use tidb::TiDb;
 
 /// A process-unique number for naming files.
 pub fn unique_id() -> u64 {

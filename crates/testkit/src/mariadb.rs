@@ -221,9 +221,15 @@ fn wait_socket(socket: &Path, child: &mut Child, datadir: &Path) {
 /// Runs SQL as root over the server's Unix socket with the `mariadb` command-line client and
 /// returns its tab-separated output.
 pub fn run_sql(socket: &Path, sql: &str) -> Result<String, String> {
+    run_client(&[&format!("--socket={}", socket.display()), "-uroot"], sql)
+}
+
+/// Runs SQL with the `mariadb` command-line client given `args` (where and as whom) and returns
+/// its tab-separated output.
+pub fn run_client(args: &[&str], sql: &str) -> Result<String, String> {
     let mut child = Command::new("mariadb")
-        .arg(format!("--socket={}", socket.display()))
-        .args(["-uroot", "--batch", "--skip-column-names"])
+        .args(args)
+        .args(["--batch", "--skip-column-names"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -324,10 +330,7 @@ impl MariaDb {
 
     /// SIGKILL: the server dies without closing connections cleanly.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_child(&mut self.child);
     }
 
     /// A normal shutdown (SIGTERM), waiting for the process to exit (killed after 60 s).
@@ -364,14 +367,27 @@ impl MariaDb {
 
     /// Whether the server answers with a greeting right now.
     pub fn greets(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else { return false };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let mut b = [0u8; 5];
-        s.read_exact(&mut b).is_ok() && b[4] == 10
+        greets_at(self.port)
     }
 }
 
-fn signal(pid: u32, sig: &str) {
+/// Whether a server on the loopback `port` answers with a greeting right now.
+pub fn greets_at(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b).is_ok() && b[4] == 10
+}
+
+/// SIGKILL to a server process, waited for.
+pub fn kill_child(child: &mut Option<Child>) {
+    if let Some(mut c) = child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+pub(crate) fn signal(pid: u32, sig: &str) {
     let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
 }
 
@@ -385,11 +401,15 @@ impl Drop for MariaDb {
 }
 
 /// Removes data directories left by test processes that no longer exist.
-fn remove_stale_dirs() {
+pub(crate) fn remove_stale_dirs() {
     let Ok(entries) = fs::read_dir(work_root()) else { return };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let pid = name.strip_prefix("db-").and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+        let pid = name
+            .strip_prefix("db-")
+            .or_else(|| name.strip_prefix("tidb-"))
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
         if let Some(pid) = pid
             && !Path::new(&format!("/proc/{pid}")).exists()
         {

@@ -41,8 +41,12 @@ fn base_as(workload: &str, addr: &str, tables: u32, table_size: u32, (user, pass
 /// Creates the `sbtest` database and its tables on a server (directly, as user app).
 pub fn prepare(db: &crate::MariaDb, tables: u32, table_size: u32) {
     db.sql("CREATE DATABASE IF NOT EXISTS sbtest");
-    let out =
-        base("oltp_common", &db.addr(), tables, table_size).arg("prepare").output().expect("run sysbench (installed by scripts/setup.sh)");
+    prepare_at(&db.addr(), tables, table_size);
+}
+
+/// Creates sysbench's tables in the `sbtest` database of the server at `addr` (as user app).
+pub fn prepare_at(addr: &str, tables: u32, table_size: u32) {
+    let out = base("oltp_common", addr, tables, table_size).arg("prepare").output().expect("run sysbench (installed by scripts/setup.sh)");
     assert!(out.status.success(), "sysbench prepare: {}", String::from_utf8_lossy(&out.stderr));
 }
 

@@ -21,7 +21,7 @@ pub enum Want {
 }
 
 /// Balancer state shared by all workers.
-const POLICIES: [Policy; 3] = [Policy::LeastConnections, Policy::RoundRobin, Policy::WeightedRandom];
+const POLICIES: [Policy; 4] = [Policy::LeastConnections, Policy::RoundRobin, Policy::WeightedRandom, Policy::LeastLatency];
 
 pub struct Balancer {
     /// The [`Policy`] in force, as its index in [`POLICIES`] (a reload changes it).
@@ -81,7 +81,7 @@ impl Balancer {
             return None;
         }
         match self.policy() {
-            Policy::LeastConnections => {
+            policy @ (Policy::LeastConnections | Policy::LeastLatency) => {
                 // Lowest sessions/weight; ties go round-robin so that an idle pool spreads evenly.
                 let start = self.rr.fetch_add(1, Ordering::Relaxed);
                 let mut best: Option<&Arc<Backend>> = None;
@@ -90,7 +90,7 @@ impl Balancer {
                     if !usable(&b) {
                         continue;
                     }
-                    let load = |b: &Backend| b.sessions.load(Ordering::Relaxed) as u64 * 1_000_000 / b.weight() as u64;
+                    let load = |b: &Backend| b.sessions.load(Ordering::Relaxed) as u64 * 1_000_000_000 / b.balance_weight(policy).max(1);
                     if best.is_none_or(|x| load(b) < load(x)) {
                         best = Some(b);
                     }
@@ -186,6 +186,22 @@ mod tests {
         assert!((0..6).all(|_| lb.pick(&bs, &[], Want::Reads).unwrap().index == 2));
         bs.list()[0].set_up(false);
         assert!(lb.pick(&bs, &[], Want::Primary).is_some_and(|b| b.index != 0));
+    }
+
+    #[test]
+    fn least_latency_gives_a_slower_backend_fewer_sessions() {
+        let bs = backends(&[1, 1]);
+        let lb = Balancer::new(Policy::LeastLatency);
+        bs.list()[0].load.add_rtt(std::time::Duration::from_micros(100));
+        bs.list()[1].load.add_rtt(std::time::Duration::from_micros(300));
+        bs.refresh_load();
+        let mut held = Vec::new();
+        for _ in 0..40 {
+            held.push(lb.pick(&bs, &[], Want::Primary).unwrap().bind());
+        }
+        let on = |i: usize| held.iter().filter(|g| g.index == i).count();
+        // Weights 1000 and 333 per mille: three sessions to one.
+        assert_eq!((on(0), on(1)), (30, 10));
     }
 
     #[test]

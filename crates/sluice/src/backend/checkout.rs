@@ -99,8 +99,22 @@ pub fn fits(spare: &Spare, same_as: Option<(u32, bool)>) -> bool {
 }
 
 /// The connection `taken` gives, in the session's state: the spare one when it fits and can be
-/// brought to the state, else a new login in its place.
+/// brought to the state, else a new login in its place. Given up (as an unreachable backend)
+/// when failover replaces the backend meanwhile: a hung server may never answer.
 pub async fn ready(
+    b: &Arc<Backend>,
+    taken: Taken,
+    r: &Request<'_>,
+    pre: &mut Option<Opened>,
+    tried: &mut Vec<(usize, Error)>,
+) -> Result<Option<Lease>> {
+    tokio::select! {
+        lease = ready_now(b, taken, r, pre, tried) => lease,
+        () = b.until_replaced() => Err(Error::connect(format!("{} was replaced by a failover", b.name))),
+    }
+}
+
+async fn ready_now(
     b: &Arc<Backend>,
     taken: Taken,
     r: &Request<'_>,

@@ -173,6 +173,8 @@ pub enum Credential {
     Password(Vec<u8>),
     /// SHA1(password), recovered from a client's mysql_native_password reply.
     NativeStage1([u8; 20]),
+    /// A TiDB session token (`backend::tidb`): the auth data of a `tidb_session_token` login.
+    SessionToken(Vec<u8>),
 }
 
 impl Credential {
@@ -181,8 +183,11 @@ impl Credential {
             (p, Credential::Password(pw)) if p == auth::NATIVE => {
                 Ok(if pw.is_empty() { vec![] } else { auth::native_reply_from_stage1(scramble, &auth::native_stage1(pw)).to_vec() })
             }
+            (p, Credential::SessionToken(t)) if p == auth::TIDB_SESSION_TOKEN => Ok(t.clone()),
             (p, Credential::NativeStage1(s1)) if p == auth::NATIVE => Ok(auth::native_reply_from_stage1(scramble, s1).to_vec()),
             (p, Credential::Password(pw)) if p == auth::CACHING_SHA2 => Ok(auth::sha2_reply(scramble, pw).to_vec()),
+            // (TiDB then asks for the clear password, as for caching_sha2's full authentication.)
+            (p, Credential::Password(pw)) if p == auth::TIDB_SM3 => Ok(auth::sm3_reply(scramble, pw)),
             (p, Credential::Password(pw)) if p == auth::CLEAR && tls => {
                 let mut v = pw.clone();
                 v.push(0);
@@ -201,10 +206,19 @@ impl Credential {
 /// capabilities (CLIENT_SSL among them when the connection is to switch to TLS).
 pub async fn login(b: &Backend, conn: PacketConn, g: &Greeting, mut hr: HandshakeResponse, cred: &Credential) -> Result<PacketConn> {
     bounded(b.connect_timeout, "login", async {
-        let plugin = if g.auth_plugin.is_empty() { auth::NATIVE.to_vec() } else { g.auth_plugin.clone() };
+        let plugin = match cred {
+            Credential::SessionToken(_) => auth::TIDB_SESSION_TOKEN.to_vec(),
+            _ if g.auth_plugin.is_empty() => auth::NATIVE.to_vec(),
+            _ => g.auth_plugin.clone(),
+        };
         let (mut conn, seq) = maybe_tls(b, conn, &hr).await?;
         let tls = conn.stream.is_tls();
         hr.auth_response = cred.reply(&plugin, &g.scramble, tls)?;
+        // A reply longer than a one-byte length allows (a TiDB session token) goes with a
+        // length-encoded one, which servers read whether or not they offer the flag.
+        if hr.auth_response.len() > 250 {
+            hr.capabilities |= cap::PLUGIN_AUTH_LENENC_DATA;
+        }
         hr.auth_plugin = Some(plugin);
         let mut out = Vec::new();
         hr.write(&mut out);
@@ -339,10 +353,11 @@ impl Answer for Held<'_> {
                 let sw = AuthSwitch::parse(p).map_err(|e| Error::malformed(Side::Backend, e))?;
                 self.cred.reply(sw.plugin, sw.data, self.tls)
             }
-            // caching_sha2 full authentication: the clear password, over TLS or a Unix socket.
+            // caching_sha2's (or tidb_sm3_password's) full authentication: the clear password,
+            // over TLS or a Unix socket.
             [0x01, 4, ..] => {
                 let Credential::Password(pw) = self.cred else {
-                    return Err(Error::backend("backend wants full caching_sha2 authentication; sluice holds no clear password"));
+                    return Err(Error::backend("backend wants full authentication (caching_sha2); sluice holds no clear password"));
                 };
                 if !self.tls && !self.unix {
                     return Err(Error::backend("backend wants the clear password over an unencrypted connection; configure tls"));

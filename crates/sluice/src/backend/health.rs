@@ -50,11 +50,26 @@ async fn check_loop(b: &Backend, config: &Live) {
             _ => None,
         };
         let now = crate::metrics::mono_ns() / 1_000_000;
-        let passive = b.is_up() && monitor.is_none() && b.activity.since_ms(now) < cfg.interval.as_millis() as u64;
+        // (The latency-aware policy times every probe: none is skipped.)
+        let timed = c.proxy.balance == crate::config::Policy::LeastLatency;
+        let passive = !timed && b.is_up() && monitor.is_none() && b.activity.since_ms(now) < cfg.interval.as_millis() as u64;
+        let began = Instant::now();
         let result = if passive { Ok(()) } else { probe(b, cfg, monitor.as_ref(), max_lag).await };
+        if timed && result.is_ok() {
+            b.load.add_rtt(began.elapsed());
+        }
+        if let Some(addr) = &b.status {
+            status(b, addr, cfg.timeout).await;
+            if timed {
+                match super::tidb::metrics(addr, cfg.timeout).await {
+                    Ok(text) => b.load.add_metrics(&text, Instant::now()),
+                    Err(e) => tracing::debug!(backend = %b.name, error = %e, "no metrics from the status address"),
+                }
+            }
+        }
         match result {
             // Sluice's own want of descriptors or memory says nothing of the backend.
-            Err(Failure { reason, local: true }) => {
+            Err(Failure { reason, local: true, .. }) => {
                 tracing::warn!(side = "sluice", backend = %b.name, error = %reason, "health check not made: the backend's state stays as it was");
             }
             r => apply(b, cfg, r),
@@ -63,6 +78,20 @@ async fn check_loop(b: &Backend, config: &Live) {
 }
 
 pub use super::manage::Failure;
+
+/// Reads a TiDB server's status address: one shutting down is kept out like a drained one
+/// (the rebalancer moves its sessions off), and serves again once it answers 200.
+async fn status(b: &Backend, addr: &str, timeout: Duration) {
+    let closing = super::tidb::status_closing(addr, timeout).await;
+    if b.set_closing(closing.is_some()) {
+        match closing {
+            Some(why) => {
+                tracing::warn!(backend = %b.name, reason = %why, "backend is shutting down: no new session goes there, its sessions leave")
+            }
+            None => tracing::info!(backend = %b.name, "backend's status address answers again: it serves"),
+        }
+    }
+}
 
 /// One probe.
 pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, String)>, max_lag: Duration) -> Result<(), Failure> {
@@ -89,9 +118,7 @@ pub async fn probe(b: &Backend, cfg: &HealthConfig, monitor: Option<&(String, St
 /// Without a monitor user: whether the backend greets, and could serve a session (a backend
 /// with backend_tls "on" that does not offer TLS cannot serve anyone).
 async fn greets(b: &Backend, timeout: Duration) -> Result<(), Failure> {
-    let (conn, g) = bconn::open(b, timeout, bconn::Origin::Sluice)
-        .await
-        .map_err(|e| Failure { local: e.side == crate::error::Side::Proxy, reason: e.message })?;
+    let (conn, g) = bconn::open(b, timeout, bconn::Origin::Sluice).await.map_err(Failure::of_open)?;
     drop(conn);
     b.tls.decide(true, &g).map_err(|e| Failure::of_backend(e.message))?;
     Ok(())
@@ -129,6 +156,7 @@ pub fn apply(b: &Backend, cfg: &HealthConfig, result: Result<(), Failure>) {
     h.last_check = Some(Instant::now());
     match result {
         Ok(()) => {
+            h.unanswered = false;
             h.consecutive_ok += 1;
             h.consecutive_fail = 0;
             if b.is_up() {
@@ -140,7 +168,8 @@ pub fn apply(b: &Backend, cfg: &HealthConfig, result: Result<(), Failure>) {
                 tracing::info!(backend = %b.name, address = %b.address, "backend is up again");
             }
         }
-        Err(Failure { reason, .. }) => {
+        Err(Failure { reason, unanswered, .. }) => {
+            h.unanswered = unanswered;
             h.consecutive_fail += 1;
             h.consecutive_ok = 0;
             if b.is_up() && h.consecutive_fail >= cfg.fall {

@@ -21,12 +21,20 @@ pub struct Failure {
     pub reason: String,
     /// Sluice's own want of descriptors or memory, not the backend's doing.
     pub local: bool,
+    /// The backend never greeted: it refused the connection, or did not answer it.
+    pub unanswered: bool,
 }
 
 impl Failure {
     /// The backend's failure.
     pub fn of_backend(reason: impl Into<String>) -> Failure {
-        Failure { reason: reason.into(), local: false }
+        Failure { reason: reason.into(), local: false, unanswered: false }
+    }
+
+    /// A connection that failed before the backend's greeting.
+    pub fn of_open(e: crate::error::Error) -> Failure {
+        let local = e.side == crate::error::Side::Proxy;
+        Failure { local, unanswered: !local, reason: e.message }
     }
 }
 
@@ -43,9 +51,7 @@ impl Manage {
     /// `timeout`; each later statement is bounded by `timeout` too.
     pub async fn open(b: &Backend, user: &str, password: &str, timeout: Duration) -> Result<Manage, Failure> {
         let work = async {
-            let (conn, g) = bconn::open(b, timeout, bconn::Origin::Sluice)
-                .await
-                .map_err(|e| Failure { local: e.side == crate::error::Side::Proxy, reason: e.message })?;
+            let (conn, g) = bconn::open(b, timeout, bconn::Origin::Sluice).await.map_err(Failure::of_open)?;
             let tls = b.tls.decide(true, &g).map_err(|e| Failure::of_backend(e.message))?;
             let caps = bconn::backend_capabilities(cap::SLUICE_SUPPORTED, &g, tls) & !cap::CONNECT_WITH_DB;
             let hr = HandshakeResponse {

@@ -5,11 +5,13 @@ pub mod checkout;
 pub mod conn;
 pub mod health;
 pub mod link;
+pub mod load;
 pub mod manage;
 pub mod mirror;
 pub mod pool;
 pub mod restore;
 pub mod shared;
+pub mod tidb;
 mod tls;
 pub mod topology;
 
@@ -59,6 +61,8 @@ pub struct HealthState {
     pub checks: u64,
     pub since: Instant,
     pub last_check: Option<Instant>,
+    /// The last check failed before the backend greeted (refused, or no answer).
+    pub unanswered: bool,
 }
 
 /// What the health checks last read of a backend's place in replication (with a monitor user).
@@ -176,6 +180,12 @@ pub struct Backend {
     up: AtomicBool,
     /// Drained: no new session comes here and every session leaves at its next safe point.
     draining: AtomicBool,
+    /// A TiDB server's status address (`tidb.rs`), read by each health check.
+    pub status: Option<String>,
+    /// Its status address says it is shutting down (or does not answer): like a drain.
+    closing: AtomicBool,
+    /// What the latency-aware policy weighs (`load.rs`).
+    pub load: load::Readings,
     /// When the drain began (milliseconds of [`crate::metrics::mono_ns`]).
     drain_since_ms: AtomicU64,
     /// Removed at run time: its health checks stop.
@@ -185,6 +195,8 @@ pub struct Backend {
     /// See [`Backend::assumed`].
     assumed: AtomicU64,
     fence: Mutex<Option<Fence>>,
+    /// Told when failover replaced the backend ([`Backend::until_replaced`]).
+    replaced: tokio::sync::Notify,
     /// Client sessions currently bound to this backend.
     pub sessions: AtomicUsize,
     pub metrics: BackendMetrics,
@@ -263,6 +275,12 @@ impl Backend {
     ) -> Result<Backend, SetupError> {
         c.check_names()?;
         let address = parse_address(c.address.get_ref())?;
+        if let Some(st) = &c.status
+            && !matches!(parse_address(st), Ok(Address::Tcp(_)))
+        {
+            let why = format!("backend {}: status must be HOST:PORT, not {st:?}", c.display_name());
+            return Err(SetupError::Invalid(crate::config::InvalidValue(why)));
+        }
         let tls = BackendTls::new(c, c.tls_mode(p), &address)?;
         metrics.up.set(1);
         metrics.primary.set(i64::from(c.role != Role::Replica));
@@ -285,11 +303,15 @@ impl Backend {
             connect_timeout: p.connect_timeout,
             up: AtomicBool::new(true),
             draining: AtomicBool::new(false),
+            status: c.status.clone(),
+            closing: AtomicBool::new(false),
+            load: load::Readings::default(),
             drain_since_ms: AtomicU64::new(0),
             retired: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
             assumed: AtomicU64::new(0),
             fence: Mutex::new(None),
+            replaced: tokio::sync::Notify::new(),
             sessions: AtomicUsize::new(0),
             activity: Activity::since(crate::metrics::mono_ns() / 1_000_000),
             health: Mutex::new(HealthState {
@@ -299,6 +321,7 @@ impl Backend {
                 checks: 0,
                 since: Instant::now(),
                 last_check: None,
+                unanswered: false,
             }),
             info: Mutex::new(None),
             tracking: Mutex::new(None),
@@ -375,6 +398,13 @@ impl Backend {
         self.weight.load(Ordering::Relaxed)
     }
 
+    /// Its weight as `policy` balances by (per mille: the latency-aware policy scales it by
+    /// what the backend reports, `load.rs`).
+    pub fn balance_weight(&self, policy: crate::config::Policy) -> u64 {
+        let factor = if policy == crate::config::Policy::LeastLatency { self.load.factor() } else { 1000 };
+        u64::from(self.weight()) * u64::from(factor)
+    }
+
     pub fn set_weight(&self, w: u32) {
         self.weight.store(w.max(1), Ordering::Relaxed);
     }
@@ -391,6 +421,16 @@ impl Backend {
         self.draining.load(Ordering::Relaxed)
     }
 
+    /// Its status address says it is shutting down.
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
+    }
+
+    /// Records what its status address said; true when that changed.
+    pub fn set_closing(&self, closing: bool) -> bool {
+        self.closing.swap(closing, Ordering::Relaxed) != closing
+    }
+
     pub fn set_draining(&self, on: bool) {
         self.drain_since_ms.store(crate::metrics::mono_ns() / 1_000_000, Ordering::Relaxed);
         self.draining.store(on, Ordering::SeqCst);
@@ -404,7 +444,7 @@ impl Backend {
 
     /// Up, not draining and not fenced: the balancer may send sessions here.
     pub fn is_usable(&self) -> bool {
-        self.is_up() && !self.is_draining() && !self.is_fenced()
+        self.is_up() && !self.is_draining() && !self.is_fenced() && !self.is_closing()
     }
 
     /// How many times failover set its role ([`Backend::assume`]).
@@ -423,9 +463,27 @@ impl Backend {
 
     /// Keeps it out of service (Some) or lets it serve again (None).
     pub fn set_fence(&self, f: Option<Fence>) {
-        let mut g = self.fence.lock();
-        self.fenced.store(f.is_some(), Ordering::SeqCst);
-        *g = f;
+        let replaced = f.as_ref().is_some_and(|f| f.kind == FenceKind::Replaced);
+        {
+            let mut g = self.fence.lock();
+            self.fenced.store(f.is_some(), Ordering::SeqCst);
+            *g = f;
+        }
+        if replaced {
+            self.replaced.notify_waiters();
+        }
+    }
+
+    /// Returns once failover replaced the backend (at once when it is so now): a hung server
+    /// may never answer what is asked of it.
+    pub async fn until_replaced(&self) {
+        let notified = self.replaced.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.fence.lock().as_ref().is_some_and(|f| f.kind == FenceKind::Replaced) {
+            return;
+        }
+        notified.await;
     }
 
     /// Serves as `role` from now on (a promotion, a demotion), before the health checks read it.
@@ -448,6 +506,11 @@ impl Backend {
         BackendGuard(self.clone())
     }
 
+    /// Whether its last greeting was TiDB's (`tidb.rs`).
+    pub fn is_tidb(&self) -> bool {
+        self.info.lock().as_ref().is_some_and(|i| tidb::is_tidb(&i.version))
+    }
+
     pub fn remember_greeting(&self, g: &sluice_proto::handshake::Greeting) {
         *self.info.lock() = Some(ServerInfo {
             version: g.server_version.clone(),
@@ -461,6 +524,8 @@ impl Backend {
     pub fn why_unusable(&self) -> Option<String> {
         if let Some(f) = self.fence() {
             Some(format!("fenced: {}", f.reason))
+        } else if self.is_closing() {
+            Some("closing: its status address reports it shutting down".into())
         } else if self.is_draining() {
             Some("draining".into())
         } else if !self.is_up() {
@@ -519,6 +584,15 @@ impl Backends {
     /// The backends now.
     pub fn list(&self) -> arc_swap::Guard<Arc<Vec<Arc<Backend>>>> {
         self.list.load()
+    }
+
+    /// Sets each backend's factor for the latency-aware policy from its readings, against the
+    /// fastest usable backend's response time (`load.rs`); whether one changed.
+    pub fn refresh_load(&self) -> bool {
+        let list = self.list();
+        let fastest = list.iter().filter(|b| b.is_usable()).filter_map(|b| b.load.rtt_us()).min();
+        // (Every backend's: no short cut.)
+        list.iter().map(|b| b.load.refresh(fastest)).filter(|&changed| changed).count() > 0
     }
 
     /// The backend of `index`, if it is still there.

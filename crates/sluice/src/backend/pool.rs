@@ -1,7 +1,7 @@
 //! Idle backend connections kept for reuse. A session that ends cleanly leaves its backend
 //! connection here instead of closing it (reset first if the session ran anything); the next
-//! login to that backend from a client with the same capabilities and the same need for TLS to
-//! the backend takes it and changes its user with COM_CHANGE_USER, which resets every session
+//! login to that backend from a client with the same capabilities, the same character set and the
+//! same need for TLS to the backend takes it and changes its user with COM_CHANGE_USER, which resets every session
 //! state on the server (transactions, variables, temporary tables, locks, statements).
 //! That saves the TCP connection, the greeting and the server's connection set-up. A full
 //! pool closes the connection idle longest to keep the newcomer, so that it follows the clients
@@ -34,6 +34,11 @@ pub struct Fit {
     /// The client address its PROXY protocol header gave the server (set when a backend is
     /// sent one): the connection serves clients of that address only.
     pub source: Option<std::net::IpAddr>,
+    /// The character set and collation of the login that opened the connection: TiDB keeps a
+    /// connection's first one through COM_CHANGE_USER (it skips the field), so a connection
+    /// serves logins of the same one only (on every server: clients rarely differ in it).
+    #[serde(default)]
+    pub collation: u8,
 }
 
 /// A backend connection that is logged in and idle.
@@ -130,9 +135,9 @@ mod tests {
 
     #[test]
     fn keeps_at_most_max_per_worker_and_takes_only_a_fitting_connection() {
-        let a = Fit { client_caps: 1, mariadb_caps: 0, backend_tls: false, source: None };
-        let b = Fit { client_caps: 2, mariadb_caps: 0, backend_tls: false, source: None };
-        let c = Fit { client_caps: 3, mariadb_caps: 0, backend_tls: false, source: None };
+        let a = Fit { client_caps: 1, mariadb_caps: 0, backend_tls: false, source: None, collation: 45 };
+        let b = Fit { client_caps: 2, mariadb_caps: 0, backend_tls: false, source: None, collation: 45 };
+        let c = Fit { client_caps: 3, mariadb_caps: 0, backend_tls: false, source: None, collation: 45 };
         let p = Pool::new(2, Duration::from_secs(60));
         let mut oldest = idle(c);
         oldest.since -= Duration::from_secs(1);
@@ -154,7 +159,7 @@ mod tests {
 
     #[test]
     fn idled_out_connections_are_not_taken_and_are_swept() {
-        let a = Fit { client_caps: 1, mariadb_caps: 0, backend_tls: false, source: None };
+        let a = Fit { client_caps: 1, mariadb_caps: 0, backend_tls: false, source: None, collation: 45 };
         let p = Pool::new(4, Duration::from_secs(60));
         let mut old = idle(a);
         old.since -= Duration::from_secs(61);

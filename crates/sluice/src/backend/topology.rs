@@ -24,6 +24,18 @@ pub struct Topology {
     /// Failover is on: a session that needs the primary waits for one rather than taking
     /// another backend (whose writes would fail, or, for a user with SUPER, diverge).
     strict: AtomicBool,
+    /// With `[cluster]`, the instance elected to act on the topology (`crate::control::cluster`).
+    lead: Mutex<Lead>,
+}
+
+/// The election's state, as this instance knows it.
+#[derive(Default, Clone, Debug, serde::Serialize)]
+pub struct Lead {
+    /// The instance that holds the failover lease (this one or another), when known.
+    pub leader: Option<String>,
+    /// This instance acts until then: a margin before its lease could have expired in etcd.
+    #[serde(skip)]
+    pub until: Option<std::time::Instant>,
 }
 
 #[derive(Default, Clone)]
@@ -93,6 +105,20 @@ impl Topology {
             // (Bounded, in case the release came between the check and the wait.)
             let _ = tokio::time::timeout(Duration::from_millis(100), released).await;
         }
+    }
+
+    /// Whether this instance holds the failover lease now (and for a margin still).
+    pub fn leads(&self) -> bool {
+        self.lead.lock().until.is_some_and(|u| std::time::Instant::now() < u)
+    }
+
+    pub fn lead(&self) -> Lead {
+        self.lead.lock().clone()
+    }
+
+    /// What the election says: who leads, and until when this instance does (None: it does not).
+    pub fn set_lead(&self, leader: Option<String>, until: Option<std::time::Instant>) {
+        *self.lead.lock() = Lead { leader, until };
     }
 
     pub fn primary(&self) -> Option<usize> {

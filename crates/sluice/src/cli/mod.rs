@@ -219,6 +219,7 @@ impl Cli {
                     candidate: true,
                     priority: 0,
                     send_proxy: None,
+                    status: None,
                 })
                 .collect();
         }

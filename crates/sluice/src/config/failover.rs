@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{BackendConfig, HealthConfig, Role, duration};
+use super::{BackendConfig, HealthConfig, InvalidValue, Role, duration};
 
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -78,27 +78,33 @@ impl FailoverConfig {
     }
 
     /// What a configuration must have for sluice to manage replication.
-    pub fn check(&self, backends: &[BackendConfig], health: &HealthConfig) -> Result<(), String> {
+    pub fn check(&self, backends: &[BackendConfig], health: &HealthConfig) -> Result<(), InvalidValue> {
         if self.enabled && self.user.is_none() {
-            return Err("failover.enabled needs failover.user and failover.password".into());
+            return Err(InvalidValue("failover.enabled needs failover.user and failover.password".into()));
         }
         if !self.manages() {
             return Ok(());
         }
         if self.user.is_some() != self.password.is_some() {
-            return Err("failover.user needs failover.password".into());
+            return Err(InvalidValue("failover.user needs failover.password".into()));
         }
         if health.user.is_none() {
-            return Err("failover needs health.user: the health checks read each backend's GTID position and replication".into());
+            return Err(InvalidValue(
+                "failover needs health.user: the health checks read each backend's GTID position and replication".into(),
+            ));
         }
         for b in backends {
             if b.role != Role::Auto {
                 let name = b.display_name();
-                return Err(format!("backend {name}: failover decides which backend is the primary; its role must be \"auto\""));
+                return Err(InvalidValue(format!(
+                    "backend {name}: failover decides which backend is the primary; its role must be \"auto\""
+                )));
             }
             if b.address.get_ref().starts_with('/') || b.address.get_ref().starts_with("unix:") {
                 let name = b.display_name();
-                return Err(format!("backend {name}: failover points replicas at a primary by host and port; a Unix socket cannot be one"));
+                return Err(InvalidValue(format!(
+                    "backend {name}: failover points replicas at a primary by host and port; a Unix socket cannot be one"
+                )));
             }
         }
         Ok(())

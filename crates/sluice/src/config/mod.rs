@@ -81,6 +81,9 @@ pub enum Policy {
     LeastConnections,
     RoundRobin,
     WeightedRandom,
+    /// Least connections over weights scaled by what each backend reports: its response time
+    /// (health probes), and a TiDB server's CPU and memory use (`backend::load`).
+    LeastLatency,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -265,6 +268,10 @@ pub struct BackendConfig {
     /// sluice's). Sluice's own connections (health checks) send LOCAL (v1: UNKNOWN). Pooled
     /// and shared connections then serve only clients of the address they were opened for.
     pub send_proxy: Option<SendProxy>,
+    /// A TiDB server's status address (`HOST:PORT`, its `status.status-port`): each health
+    /// check reads `/status` there, and a server that reports itself shutting down (its
+    /// graceful wait after SIGTERM) takes no new session while every session leaves it.
+    pub status: Option<String>,
 }
 
 /// The PROXY protocol version sent to a backend.
@@ -638,7 +645,7 @@ impl Config {
         if self.health.user.is_some() != self.health.password.is_some() && self.health.password.is_some() {
             return Err(ConfigError { file: None, line: None, message: "health.password needs health.user".into() });
         }
-        self.failover.check(&self.backends, &self.health).map_err(|message| ConfigError { file: None, line: None, message })?;
+        self.failover.check(&self.backends, &self.health).map_err(|e| ConfigError { file: None, line: None, message: e.0 })?;
         Ok(())
     }
 

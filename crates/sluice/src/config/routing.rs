@@ -42,6 +42,10 @@ pub struct RoutingConfig {
     /// Bytes of statements a transaction may keep; a larger one is not replayed (its client
     /// gets the error of the lost connection).
     pub transaction_replay_max_size: usize,
+    /// With the split: a transaction (and with autocommit off, every implicit one) begins on a
+    /// replica; at its first write it is run again on the primary and goes on there if every
+    /// result is the same, else the client gets error 1213 for it (`frontend/optimistic.rs`).
+    pub optimistic_transactions: bool,
 }
 
 impl Default for RoutingConfig {
@@ -57,6 +61,7 @@ impl Default for RoutingConfig {
             transaction_replay: None,
             transaction_replay_timeout: Duration::from_secs(30),
             transaction_replay_max_size: 1 << 20,
+            optimistic_transactions: false,
         }
     }
 }

@@ -176,6 +176,11 @@ pub(crate) struct BackendView {
     capped_open: usize,
     /// No new session comes here; sessions leave at their next safe point.
     draining: bool,
+    /// Its status address (TiDB) reports it shutting down: as `draining`, until it serves again.
+    closing: bool,
+    /// What the latency-aware policy weighs: response time, a TiDB server's CPU and memory
+    /// use, and the factor of the weight they give.
+    load: crate::backend::load::View,
     checks: u64,
     consecutive_ok: u32,
     consecutive_fail: u32,
@@ -269,6 +274,8 @@ pub(crate) fn backend_views(ctx: &Ctx) -> Vec<BackendView> {
                 spare,
                 capped_open,
                 draining: b.is_draining(),
+                closing: b.is_closing(),
+                load: b.load.view(),
                 checks: h.checks,
                 consecutive_ok: h.consecutive_ok,
                 consecutive_fail: h.consecutive_fail,
@@ -378,6 +385,8 @@ async fn failover_state(State(ctx): State<Arc<Ctx>>) -> Json<serde_json::Value> 
         "enabled": c.failover.enabled,
         "manages": c.failover.manages(),
         "primary": primary,
+        "acting": c.cluster.etcd.is_empty() || t.leads(),
+        "leader": t.lead().leader,
         "last_seen": t.last_seen().to_string(),
         "events": t.events(),
     }))
@@ -393,7 +402,13 @@ struct SwitchTo {
 async fn switchover(State(ctx): State<Arc<Ctx>>, Json(s): Json<SwitchTo>) -> Response {
     match crate::control::failover::switchover(&ctx, &s.to).await {
         Ok(message) => (StatusCode::OK, Json(serde_json::json!({ "primary": s.to, "message": message }))).into_response(),
-        Err(e) => (StatusCode::CONFLICT, Json(serde_json::json!({ "error": e }))).into_response(),
+        Err(e) => {
+            let status = match e {
+                crate::control::failover::SwitchoverError::Refused(_) => StatusCode::CONFLICT,
+                crate::control::failover::SwitchoverError::Failed(_) => StatusCode::BAD_GATEWAY,
+            };
+            (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
+        }
     }
 }
 

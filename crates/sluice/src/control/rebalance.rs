@@ -23,6 +23,10 @@ pub async fn run(ctx: &Ctx) {
             continue;
         }
         follow_roles(ctx);
+        leave_closing(ctx);
+        if ctx.backends.balancer.policy() == crate::config::Policy::LeastLatency && ctx.backends.refresh_load() {
+            tracing::debug!("backends' balance factors changed");
+        }
         let c = ctx.config.get();
         if c.proxy.rebalance {
             once(ctx, c.proxy.rebalance_rate as usize * c.lanes());
@@ -52,6 +56,29 @@ pub fn follow_roles(ctx: &Ctx) -> usize {
     }
     if asked > 0 {
         tracing::info!(moves = asked, "moving sessions off backends that no longer serve as the primary");
+    }
+    asked
+}
+
+/// Sessions on a backend that reports itself shutting down (a TiDB server's status address,
+/// `backend::health`) move off at their next safe point, all of them, as from a drained one.
+/// Returns how many were asked.
+pub fn leave_closing(ctx: &Ctx) -> usize {
+    let list = ctx.backends.list();
+    let closing: Vec<u32> = list.iter().filter(|b| b.is_closing()).map(|b| b.index as u32).collect();
+    if closing.is_empty() {
+        return 0;
+    }
+    let mut asked = 0;
+    for h in ctx.sessions.all() {
+        let stays = h.move_asked() || !h.can_move.load(Ordering::Relaxed);
+        if !stays && closing.contains(&h.backend_index.load(Ordering::Relaxed)) {
+            h.ask_move(None, MoveReason::Drain);
+            asked += 1;
+        }
+    }
+    if asked > 0 {
+        tracing::info!(moves = asked, "moving sessions off backends that are shutting down");
     }
     asked
 }
@@ -92,9 +119,12 @@ pub fn once(ctx: &Ctx, budget: usize) -> usize {
         }
     }
     let total: i64 = count.iter().sum();
-    let weights: i64 = usable.iter().map(|b| b.weight() as i64).sum();
+    // (Weights per mille: the latency-aware policy scales them by what backends report.)
+    let policy = ctx.backends.balancer.policy();
+    let weight = |i: usize| usable[i].balance_weight(policy) as i64;
+    let weights: i64 = (0..usable.len()).map(weight).sum();
     // A backend's share, in sessions times the total weight (no rounding).
-    let excess = |i: usize, count: &[i64]| count[i] * weights - total * usable[i].weight() as i64;
+    let excess = |i: usize, count: &[i64]| count[i] * weights - total * weight(i);
     let mut asked = 0;
     while asked < budget {
         // The most loaded and the least loaded, by share.

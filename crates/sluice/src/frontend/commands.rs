@@ -320,6 +320,10 @@ impl Session {
         self.state.reset();
         self.state.user = String::from_utf8_lossy(&cu.user).into();
         self.state.schema = (!cu.database.is_empty()).then(|| String::from_utf8_lossy(&cu.database).into());
+        // (TiDB: a move logs in as the new user.)
+        if let Some(p) = self.who.profile.as_mut() {
+            p.set_user(&cu.user);
+        }
         if let Ok(ok) = sluice_proto::basic::Ok::parse(&ok, self.backend_caps() & cap::SESSION_TRACK != 0) {
             self.state.status = ok.status;
         }

@@ -132,9 +132,11 @@ impl Session {
         let (client, listener, connected_at_unix, local) =
             (info.client.clone(), info.listener.to_string(), info.connected_at_unix, info.local);
         drop(info);
-        let credential = self.who.credential.as_ref().map(|c| match c {
-            Credential::Password(p) => Secret::Password(p.clone()),
-            Credential::NativeStage1(s) => Secret::NativeStage1(*s),
+        let credential = self.who.credential.as_ref().and_then(|c| match c {
+            Credential::Password(p) => Some(Secret::Password(p.clone())),
+            Credential::NativeStage1(s) => Some(Secret::NativeStage1(*s)),
+            // (Only a move's login holds one, never a session.)
+            Credential::SessionToken(_) => None,
         });
         Parcel {
             id: self.handle.id,

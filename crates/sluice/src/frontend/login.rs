@@ -232,6 +232,7 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
         backend_tls: false,
         // (Connections opened with a PROXY header carry the client's address.)
         source: ctx.backends.list().iter().any(|b| b.send_proxy.is_some()).then(|| super::origin(handle).source()).flatten(),
+        collation: hr.collation,
     };
     let client_tls = client.stream.is_tls();
     let multiplex = listener.multiplex && listener.auth == AuthMode::Users;
@@ -243,11 +244,12 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
         }
         AuthMode::Users => users(&mut attempt, &mut client, next).await,
     };
-    let profile = (listener.auth == AuthMode::Users).then(|| Profile::new(&hr));
     match result {
         Ok(b) => Ok(LoggedIn {
+            // (Passthrough on TiDB: a move logs in with a session token as the same client.)
+            profile: (listener.auth == AuthMode::Users || b.guard.is_tidb()).then(|| Profile::new(&hr)),
             // (Users mode: the server's sql_mode for a new session; passthrough: unknown.)
-            state: SessionState { tracked: tracked_by(&b, client_caps), lex: lex_by(&b), ..state },
+            state: SessionState { tracked: tracked_by(&b, client_caps), lex: lex_by(&b), handed_over: b.guard.is_tidb(), ..state },
             fit: Fit { backend_tls: b.guard.tls.wanted(client_tls), ..fit },
             client,
             backend: b.backend,
@@ -259,7 +261,6 @@ pub async fn login(ctx: &Ctx, stream: Stream, handle: &SessionHandle, listener: 
             credential: b.credential,
             user_slot: b.user_slot,
             scramble,
-            profile,
             slot: b.slot,
             conn: b.conn,
             conn_attrs: crate::backend::shared::attrs_hash(&hr.attributes),
@@ -354,10 +355,14 @@ async fn read_client(client: &mut PacketConn) -> Result<(u8, Vec<u8>)> {
 
 async fn send_error(client: &mut PacketConn, seq: u8, e: &Error) {
     let mut p = Vec::new();
+    // Codes from 2000 are the client library's own (2013: lost connection), which clients do
+    // not expect from a server during login (the MariaDB client calls it a malformed packet):
+    // a backend that failed the login is told as a connection the server ended.
+    let code = if (2000..3000).contains(&e.code) { code::CONNECTION_KILLED } else { e.code };
     if seq == 0 {
-        sluice_proto::basic::err_payload_pre_handshake(&mut p, e.code, &e.message);
+        sluice_proto::basic::err_payload_pre_handshake(&mut p, code, &e.message);
     } else {
-        sluice_proto::basic::err_payload(&mut p, e.code, &e.sql_state, &e.message);
+        sluice_proto::basic::err_payload(&mut p, code, &e.sql_state, &e.message);
     }
     let _ = client.write_packet(&p, seq).await;
 }

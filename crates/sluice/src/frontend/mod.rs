@@ -7,6 +7,7 @@ pub mod handoff;
 pub mod idle;
 mod login;
 mod multiplex;
+mod optimistic;
 mod relay;
 mod response;
 mod retry;
@@ -14,6 +15,8 @@ mod rules;
 mod session;
 mod split;
 mod statement;
+mod transfer;
+mod trxlog;
 mod verify;
 
 use std::sync::Arc;

@@ -320,14 +320,22 @@ impl Session {
     /// passthrough session, which cannot move, on a backend drained for `drain_timeout`.
     pub(super) fn safe_point(&mut self) -> Next {
         let asked = self.handle.move_asked();
-        if self.backend.key.is_none() {
-            return if asked && self.drained_out() { Next::End } else { Next::Stay };
-        }
         let forced = self.config.proxy.move_every_statement;
+        if self.backend.key.is_none() {
+            return self.passthrough_safe_point(asked, forced);
+        }
         if !(self.route.multiplex || asked || forced) || self.backend.lost.is_some() {
             return Next::Stay;
         }
         if !self.state.detachable() {
+            // (On TiDB a move carries what pins a session to its connection: its states.)
+            if (asked || forced) && self.moves_by_states() && self.state.movable_by_states() {
+                self.count_pins();
+                if let Some((to, why)) = self.handle.take_move() {
+                    return Next::Move(to, why);
+                }
+                return if forced { Next::Move(None, MoveReason::Test) } else { Next::Stay };
+            }
             if asked {
                 tracing::debug!(session = self.handle.id, pins = ?self.state.pins(), "a move waits for the session's pins to end");
             }
@@ -348,6 +356,22 @@ impl Session {
             self.detach();
         }
         Next::Stay
+    }
+
+    /// A passthrough session: one on TiDB moves by its session states (`transfer.rs`) when
+    /// asked or forced, between transactions and not between a SET TRANSACTION and the
+    /// transaction it is for (which TiDB's states do not carry); another cannot move, and ends
+    /// when asked to leave a backend drained for `drain_timeout`.
+    fn passthrough_safe_point(&mut self, asked: bool, forced: bool) -> Next {
+        if (asked || forced) && self.state.movable_by_states() && self.moves_by_states() {
+            if let Some((to, why)) = self.handle.take_move() {
+                return Next::Move(to, why);
+            }
+            if forced {
+                return Next::Move(None, MoveReason::Test);
+            }
+        }
+        if asked && self.drained_out() { Next::End } else { Next::Stay }
     }
 
     /// A session that cannot move, asked to leave a backend that drained for `drain_timeout`.
@@ -525,17 +549,23 @@ impl Session {
             return;
         }
         let from = self.backend.guard.name.clone();
-        match self.connection_on(&target, why != MoveReason::Test, None).await {
-            Ok(ready) => {
-                let (old, _, _) = self.install(&target, ready);
+        // (On TiDB the session's own states carry it: `transfer.rs`.)
+        let by_states = self.moves_by_states();
+        let moved = if by_states {
+            self.transfer_to(&target).await
+        } else {
+            self.connection_on(&target, why != MoveReason::Test, None).await.map(|ready| self.install(&target, ready).0)
+        };
+        match moved {
+            Ok(old) => {
                 self.ctx.metrics.moved(why, true);
                 self.handle.moved_at_ms.store(crate::metrics::mono_ns() / 1_000_000, Ordering::Relaxed);
-                tracing::debug!(session = self.handle.id, from = %from, to = %target.name, reason = why.as_str(), "session moved");
+                tracing::debug!(session = self.handle.id, from = %from, to = %target.name, reason = why.as_str(), by_states, "session moved");
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(1), bconn::quit(old)).await;
             }
             Err(e) => {
                 self.ctx.metrics.moved(why, false);
-                tracing::warn!(session = self.handle.id, from = %from, to = %target.name, error = %e.message, "session could not move; it stays");
+                tracing::warn!(session = self.handle.id, from = %from, to = %target.name, error = %e.message, by_states, "session could not move; it stays");
             }
         }
     }
@@ -581,7 +611,7 @@ impl Session {
 }
 
 /// The error a statement gets when no connection to `b` became free within `queue_timeout`.
-fn queue_error(ctx: &crate::ctx::Ctx, b: &Backend, waited: std::time::Duration) -> Error {
+pub(super) fn queue_error(ctx: &crate::ctx::Ctx, b: &Backend, waited: std::time::Duration) -> Error {
     let mut e = Error::new(Side::Proxy, code::CON_COUNT, queue_message(ctx, b, waited)).state(b"08004");
     e.retry = Retry::Safe;
     e

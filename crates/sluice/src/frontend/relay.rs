@@ -69,7 +69,7 @@ struct Relayed {
 impl Relayed {
     /// What the sink gathered of the response; what it did to the session goes to `done`.
     /// `log`: transaction replay's, when the command was logged (it notes the result).
-    fn of(sink: &mut StateSink<'_>, done: &mut Done, recording: bool, started: u64, log: Option<&mut super::retry::TrxLog>) -> Relayed {
+    fn of(sink: &mut StateSink<'_>, done: &mut Done, recording: bool, started: u64, log: Option<&mut super::trxlog::TrxLog>) -> Relayed {
         if let Some(log) = log {
             log.noted(sink, recording);
         }
@@ -108,6 +108,7 @@ impl Session {
             .then(|| Box::new(Key { user: l.state.user.clone(), fit: l.fit, collation: l.state.collation, attrs: l.conn_attrs }));
         let split = config.routing.split && key.is_some();
         let replays = config.replays_transactions() && key.is_some();
+        let optimistic = split && config.routing.optimistic_transactions;
         handle.split.store(split, Ordering::Relaxed);
         let multiplex = (multiplex || split) && key.is_some();
         let mut state = l.state;
@@ -140,7 +141,14 @@ impl Session {
                 lost: None,
                 fit: l.fit,
             },
-            route: Routing { multiplex, split, causal: None, pinned: 0, replay: replays.then(Box::default) },
+            route: Routing {
+                multiplex,
+                split,
+                causal: None,
+                pinned: 0,
+                replay: (replays || optimistic).then(|| Box::new(super::trxlog::TrxLog::new(replays))),
+                optimistic,
+            },
             capture: None,
             waker: None,
             idle_since: None,
@@ -185,7 +193,9 @@ impl Session {
                 Flow::Continue => {}
                 Flow::Close => return Ok(Ended::Done),
             }
-            if (self.backend.key.is_some() || self.handle.move_asked()) && self.settle().await? {
+            // (Passthrough sessions only when a move is asked, or forced on TiDB for tests.)
+            let forced = self.who.profile.is_some() && self.config.proxy.move_every_statement;
+            if (self.backend.key.is_some() || self.handle.move_asked() || forced) && self.settle().await? {
                 return Ok(Ended::Done);
             }
             if self.ctx.is_draining() && !self.state.in_transaction() {
@@ -202,11 +212,8 @@ impl Session {
             None => return Err(Box::pin(self.bad_command(h)).await),
         };
         // A capture's consistent start, or the primary changing: the command waits.
-        let mut capture = self.ctx.capture.generation();
-        let held = self.backend.key.is_some() && self.ctx.backends.topology.is_held();
-        if (capture & crate::capture::GATE != 0 || held) && !self.state.in_transaction() {
-            capture = Box::pin(self.wait_gates(capture)).await?;
-        }
+        let capture = self.ctx.capture.generation();
+        let capture = if self.gated(capture) { Box::pin(self.wait_gates(capture)).await? } else { capture };
         // Plan: its record, its statement read once, its rule (which may answer it, or rewrite
         // it), where it should run.
         let mut plan = self.plan(cmd, h, capture);
@@ -221,8 +228,9 @@ impl Session {
         // Checkout: the connection the command runs on.
         if let Some((target, _)) = plan.aim
             && self.leaves_replica(target)
+            && let Some(flow) = Box::pin(self.leave_replica_for(target)).await?
         {
-            Box::pin(self.leave_replica()).await?;
+            return Ok(flow);
         }
         if cmd != com::QUIT
             && (self.backend.lost.is_some() || self.backend.conn.is_detached())
@@ -249,11 +257,10 @@ impl Session {
         // Causal reads: the wait for the session's last write goes first, in the same round trip.
         let causal = if self.causal_due() { Box::pin(self.send_causal_wait(HEADER + h.len)).await? } else { None };
         let _timer = if plan.rule.is_some() { self.watch_timeout(&plan) } else { None };
-        let logged = self.route.replay.is_some() && causal.is_none() && self.note_for_replay(cmd, h.len);
+        let logged = self.route.replay.is_some() && (causal.is_none() || self.route.optimistic) && self.note_for_replay(cmd, h.len);
         let request_seq = match self.forward_request().await {
-            Ok(seq) => seq,
             Err(e) if logged && e.side == Side::Backend => return Box::pin(self.recover(e, false)).await,
-            Err(e) => return Err(e),
+            r => r?,
         };
         if let Some(copy) = causal {
             Box::pin(self.causal_outcome(copy, expect)).await?;
@@ -276,6 +283,14 @@ impl Session {
             Box::pin(self.after_response_on_backend(later)).await?;
         }
         Ok(Flow::Continue)
+    }
+
+    /// Whether the command waits first: at a capture's gate (`capture`: its generation), or
+    /// while the primary changes, out of a transaction.
+    #[inline]
+    fn gated(&self, capture: u64) -> bool {
+        let held = self.backend.key.is_some() && self.ctx.backends.topology.is_held();
+        (capture & crate::capture::GATE != 0 || held) && !self.state.in_transaction()
     }
 
     /// Waits at a capture's gate (`capture`: its generation) or while the primary changes; the
@@ -379,6 +394,16 @@ impl Session {
         self.client.rbuf.get(HEADER).copied()
     }
 
+    /// A split session's replica let go of for a statement bound for `target`, or its
+    /// optimistic transaction moved to the primary. Some: the command was answered already.
+    async fn leave_replica_for(&mut self, target: super::split::Target) -> Result<Option<Flow>> {
+        if self.on_replica() && target == super::split::Target::Primary {
+            return self.move_to_primary().await;
+        }
+        self.leave_replica().await?;
+        Ok(None)
+    }
+
     /// Makes sure the session holds a backend connection for a command: a lost one replaced
     /// (or the session ends), and a multiplexed session's taken. The inner error is the
     /// command's: no connection could be had for it.
@@ -436,6 +461,8 @@ impl Session {
                 let scanned = done.scanned;
                 if self.who.credential.is_some() && cmd == com::QUERY {
                     self.note_query(body_end, done);
+                } else if self.who.profile.is_some() && cmd == com::QUERY {
+                    self.note_set_transaction(body_end, done);
                 }
                 if let Some(plan) = self.kill_in(cmd, body_end, scanned) {
                     return Route::Kill(plan);
@@ -503,7 +530,13 @@ impl Session {
             self.note_write();
         }
         let explained = done.explained || (done.plain_set && done.reported.variables);
-        if done.reported.state_changed && !explained && matches!(cmd, com::QUERY | com::STMT_EXECUTE) && self.who.credential.is_some() {
+        // A server that reports no session state (TiDB) cannot say what a SET changed: the
+        // session keeps its connection (it still moves by TiDB's session states).
+        let untracked = done.plain_set && self.backend.caps & sluice_proto::consts::cap::SESSION_TRACK == 0;
+        if (done.reported.state_changed && !explained || untracked)
+            && matches!(cmd, com::QUERY | com::STMT_EXECUTE)
+            && self.who.credential.is_some()
+        {
             // A stored routine, most likely: what it left is unknown.
             self.state.hazards |= crate::session::HIDDEN_STATE;
             self.handle.publish(&self.state);

@@ -21,38 +21,12 @@ use sluice_proto::sql::TransactionEnd;
 
 use super::response::relay_response;
 use super::session::{Flow, Session};
+use super::trxlog::{ATTEMPTS, Outcome, outcome_of};
 use crate::backend::balance::Want;
 use crate::capture::sums::RowSums;
 use crate::config::Role;
 use crate::error::{Error, Result, Side};
 use crate::session::StateSink;
-
-/// What a statement's result was, as replay compares it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) struct Outcome {
-    error: Option<u16>,
-    rows: u64,
-    affected: u64,
-    sum: u64,
-}
-
-/// The statements of the session's open transaction.
-#[derive(Default)]
-pub(super) struct TrxLog {
-    /// The requests' payloads (COM_QUERY and its text), back to back.
-    bytes: Vec<u8>,
-    /// Where each ends in `bytes`, and its result once it came.
-    entries: Vec<(usize, Option<Outcome>)>,
-    /// Why the transaction cannot be replayed (None: it can).
-    broken: Option<&'static str>,
-    /// The row sums of the response being relayed (kept for the next one).
-    sums: Option<Box<RowSums>>,
-    /// Recoveries of the command logged last (a command is not run again forever).
-    attempts: u8,
-}
-
-/// How many times one command is run again.
-const ATTEMPTS: u8 = 3;
 
 /// What can be done for a command whose backend was lost before it was answered.
 #[derive(Debug, PartialEq, Eq)]
@@ -65,35 +39,6 @@ enum Lost {
     Unknown,
     /// Nothing: the transaction cannot be replayed (why).
     No(&'static str),
-}
-
-impl TrxLog {
-    fn clear(&mut self) {
-        self.bytes.clear();
-        self.entries.clear();
-        self.broken = None;
-    }
-
-    /// Notes the result of the command logged last, from the sink that followed its response
-    /// (`shared`: a capture records it too, and takes the sums).
-    pub(super) fn noted(&mut self, sink: &mut StateSink<'_>, shared: bool) {
-        let outcome = outcome_of(sink);
-        self.attempts = 0;
-        if !shared {
-            self.sums = sink.sums.take();
-            if let Some(s) = self.sums.as_mut() {
-                s.finish(); // (back to none, for the next response)
-            }
-        }
-        if let Some(last) = self.entries.last_mut() {
-            last.1 = Some(outcome);
-        }
-    }
-
-    fn request(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.entries[i - 1].0 };
-        &self.bytes[start..self.entries[i].0]
-    }
 }
 
 impl Session {
@@ -186,7 +131,7 @@ impl Session {
     /// transaction replayed at its next command.
     pub(super) fn may_replay(&self) -> bool {
         let log = self.route.replay.as_ref();
-        log.is_some_and(|l| l.broken.is_none() && !l.entries.is_empty())
+        log.is_some_and(|l| l.on_loss && l.broken.is_none() && !l.entries.is_empty())
             && self.backend.key.is_some()
             && self.state.in_transaction()
             && self.state.hazards == 0
@@ -217,7 +162,7 @@ impl Session {
     /// A new connection on the primary (waiting for one, a failover may be promoting it), and
     /// the logged statements run again there. None when every result was the same; else
     /// what to tell the client (code, SQL state, metric result, why).
-    async fn resume_transaction(&mut self) -> Result<Option<(u16, [u8; 5], &'static str, String)>> {
+    pub(super) async fn resume_transaction(&mut self) -> Result<Option<(u16, [u8; 5], &'static str, String)>> {
         // (The transaction ended with its connection.)
         self.state.status &= !status::IN_TRANS;
         self.state.open_transaction = false;
@@ -232,7 +177,7 @@ impl Session {
 
     /// What can be done for the command logged last.
     fn what_was_lost(&self) -> Lost {
-        let Some(log) = self.route.replay.as_ref() else { return Lost::No("transaction replay is off") };
+        let Some(log) = self.route.replay.as_ref().filter(|l| l.on_loss) else { return Lost::No("transaction replay is off") };
         if let Some(why) = log.broken {
             return Lost::No(why);
         }
@@ -302,7 +247,7 @@ impl Session {
 
     /// Sends one request (a payload) on the session's connection and reads its answer, which
     /// the client does not see, into the session's state.
-    async fn run_again(&mut self, payload: &[u8]) -> Result<Outcome> {
+    pub(super) async fn run_again(&mut self, payload: &[u8]) -> Result<Outcome> {
         let mut packet = Vec::with_capacity(payload.len() + HEADER);
         sluice_proto::packet::frame(&mut packet, payload, 0);
         let limit = self.config.proxy.response_timeout;
@@ -323,6 +268,13 @@ impl Session {
     /// The client gets `msg` for its command; the session goes on without a connection (the
     /// next command takes one) and out of any transaction.
     async fn lost_with(&mut self, code: u16, state: &[u8; 5], msg: &str, forwarded: bool) -> Result<Flow> {
+        self.backend.lost = Some(msg.into());
+        self.fail_transaction(code, state, msg, forwarded).await
+    }
+
+    /// The client gets `msg` for its command (`forwarded`: the request left the client
+    /// buffer already), and the session is out of any transaction, its log emptied.
+    pub(super) async fn fail_transaction(&mut self, code: u16, state: &[u8; 5], msg: &str, forwarded: bool) -> Result<Flow> {
         if !forwarded {
             self.skip_request().await?;
         }
@@ -332,7 +284,6 @@ impl Session {
         }
         self.state.status &= !status::IN_TRANS;
         self.state.open_transaction = false;
-        self.backend.lost = Some(msg.into());
         self.client_error(1, code, state, msg).await;
         Ok(Flow::Continue)
     }
@@ -345,29 +296,5 @@ impl Session {
         b.extend_from_slice(&head);
         b.extend_from_slice(&self.client.rbuf);
         self.client.rbuf = b;
-    }
-}
-
-/// What a response was, from the sink that followed it.
-fn outcome_of(sink: &mut StateSink<'_>) -> Outcome {
-    let sum = sink.sums.as_mut().map_or(0, |s| s.current());
-    Outcome { error: sink.error, rows: sink.rows, affected: sink.affected, sum }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_log_keeps_each_request_apart() {
-        let mut log = TrxLog::default();
-        for r in [&b"\x03BEGIN"[..], b"\x03UPDATE t SET a = 1"] {
-            log.bytes.extend_from_slice(r);
-            log.entries.push((log.bytes.len(), None));
-        }
-        assert_eq!(log.request(0), b"\x03BEGIN");
-        assert_eq!(log.request(1), b"\x03UPDATE t SET a = 1");
-        log.clear();
-        assert!(log.entries.is_empty() && log.bytes.is_empty());
     }
 }

@@ -102,8 +102,11 @@ pub(super) struct Routing {
     pub(super) causal: Option<Box<Causal>>,
     /// The pins last counted (bits by `Pin::ALL` index), so that each is counted as it begins.
     pub(super) pinned: u32,
-    /// The open transaction's statements, kept to replay it (`retry.rs`; None: replay off).
-    pub(super) replay: Option<Box<super::retry::TrxLog>>,
+    /// The open transaction's statements, kept to replay it (`retry.rs`; None: neither
+    /// replay nor optimistic transactions are on).
+    pub(super) replay: Option<Box<super::trxlog::TrxLog>>,
+    /// Optimistic transactions are on (`optimistic.rs`; split sessions).
+    pub(super) optimistic: bool,
 }
 
 /// How [`Session::run`] returned.

@@ -68,6 +68,11 @@ impl Session {
             }
             _ => return None,
         };
+        if self.route.optimistic
+            && let Some(to) = self.optimistic_target(cmd, class, self.client.rbuf.get(HEADER + 1..body_end))
+        {
+            return Some(to);
+        }
         if self.state.status & status::AUTOCOMMIT == 0 && !matches!(class, Class::Session | Class::Previous) {
             // Every statement may begin a transaction, which must be the primary's.
             return Some((Target::Primary, Split::AutocommitOff));
@@ -235,13 +240,14 @@ impl Session {
     }
 
     /// Whether the session holds a connection to a replica that it may let go of for a
-    /// statement bound for the primary: nothing holds it there beyond the statement before.
+    /// statement bound for the primary: nothing holds it there beyond the statement before, or
+    /// an optimistic transaction, which moves to the primary.
     pub(super) fn leaves_replica(&self, target: Target) -> bool {
         target == Target::Primary
             && !self.backend.conn.is_detached()
             && self.backend.lost.is_none()
             && self.backend.guard.serves_as() == Role::Replica
-            && self.state.movable()
+            && (self.on_replica() || self.state.movable())
     }
 
     /// Lets go of a replica connection before a statement for the primary: the user variables

@@ -78,6 +78,19 @@ fn is_plain_set(sql: &[u8]) -> bool {
 }
 
 impl Session {
+    /// A passthrough session on TiDB (which sluice does not read statements for otherwise):
+    /// whether the query is or holds a SET TRANSACTION, which TiDB's session states do not
+    /// carry to another server (the session does not move before its transaction). Only a
+    /// `SET`, or a text of several statements, is read.
+    pub(super) fn note_set_transaction(&self, body_end: usize, done: &mut Done) {
+        use sluice_proto::sql::hazard;
+        let text = &self.client.rbuf[HEADER + 1..body_end];
+        let first_is_set = sluice_proto::lexer::Lexer::new(text).next().is_some_and(|t| t.is_word(text, "SET"));
+        if first_is_set || (self.state.multi_statements && memchr::memchr(b';', text).is_some()) {
+            done.next_pins = sluice_proto::sql::hazards_in(text, self.state.mode_for(text)) & hazard::SET_TRANSACTION;
+        }
+    }
+
     /// Notes what a query does that sluice follows: its hazards, the user variables it names,
     /// a SQL PREPARE sluice can repeat elsewhere.
     pub(super) fn note_query(&mut self, body_end: usize, done: &mut Done) {

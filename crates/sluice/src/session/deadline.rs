@@ -15,9 +15,10 @@ use std::time::Duration;
 use bytes::BytesMut;
 
 use crate::net::Stream;
-use crate::session::{EXPIRED, NOT_WAITING, Registry, SessionHandle};
+use crate::session::{ABANDONED, EXPIRED, NOT_WAITING, Registry, SessionHandle};
 
-/// The coarse clock of the sweep: ticks since start, never `NOT_WAITING` nor `EXPIRED`.
+/// The coarse clock of the sweep: ticks since start, never one of the marks (`NOT_WAITING`,
+/// `EXPIRED`, `ABANDONED`).
 pub struct Clock {
     ticks: AtomicU32,
     pub tick: Duration,
@@ -41,7 +42,7 @@ impl Clock {
 
     fn advance(&self) -> u32 {
         let mut t = self.ticks.load(Ordering::Relaxed).wrapping_add(1);
-        if t == EXPIRED {
+        if t >= ABANDONED {
             t = 1;
         }
         self.ticks.store(t, Ordering::Relaxed);
@@ -50,7 +51,7 @@ impl Clock {
 
     /// Whether a wait that began at tick `since` has lasted past the limit at tick `now`.
     fn expired(&self, since: u32, now: u32) -> bool {
-        since != NOT_WAITING && since != EXPIRED && now.wrapping_sub(since) >= self.max_age
+        since != NOT_WAITING && since < ABANDONED && now.wrapping_sub(since) >= self.max_age
     }
 }
 
@@ -75,6 +76,27 @@ fn expire(clock: &Clock, sessions: &Registry, now: u32) {
             h.wake.wake_task();
         }
     });
+}
+
+/// Gives up the response waits of the sessions bound to backend `index`, which failover
+/// replaced (a hung server may never answer): each wait ends as a lost connection, and the
+/// session's transaction replay takes over. Returns how many it gave up. (A wait that begins
+/// after this is given up at the next call: failover calls it each check while the backend
+/// stays replaced.)
+pub fn abandon(sessions: &Registry, index: usize) -> usize {
+    let mut n = 0;
+    sessions.for_each(|h| {
+        let since = h.response_wait.load(Ordering::Relaxed);
+        if h.backend_index.load(Ordering::Relaxed) as usize == index
+            && since != NOT_WAITING
+            && since < ABANDONED
+            && h.response_wait.compare_exchange(since, ABANDONED, Ordering::SeqCst, Ordering::Relaxed).is_ok()
+        {
+            h.wake.wake_task();
+            n += 1;
+        }
+    });
+    n
 }
 
 /// What a session's response reads need: its handle, where the sweep marks it, and the waker
@@ -108,8 +130,13 @@ impl Watch<'_> {
             // The sweep wakes whatever waker the handle holds: make sure it is this task's
             // before looking at the mark (the handle's lock orders the two).
             h.wake.register(cx, waker);
-            if h.response_wait.load(Ordering::SeqCst) == EXPIRED {
-                return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, format!("no progress for {limit:?}"))));
+            match h.response_wait.load(Ordering::SeqCst) {
+                EXPIRED => return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, format!("no progress for {limit:?}")))),
+                ABANDONED => {
+                    let e = io::Error::new(io::ErrorKind::ConnectionAborted, "the backend was replaced by a failover");
+                    return Poll::Ready(Err(e));
+                }
+                _ => {}
             }
             Poll::Pending
         })
@@ -176,9 +203,29 @@ mod tests {
     }
 
     #[test]
-    fn the_clock_skips_the_two_marks() {
+    fn the_waits_on_a_replaced_backend_are_given_up() {
+        let sessions = Registry::default();
+        let handles: Vec<Arc<SessionHandle>> =
+            (1..=3).map(|id| Arc::new(SessionHandle::new(id, "client".into(), "listener".into()))).collect();
+        for (i, h) in handles.iter().enumerate() {
+            h.bind_backend(i % 2, "b", 0);
+            sessions.insert(h.clone());
+        }
+        // Sessions 1 and 3 are on backend 0; session 3 is not waiting. Session 2 waits on 1.
+        handles[0].response_wait.store(4, Ordering::Relaxed);
+        handles[1].response_wait.store(4, Ordering::Relaxed);
+        assert_eq!(abandon(&sessions, 0), 1);
+        let waits: Vec<u32> = handles.iter().map(|h| h.response_wait.load(Ordering::Relaxed)).collect();
+        assert_eq!(waits, [ABANDONED, 4, NOT_WAITING]);
+        assert_eq!(abandon(&sessions, 0), 0, "a wait is given up once");
         let c = Clock::new(Duration::from_secs(1));
-        c.ticks.store(u32::MAX - 1, Ordering::Relaxed);
+        assert!(!c.expired(ABANDONED, 1_000), "a wait given up does not expire");
+    }
+
+    #[test]
+    fn the_clock_skips_the_marks() {
+        let c = Clock::new(Duration::from_secs(1));
+        c.ticks.store(u32::MAX - 2, Ordering::Relaxed);
         assert_eq!(c.advance(), 1);
         assert!(c.expired(u32::MAX - 20, 1), "waits are measured across the wrap");
     }

@@ -54,6 +54,9 @@ pub struct Published {
 pub const NOT_WAITING: u32 = 0;
 /// What it holds once the response-timeout sweep (`deadline`) found the wait past the limit.
 pub const EXPIRED: u32 = u32::MAX;
+/// What it holds once failover gave up the wait: the backend was replaced and may never
+/// answer (a hung server), so the read ends as a lost connection would.
+pub const ABANDONED: u32 = u32::MAX - 1;
 
 /// The shared face of a session: what other tasks may see or ask of it.
 pub struct SessionHandle {
@@ -73,8 +76,8 @@ pub struct SessionHandle {
     /// `info` so that publishing it costs one store).
     pub status: AtomicU16,
     /// The tick (`ctx.clock`) at which the session began to wait for its backend's response,
-    /// [`NOT_WAITING`] when it is not waiting, or [`EXPIRED`] once the sweep
-    /// found that wait past `response_timeout`.
+    /// [`NOT_WAITING`] when it is not waiting, [`EXPIRED`] once the sweep
+    /// found that wait past `response_timeout`, or [`ABANDONED`].
     pub response_wait: AtomicU32,
     /// A move asked of the session: [`NO_MOVE`], [`MOVE_ANYWHERE`], or the target backend's
     /// index + 1; and why (a [`MoveReason`] index).
@@ -152,7 +155,7 @@ impl SessionHandle {
 
     /// Publishes the session's state for the admin API (after changes other than status).
     pub fn publish(&self, state: &SessionState) {
-        self.can_move.store(!state.passthrough && state.hazards == 0, Ordering::Relaxed);
+        self.can_move.store((!state.passthrough || state.handed_over) && state.hazards == 0, Ordering::Relaxed);
         self.info.lock().state = state.clone();
         self.publish_status(state.status);
     }

@@ -21,7 +21,7 @@ mod handle;
 mod parcel;
 pub mod parking;
 pub mod vars;
-pub use handle::{EXPIRED, NOT_WAITING, Registry, SessionHandle, SessionInfo};
+pub use handle::{ABANDONED, EXPIRED, NOT_WAITING, Registry, SessionHandle, SessionInfo};
 pub use parcel::StateParcel;
 
 /// A prepared statement as the client knows it.
@@ -254,6 +254,8 @@ pub struct SessionState {
     pub prepared: HashMap<u32, Prepared, rustc_hash::FxBuildHasher>,
     pub multi_statements: bool,
     pub passthrough: bool,
+    /// Its server hands sessions over (TiDB's session states): a passthrough session moves too.
+    pub handed_over: bool,
     /// How the session's `sql_mode` has the server read quoted text (`lexer::Mode`), where
     /// sluice knows it: read at a users-mode login, then followed through session tracking.
     /// None: unknown (passthrough, until an OK reports a `sql_mode`): see [`SessionState::readings`].
@@ -372,6 +374,13 @@ impl SessionState {
     }
 
     /// Whether the session could be moved to another backend connection between commands.
+    /// Whether TiDB's session states could carry the session to another connection now:
+    /// between transactions, and not between a SET TRANSACTION and its transaction (which the
+    /// states do not carry). (TiDB refuses to hand over what else it cannot carry.)
+    pub fn movable_by_states(&self) -> bool {
+        self.handed_over && self.at_safe_point() && self.pin_next & sluice_proto::sql::hazard::SET_TRANSACTION == 0
+    }
+
     pub fn at_safe_point(&self) -> bool {
         !self.in_transaction() && !self.prepared.values().any(|p| p.cursor || p.long_data)
     }

@@ -260,6 +260,12 @@ pub fn try_wait_for(mut cond: impl FnMut() -> bool) -> bool {
     true
 }
 
+/// Waits until sluice lists no session: every command of the sessions that ended has been
+/// accounted (a command's digest and metrics are recorded after its response is sent).
+pub fn wait_sessions_closed(s: &SluiceProc) {
+    wait_for("every session closed", || json(&admin_get(s, "/sessions", None).1).as_array().is_some_and(|a| a.is_empty()));
+}
+
 /// The value of one series of sluice's metrics (`series` includes the labels), 0 if absent.
 pub fn metric(s: &SluiceProc, series: &str) -> u64 {
     let (_, body) = admin_get(s, "/metrics", None);
@@ -408,10 +414,18 @@ pub fn python_env() -> PythonEnv {
 /// its replicas, users mode, the monitor user reading roles and lag; it returns once every
 /// replica serves reads.
 pub fn split_sluice(t: &sluice_testkit::Topology) -> SluiceProc {
+    split_sluice_with(t, "")
+}
+
+/// [`split_sluice`] with more `[routing]` keys (`causal_reads` among them, or "session").
+pub fn split_sluice_with(t: &sluice_testkit::Topology, routing: &str) -> SluiceProc {
     let mut c = TestConfig::new()
         .proxy("workers = 1\n")
         .table("health", "interval = \"100ms\"\nuser = \"monitor\"\npassword = \"monitorpw\"\n")
-        .table("routing", "split = true\ncausal_reads = \"session\"\n")
+        .table(
+            "routing",
+            &format!("split = true\n{}{routing}", if routing.contains("causal_reads") { "" } else { "causal_reads = \"session\"\n" }),
+        )
         .app_users();
     for (i, s) in t.servers.iter().enumerate() {
         c = c.backend_with(&s.addr(), &format!("name = \"s{i}\"\n"));

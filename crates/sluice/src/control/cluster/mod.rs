@@ -6,7 +6,8 @@
 //! - `users/NAME`: a user, with the keys of `[[users]]` (`{"password": ...}`);
 //! - `drain/NAME`: present while backend NAME drains, on every instance;
 //! - `instances/NAME`: each instance's registration, under a lease it renews (gone within
-//!   `lease_ttl` of its end), for `sluice ctl instances`.
+//!   `lease_ttl` of its end), for `sluice ctl instances`;
+//! - `failover/leader`: the instance that acts on failovers, under its lease ([`elect`]).
 //!
 //! Each instance reads the prefix, watches it, and on every change applies what it says
 //! through the same path as a reload (`reload::apply`): the store's backends and users, when
@@ -14,6 +15,7 @@
 //! undrains it. When etcd cannot be reached, the instance keeps what it last applied and tries
 //! again every second.
 
+mod elect;
 pub mod etcd;
 
 use std::collections::BTreeSet;
@@ -48,6 +50,9 @@ pub async fn run(ctx: Arc<Ctx>, me: Instance) {
     tracing::info!(name = %me.name, prefix = %c.prefix, "cluster: joining");
     let key = format!("{}instances/{}", c.prefix, me.name);
     tokio::spawn(register(etcd.clone(), key, serde_json::to_string(&me).unwrap_or_default(), c.lease_ttl));
+    if ctx.config().failover.manages() {
+        tokio::spawn(elect::campaign(ctx.clone(), etcd.clone(), format!("{}failover/leader", c.prefix), me.name.clone(), c.lease_ttl));
+    }
     let mut drained = BTreeSet::new();
     loop {
         if let Err(e) = follow(&ctx, &etcd, &c.prefix, &mut drained).await {
@@ -67,7 +72,10 @@ async fn follow(ctx: &Arc<Ctx>, etcd: &Etcd, prefix: &str, drained: &mut BTreeSe
     loop {
         let msg = events.next().await?.ok_or_else(|| EtcdError::Answer("the watch ended".into()))?;
         let changed = msg["result"]["events"].as_array().is_some_and(|e| {
-            e.iter().any(|ev| !String::from_utf8_lossy(&etcd::unb64(&ev["kv"]["key"])).starts_with(&format!("{prefix}instances/")))
+            e.iter().any(|ev| {
+                let key = String::from_utf8_lossy(&etcd::unb64(&ev["kv"]["key"])).into_owned();
+                !key.starts_with(&format!("{prefix}instances/")) && !key.starts_with(&format!("{prefix}failover/"))
+            })
         });
         if changed {
             let (_, kvs) = etcd.range(prefix).await?;
@@ -153,18 +161,11 @@ async fn register(etcd: Arc<Etcd>, key: String, value: String, ttl: Duration) {
 }
 
 async fn keep_registered(etcd: &Etcd, key: &str, value: &str, ttl: Duration, every: Duration) -> Result<(), EtcdError> {
-    let grant = etcd.call("/v3/lease/grant", &serde_json::json!({ "TTL": ttl.as_secs().max(1).to_string() })).await?;
-    let id = grant["ID"].as_str().ok_or_else(|| EtcdError::Answer("no lease granted".into()))?.to_string();
+    let id = elect::grant(etcd, ttl).await?;
     etcd.call("/v3/kv/put", &serde_json::json!({ "key": b64(key.as_bytes()), "value": b64(value.as_bytes()), "lease": id })).await?;
     loop {
         tokio::time::sleep(every).await;
-        let mut s = etcd.stream("/v3/lease/keepalive", &serde_json::json!({ "ID": id })).await?;
-        let answer =
-            tokio::time::timeout(Duration::from_secs(5), s.next()).await.map_err(|_| EtcdError::Timeout("keep-alive".into()))??;
-        // (A lease that expired answers with no TTL.)
-        if answer.as_ref().and_then(|a| a["result"]["TTL"].as_str()).is_none_or(|t| t == "0") {
-            return Err(EtcdError::Answer("the lease expired".into()));
-        }
+        elect::renew(etcd, &id).await?;
     }
 }
 

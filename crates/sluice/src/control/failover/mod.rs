@@ -18,6 +18,7 @@
 //! lets the chosen replica catch up, promotes it and makes the old primary its replica.
 
 mod choose;
+mod follow;
 mod steps;
 
 use std::sync::Arc;
@@ -42,14 +43,25 @@ pub async fn run(ctx: &Ctx) {
         if !c.failover.manages() || ctx.is_draining() {
             continue;
         }
+        if !acts(ctx, &c) {
+            follow::tick(ctx, &c);
+            continue;
+        }
         // (A switchover asked through the admin API holds it: this pass is skipped.)
         let Ok(_busy) = ctx.backends.topology.busy.try_lock() else { continue };
         tick(ctx, &c).await;
     }
 }
 
+/// Whether this instance acts on the topology: always when alone; with `[cluster]`, while it
+/// holds the failover lease.
+fn acts(ctx: &Ctx, c: &Config) -> bool {
+    c.cluster.etcd.is_empty() || ctx.backends.topology.leads()
+}
+
 async fn tick(ctx: &Ctx, c: &Config) {
     let list: Vec<Arc<Backend>> = ctx.backends.list().iter().cloned().collect();
+    give_up_replaced(ctx, &list);
     let Some(primary) = known_primary(ctx, &list) else { return };
     let topo = &ctx.backends.topology;
     if primary.is_up() {
@@ -69,6 +81,17 @@ async fn tick(ctx: &Ctx, c: &Config) {
         if primary.health.lock().consecutive_fail >= c.failover.failed_checks(&c.health) {
             failover(ctx, c, &list, &primary).await;
             topo.release();
+        }
+    }
+}
+
+/// Ends the response waits on the servers a failover replaced: a hung one may never answer,
+/// and the sessions waiting there replay their transaction at the new primary.
+fn give_up_replaced(ctx: &Ctx, list: &[Arc<Backend>]) {
+    for b in list.iter().filter(|b| b.fence().is_some_and(|f| f.kind == FenceKind::Replaced)) {
+        let n = crate::session::deadline::abandon(&ctx.sessions, b.index);
+        if n > 0 {
+            tracing::warn!(backend = %b.name, sessions = n, "failover: gave up waiting for the replaced primary's answers");
         }
     }
 }
@@ -164,13 +187,24 @@ async fn read_replicas(c: &Config, list: &[Arc<Backend>], except: &Backend) -> V
 /// Replaces a lost primary.
 async fn failover(ctx: &Ctx, c: &Config, list: &[Arc<Backend>], old: &Arc<Backend>) {
     let started = Instant::now();
-    let down_for = old.health.lock().since.elapsed();
-    if let Ok((conn, _)) = crate::backend::conn::open(old, c.health.timeout, crate::backend::conn::Origin::Sluice).await {
-        drop(conn);
+    let (failed, unanswered) = {
+        let h = old.health.lock();
+        (h.consecutive_fail, h.unanswered)
+    };
+    // Whether the old primary still answers sluice's connections, when its checks failed for
+    // another reason (when they went unanswered, they said so already); read together with the
+    // replicas: against a hung server it takes the whole timeout.
+    let answers = async {
+        match unanswered {
+            true => false,
+            false => crate::backend::conn::open(old, c.health.timeout, crate::backend::conn::Origin::Sluice).await.is_ok(),
+        }
+    };
+    let (answers, mut replicas) = tokio::join!(answers, read_replicas(c, list, old));
+    if answers {
         let why = format!("{} fails its checks ({}) but still answers sluice's connections: not promoting", old.name, old.out_reason());
         return record(ctx, started, "failover", "refused", Some(old), why);
     }
-    let mut replicas = read_replicas(c, list, old).await;
     let candidates: Vec<choose::Candidate> = replicas.iter().map(|r| r.candidate.clone()).collect();
     let chosen = match choose::choose(&ctx.backends.topology.last_seen(), &candidates) {
         Ok(i) => i,
@@ -178,8 +212,8 @@ async fn failover(ctx: &Ctx, c: &Config, list: &[Arc<Backend>], old: &Arc<Backen
     };
     let new = replicas[chosen].b.clone();
     let received = replicas[chosen].seen.received.clone();
-    let Some(m) = replicas[chosen].m.as_mut() else { return };
-    if let Err(e) = steps::promote(m, &received, c.failover.catch_up_timeout).await {
+    let Some(mut m) = replicas[chosen].m.take() else { return };
+    if let Err(e) = steps::take_over(&mut m, &received, c.failover.catch_up_timeout).await {
         return record(ctx, started, "failover", "failed", Some(&new), format!("promoting {}: {e}", new.name));
     }
     let reason = format!("the primary until a failover promoted {}: it rejoins as a replica when it returns", new.name);
@@ -187,34 +221,54 @@ async fn failover(ctx: &Ctx, c: &Config, list: &[Arc<Backend>], old: &Arc<Backen
     new.assume(Role::Primary);
     ctx.backends.topology.promoted(new.index, received.clone());
     crate::control::rebalance::follow_roles(ctx);
-    let following = repoint(&mut replicas, &new).await;
-    let msg = format!(
-        "{} promoted after {} was down for {:.1} s (it had received {received}); {following}",
-        new.name,
-        old.name,
-        down_for.as_secs_f64()
-    );
+    give_up_replaced(ctx, list);
+    // Sessions go on at the new primary while it forgets its source (stopping replication from
+    // a hung primary takes seconds) and the other replicas are pointed at it.
+    ctx.backends.topology.release();
+    let patience = c.failover.catch_up_timeout;
+    let (forgot, following) = tokio::join!(steps::forget_source(&mut m, patience), repoint(&mut replicas, &new, patience));
+    m.quit().await;
+    let forgot = match forgot {
+        Ok(()) => String::new(),
+        Err(e) => format!("; its replication could not be reset ({e}): RESET SLAVE ALL there by hand"),
+    };
+    let msg = format!("{} promoted after {} failed {failed} checks (it had received {received}){forgot}; {following}", new.name, old.name);
     record(ctx, started, "failover", "done", Some(&new), msg);
 }
 
-/// Points every replica but `new` at it; says which follow it and which could not be made to.
-async fn repoint(replicas: &mut [Replica], new: &Backend) -> String {
+/// Points every replica but `new` at it, all at once (each may take `patience` to stop
+/// replicating from a hung primary); says which follow it and which could not be made to.
+async fn repoint(replicas: &mut [Replica], new: &Arc<Backend>, patience: Duration) -> String {
     let (mut ok, mut failed) = (Vec::new(), Vec::new());
-    for r in replicas.iter_mut().filter(|r| r.b.index != new.index) {
-        let Some(m) = r.m.as_mut() else {
+    let mut set = tokio::task::JoinSet::new();
+    for r in replicas.iter_mut() {
+        let m = r.m.take();
+        if r.b.index == new.index {
+            if let Some(m) = m {
+                m.quit().await;
+            }
+            continue;
+        }
+        let Some(mut m) = m else {
             failed.push(format!("{} (unreadable)", r.b.name));
             continue;
         };
-        match steps::follow(m, new, None, false).await {
-            Ok(()) => ok.push(r.b.name.clone()),
-            Err(e) => failed.push(format!("{} ({e})", r.b.name)),
-        }
-    }
-    for r in replicas.iter_mut() {
-        if let Some(m) = r.m.take() {
+        let (new, name) = (new.clone(), r.b.name.clone());
+        set.spawn(async move {
+            let done = steps::follow(&mut m, &new, None, false, patience).await;
             m.quit().await;
+            (name, done)
+        });
+    }
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok((name, Ok(()))) => ok.push(name),
+            Ok((name, Err(e))) => failed.push(format!("{name} ({e})")),
+            Err(e) => failed.push(format!("a replica's task ended: {e}")),
         }
     }
+    ok.sort();
+    failed.sort();
     let mut s = format!("replicas following it: {}", if ok.is_empty() { "none".into() } else { ok.join(", ") });
     if !failed.is_empty() {
         s += &format!("; not following it: {}", failed.join(", "));
@@ -265,7 +319,7 @@ async fn rejoin(ctx: &Ctx, c: &Config, b: &Arc<Backend>, primary: &Arc<Backend>)
     // and its own transactions count as replicated.
     let alone = seen.replica.is_none();
     let account = alone.then(|| c.failover.replication_account());
-    let done = steps::follow(&mut m, primary, account, alone).await;
+    let done = steps::follow(&mut m, primary, account, alone, c.failover.catch_up_timeout).await;
     m.quit().await;
     if let Err(e) = done {
         return record(ctx, started, "rejoin", "failed", Some(b), format!("making {} a replica of {}: {e}", b.name, primary.name));
@@ -292,19 +346,34 @@ fn beyond_history(applied: &Position, log: &Position, history: Option<&Position>
     out
 }
 
+/// Why a switchover was not made, and whose doing: the request's (`Refused`: nothing was
+/// changed, and the same request would be refused again), or a server's (`Failed`: a step
+/// failed; the old primary takes writes again unless the message says otherwise).
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchoverError {
+    #[error("{0}")]
+    Refused(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Makes `to` the primary (the admin API's switchover): the primary is made read-only, `to`
 /// applies everything it logged, is promoted, and the old primary becomes its replica.
-pub async fn switchover(ctx: &Ctx, to: &str) -> Result<String, String> {
+pub async fn switchover(ctx: &Ctx, to: &str) -> Result<String, SwitchoverError> {
     let c = ctx.config();
     if !c.failover.manages() {
-        return Err("switchover needs [failover] user and password".into());
+        return Err(SwitchoverError::Refused("switchover needs [failover] user and password".into()));
+    }
+    if !acts(ctx, &c) {
+        let leader = ctx.backends.topology.lead().leader.unwrap_or_else(|| "no instance (none is elected yet)".into());
+        return Err(SwitchoverError::Refused(format!("this instance does not act on failovers: {leader} does; ask it")));
     }
     let _busy = ctx.backends.topology.busy.lock().await;
     let started = Instant::now();
     let list: Vec<Arc<Backend>> = ctx.backends.list().iter().cloned().collect();
     let refuse = |why: String| {
         record(ctx, started, "switchover", "refused", None, why.clone());
-        Err(why)
+        Err(SwitchoverError::Refused(why))
     };
     let Some(new) = list.iter().find(|b| b.name == to).cloned() else { return refuse(format!("no backend is named {to:?}")) };
     let Some(old) = known_primary(ctx, &list) else { return refuse("no primary is known".into()) };
@@ -331,7 +400,7 @@ pub async fn switchover(ctx: &Ctx, to: &str) -> Result<String, String> {
             Ok(msg)
         }
         Err(e) => {
-            record(ctx, started, "switchover", "failed", Some(&new), e.clone());
+            record(ctx, started, "switchover", "failed", Some(&new), e.to_string());
             Err(e)
         }
     }
@@ -358,14 +427,15 @@ async fn quiet(ctx: &Ctx, limit: Duration) -> Vec<u32> {
     }
 }
 
-async fn switch(ctx: &Ctx, c: &Config, list: &[Arc<Backend>], old: &Arc<Backend>, new: &Arc<Backend>) -> Result<String, String> {
+async fn switch(ctx: &Ctx, c: &Config, list: &[Arc<Backend>], old: &Arc<Backend>, new: &Arc<Backend>) -> Result<String, SwitchoverError> {
     let timeout = c.health.timeout;
-    let mut om = steps::connect(old, &c.failover, timeout).await.map_err(|e| format!("{}: {e}", old.name))?;
+    let failed = |b: &Backend, e: crate::backend::manage::Failure| SwitchoverError::Failed(format!("{}: {e}", b.name));
+    let mut om = steps::connect(old, &c.failover, timeout).await.map_err(|e| failed(old, e))?;
     let mut replicas = read_replicas(c, list, old).await;
     let Some(ni) = replicas.iter().position(|r| r.b.index == new.index && r.m.is_some()) else {
-        return Err(format!("{} could not be read", new.name));
+        return Err(SwitchoverError::Failed(format!("{} could not be read", new.name)));
     };
-    om.query("SET GLOBAL read_only = 1").await.map_err(|e| format!("{}: {e}", old.name))?;
+    om.query("SET GLOBAL read_only = 1").await.map_err(|e| failed(old, e))?;
     let catch_up = async {
         let pos = steps::observe(&mut om).await?.logged;
         let m = replicas[ni].m.as_mut().expect("read");
@@ -379,16 +449,16 @@ async fn switch(ctx: &Ctx, c: &Config, list: &[Arc<Backend>], old: &Arc<Backend>
             // The old primary takes writes again.
             let undone = om.query("SET GLOBAL read_only = 0").await;
             let undone = if undone.is_ok() { "it is writable again" } else { "it could not be made writable again" };
-            return Err(format!("{} did not take over: {e} ({} {undone})", new.name, old.name));
+            return Err(SwitchoverError::Failed(format!("{} did not take over: {e} ({} {undone})", new.name, old.name)));
         }
     };
     new.assume(Role::Primary);
     old.assume(Role::Replica);
     ctx.backends.topology.promoted(new.index, pos.clone());
     crate::control::rebalance::follow_roles(ctx);
-    let demoted = steps::follow(&mut om, new, Some(c.failover.replication_account()), true).await;
+    let demoted = steps::follow(&mut om, new, Some(c.failover.replication_account()), true, c.failover.catch_up_timeout).await;
     om.quit().await;
-    let following = repoint(&mut replicas, new).await;
+    let following = repoint(&mut replicas, new, c.failover.catch_up_timeout).await;
     let old_state = match demoted {
         Ok(()) => format!("{} replicates from it", old.name),
         Err(e) => {

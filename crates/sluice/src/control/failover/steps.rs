@@ -40,16 +40,40 @@ pub async fn observe(m: &mut Manage) -> Result<Seen, Failure> {
     Ok(Seen { received, applied, logged, replica })
 }
 
-/// Makes a replica the primary: it applies what it has received (`received`, within
-/// `catch_up`), stops replicating, forgets its primary and becomes writable.
+/// Makes a replica the primary: [`take_over`], then [`forget_source`].
 pub async fn promote(m: &mut Manage, received: &Position, catch_up: Duration) -> Result<(), Failure> {
+    take_over(m, received, catch_up).await?;
+    forget_source(m, catch_up).await
+}
+
+/// Makes a replica writable: it applies what it has received (`received`, within `catch_up`),
+/// stops applying (its SQL thread: at once, even while its receiving thread waits for a hung
+/// primary) and becomes writable. What it receives from now on is never applied.
+pub async fn take_over(m: &mut Manage, received: &Position, catch_up: Duration) -> Result<(), Failure> {
     if !received.is_empty() {
         wait_for(m, received, catch_up).await?;
     }
-    m.query("STOP SLAVE").await?;
-    m.query("RESET SLAVE ALL").await?;
+    m.query("STOP SLAVE SQL_THREAD").await?;
     m.query("SET GLOBAL read_only = 0").await?;
     Ok(())
+}
+
+/// Stops a promoted server's replication (within `patience`) and forgets its source.
+pub async fn forget_source(m: &mut Manage, patience: Duration) -> Result<(), Failure> {
+    stop_replicating(m, patience).await?;
+    m.query("RESET SLAVE ALL").await?;
+    Ok(())
+}
+
+/// `STOP SLAVE`, given `limit`: its receiving thread may be waiting for a hung primary.
+async fn stop_replicating(m: &mut Manage, limit: Duration) -> Result<(), Failure> {
+    let bound = m.timeout();
+    m.set_timeout(bound.max(limit));
+    let started = std::time::Instant::now();
+    let stopped = m.query("STOP SLAVE").await;
+    m.set_timeout(bound);
+    tracing::debug!(took_ms = started.elapsed().as_millis() as u64, "failover: STOP SLAVE");
+    stopped.map(drop)
 }
 
 /// Waits until the server has applied `pos` (`MASTER_GTID_WAIT`), for at most `limit`.
@@ -69,13 +93,20 @@ pub async fn wait_for(m: &mut Manage, pos: &Position, limit: Duration) -> Result
 /// Makes the server replicate from `primary` (GTID from what it has applied). `account`: the
 /// replication user and password, for a server that replicated from nobody (a former primary);
 /// `demote`: its own transactions count as replicated (`MASTER_DEMOTE_TO_SLAVE`), as a former
-/// primary's must. It is made read-only first.
-pub async fn follow(m: &mut Manage, primary: &Backend, account: Option<(&str, &str)>, demote: bool) -> Result<(), Failure> {
+/// primary's must. It is made read-only first. Stopping its replication may take `patience`
+/// (its receiving thread may be waiting for a hung primary).
+pub async fn follow(
+    m: &mut Manage,
+    primary: &Backend,
+    account: Option<(&str, &str)>,
+    demote: bool,
+    patience: Duration,
+) -> Result<(), Failure> {
     let Address::Tcp(a) = primary.address else {
         return Err(Failure::of_backend(format!("{} is not at a TCP address that a replica can connect to", primary.name)));
     };
     m.query("SET GLOBAL read_only = 1").await?;
-    m.query("STOP SLAVE").await?;
+    stop_replicating(m, patience).await?;
     let mut sql = format!("CHANGE MASTER TO MASTER_HOST = {}, MASTER_PORT = {}", quote(&a.ip().to_string()), a.port());
     if let Some((user, password)) = account {
         sql += &format!(", MASTER_USER = {}, MASTER_PASSWORD = {}", quote(user), quote(password));
