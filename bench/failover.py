@@ -4,8 +4,8 @@ running short read-write transactions, as a user without SUPER), once through sl
 through HAProxy.
 
 - sluice: users mode, the read/write split, `[failover] enabled`: it notices the loss, promotes a
-  replica and carries the sessions there (transaction replay); a switchover is
-  `POST /cluster/switchover`.
+  replica and carries the sessions there (transaction replay, a lost COMMIT resolved from the
+  commit table); a switchover is `POST /cluster/switchover`.
 - HAProxy: TCP mode, the primary and, as a `backup` server, a replica; `option mysql-check` (a
   login, so that a hung server fails its checks) and `on-marked-down shutdown-sessions`. HAProxy
   knows no roles: the script promotes the replica the moment the primary is lost, as an external
@@ -124,6 +124,7 @@ password = "apppw"
 after = "1s"
 [routing]
 split = true
+commit_table = "sluice.commits"
 {backends}[[users]]
 name = "{USER}"
 password = "{PASSWORD}"
@@ -133,10 +134,13 @@ password = "{PASSWORD}"
     deadline = time.time() + 60
     while time.time() < deadline:
         with urllib.request.urlopen(f"http://127.0.0.1:{admin}/cluster/failover", timeout=5) as r:
-            if b'"primary":"s0"' in r.read():
-                return p, port, admin
+            found = b'"primary":"s0"' in r.read()
+        made = root_sql(topo.socks[0], "SELECT COUNT(*) FROM information_schema.tables "
+                                       "WHERE table_schema = 'sluice' AND table_name = 'commits'") == "1"
+        if found and made:
+            return p, port, admin
         time.sleep(0.1)
-    raise RuntimeError("sluice did not find the primary")
+    raise RuntimeError("sluice did not find the primary and make its commit table")
 
 
 def start_haproxy(env, name, topo):
@@ -328,6 +332,7 @@ def measure(env, cell, target, args):
     proxy = None
     try:
         root_sql(topo.socks[0], f"CREATE USER '{USER}'@'%' IDENTIFIED BY '{PASSWORD}'; GRANT ALL ON sbtest.* TO '{USER}'@'%'; "
+                                f"GRANT SELECT, INSERT, UPDATE ON sluice.* TO '{USER}'@'%'; "
                                 "CREATE TABLE sbtest.probe (id BIGINT AUTO_INCREMENT PRIMARY KEY, at DOUBLE)")
         rows = args.failover_rows
         prepare = ["sysbench", "oltp_common", "--db-driver=mysql", f"--mysql-user={USER}", f"--mysql-password={PASSWORD}",

@@ -238,6 +238,13 @@ pub fn transaction_end(sql: &[u8]) -> TransactionEnd {
     TransactionEnd::Ends
 }
 
+/// Whether the first statement of `sql` is a `COMMIT` that ends the transaction (not `AND
+/// CHAIN`).
+pub fn commits(sql: &[u8]) -> bool {
+    let first = lexer::statements(sql).next().is_some_and(|st| st.first().is_some_and(|t| t.is_word(sql, "COMMIT")));
+    first && transaction_end(sql) == TransactionEnd::Ends
+}
+
 /// The [`SqlPrepare`] a query is, if it is one statement of that form (None otherwise: a
 /// PREPARE from a variable, among other statements, ...).
 pub fn sql_prepare(sql: &[u8]) -> Option<SqlPrepare> {
@@ -430,6 +437,11 @@ mod tests {
             ("", No),
         ] {
             assert_eq!(transaction_end(sql.as_bytes()), want, "{sql}");
+        }
+        for (sql, want) in
+            [("COMMIT", true), ("/* x */ commit WORK", true), ("ROLLBACK", false), ("COMMIT AND CHAIN", false), ("SELECT 1", false)]
+        {
+            assert_eq!(commits(sql.as_bytes()), want, "{sql}");
         }
     }
 

@@ -53,7 +53,7 @@ impl Manage {
         let work = async {
             let (conn, g) = bconn::open(b, timeout, bconn::Origin::Sluice).await.map_err(Failure::of_open)?;
             let tls = b.tls.decide(true, &g).map_err(|e| Failure::of_backend(e.message))?;
-            let caps = bconn::backend_capabilities(cap::SLUICE_SUPPORTED, &g, tls) & !cap::CONNECT_WITH_DB;
+            let caps = bconn::backend_capabilities(cap::SLUICE_SUPPORTED, &g, tls) & !(cap::CONNECT_WITH_DB | cap::NO_SCHEMA);
             let hr = HandshakeResponse {
                 capabilities: caps,
                 max_packet: 1 << 24,

@@ -646,6 +646,7 @@ impl Config {
             return Err(ConfigError { file: None, line: None, message: "health.password needs health.user".into() });
         }
         self.failover.check(&self.backends, &self.health).map_err(|e| ConfigError { file: None, line: None, message: e.0 })?;
+        self.routing.check_commit_table().map_err(|e| ConfigError { file: None, line: None, message: e.0 })?;
         Ok(())
     }
 

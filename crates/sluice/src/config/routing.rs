@@ -46,6 +46,12 @@ pub struct RoutingConfig {
     /// replica; at its first write it is run again on the primary and goes on there if every
     /// result is the same, else the client gets error 1213 for it (`frontend/optimistic.rs`).
     pub optimistic_transactions: bool,
+    /// With transaction replay: a table (`schema.table`) that each write transaction writes
+    /// its session's row to just before its COMMIT (`frontend/commit_mark.rs`). A COMMIT whose
+    /// connection was lost is then looked up on the primary: answered when it committed,
+    /// replayed when it did not. Unset: its client is told its outcome is unknown (1180).
+    /// Failover's user creates the table; the users need SELECT, INSERT and UPDATE on it.
+    pub commit_table: Option<String>,
 }
 
 impl Default for RoutingConfig {
@@ -62,7 +68,26 @@ impl Default for RoutingConfig {
             transaction_replay_timeout: Duration::from_secs(30),
             transaction_replay_max_size: 1 << 20,
             optimistic_transactions: false,
+            commit_table: None,
         }
+    }
+}
+
+impl RoutingConfig {
+    /// `commit_table` names a table as `schema.table`, each of letters, digits, `_` and `$`.
+    pub fn check_commit_table(&self) -> Result<(), super::InvalidValue> {
+        let Some(t) = &self.commit_table else { return Ok(()) };
+        let part = |p: &str| !p.is_empty() && p.len() <= 64 && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$');
+        match t.split_once('.') {
+            Some((schema, table)) if part(schema) && part(table) => Ok(()),
+            _ => Err(super::InvalidValue(format!("routing.commit_table: expected schema.table (letters, digits, _ and $), got {t:?}"))),
+        }
+    }
+
+    /// `schema.table` quoted, part by part (the parts were checked to be plain names).
+    pub fn quote_table(table: &str) -> String {
+        let (schema, name) = table.split_once('.').unwrap_or(("", table));
+        format!("`{schema}`.`{name}`")
     }
 }
 

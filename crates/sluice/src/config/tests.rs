@@ -118,3 +118,14 @@ fn durations() {
         assert!(parse_duration(huge).unwrap_err().0.contains("too long"), "{huge}");
     }
 }
+
+#[test]
+fn the_commit_table_is_a_plain_schema_and_table() {
+    let c = Config::parse("[routing]\ncommit_table = \"sluice.commits\"\n").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.routing.commit_table.as_deref(), Some("sluice.commits"));
+    assert_eq!(super::RoutingConfig::quote_table("sluice.commits"), "`sluice`.`commits`");
+    for bad in ["commits", "a.b.c", "a`.b", ".b", "a.", "a b.c"] {
+        let e = Config::parse(&format!("[routing]\ncommit_table = \"{bad}\"\n")).unwrap_err();
+        assert!(e.message.starts_with("routing.commit_table: expected schema.table"), "{bad}: {e}");
+    }
+}

@@ -3,6 +3,7 @@
 mod capture;
 mod client;
 mod commands;
+mod commit_mark;
 pub mod handoff;
 pub mod idle;
 mod login;

@@ -258,9 +258,9 @@ impl Session {
         let causal = if self.causal_due() { Box::pin(self.send_causal_wait(HEADER + h.len)).await? } else { None };
         let _timer = if plan.rule.is_some() { self.watch_timeout(&plan) } else { None };
         let logged = self.route.replay.is_some() && (causal.is_none() || self.route.optimistic) && self.note_for_replay(cmd, h.len);
-        let request_seq = match self.forward_request().await {
-            Err(e) if logged && e.side == Side::Backend => return Box::pin(self.recover(e, false)).await,
-            r => r?,
+        let request_seq = match self.send_request(logged).await? {
+            Ok(seq) => seq,
+            Err(flow) => return Ok(flow),
         };
         if let Some(copy) = causal {
             Box::pin(self.causal_outcome(copy, expect)).await?;
@@ -655,6 +655,21 @@ impl Session {
 
     /// Forwards a client request (one logical packet, of any size) to the backend; returns the
     /// sequence id of its last packet.
+    /// The request forwarded (its last sequence number), after the commit mark when one is
+    /// due; a logged request whose connection is lost is recovered from (the flow it left).
+    async fn send_request(&mut self, logged: bool) -> Result<std::result::Result<u8, Flow>> {
+        if logged
+            && self.commit_mark_due()
+            && let Some(flow) = Box::pin(self.mark_commit()).await?
+        {
+            return Ok(Err(flow));
+        }
+        match self.forward_request().await {
+            Err(e) if logged && e.side == Side::Backend => Box::pin(self.recover(e, false)).await.map(Err),
+            r => r.map(Ok),
+        }
+    }
+
     pub(super) async fn forward_request(&mut self) -> Result<u8> {
         let mut walk = RequestWalker::request();
         self.pipe_from_client(&mut walk).await?;

@@ -4,7 +4,9 @@
 //! was answered, it can wait for a primary, run the transaction again there, and go on with
 //! the statement if every result is the same. Outside a transaction, a lost read (or `BEGIN`,
 //! or a change of session state) is run again. A lost `COMMIT` or autocommit write may have
-//! run: the client is told its outcome is unknown, never a silent second run.
+//! run: the client is told its outcome is unknown, never a silent second run, unless the
+//! commit table tells (`commit_mark.rs`). A lost `ROLLBACK`, or `COMMIT` of a transaction that
+//! changed nothing, is answered on the new connection.
 //!
 //! What is replayed: text statements (COM_QUERY). A transaction with a prepared statement's
 //! execute, a request too large to keep whole, or more than `transaction_replay_max_size` of
@@ -35,6 +37,8 @@ enum Lost {
     Replay,
     /// Run the command again (it changed nothing, or only the session's state).
     Again,
+    /// A COMMIT whose mark (this sequence number) says whether it committed.
+    Resolve(u64),
     /// It may have run: the client is told so.
     Unknown,
     /// Nothing: the transaction cannot be replayed (why).
@@ -70,6 +74,12 @@ impl Session {
         }
         log.bytes.extend_from_slice(&self.client.rbuf[HEADER..HEADER + len]);
         log.entries.push((log.bytes.len(), None));
+        if log.on_loss {
+            let sql = &self.client.rbuf[HEADER + 1..HEADER + len];
+            let marked = in_transaction && log.wrote && self.config.routing.commit_table.is_some();
+            log.committing = marked && sluice_proto::sql::commits(sql) && log.marks.on();
+            log.wrote |= super::commit_mark::may_write(sluice_proto::rw::classify_in(sql, self.state.mode_for(sql)));
+        }
         true
     }
 
@@ -91,6 +101,7 @@ impl Session {
         log.entries.pop();
         let from = self.backend.guard.name.clone();
         tracing::info!(session = self.handle.id, backend = %from, plan = ?what, error = %lost.message, "a command's backend was lost before it was answered");
+        let mut label = if what == Lost::Replay { "replayed" } else { "again" };
         let failed = match what {
             Lost::No(why) => Some((
                 code::SERVER_LOST,
@@ -104,7 +115,7 @@ impl Session {
                 "unknown",
                 format!("while this statement ran ({}); whether it committed is unknown", lost.message),
             )),
-            Lost::Again => match Box::pin(self.move_after_loss()).await {
+            Lost::Again => match Box::pin(self.again_after_loss()).await {
                 Ok(()) => None,
                 Err(e) => Some((
                     code::SERVER_LOST,
@@ -114,13 +125,18 @@ impl Session {
                 )),
             },
             Lost::Replay => self.resume_transaction().await?,
+            Lost::Resolve(seq) => {
+                let (failed, found) = self.resolve_commit(seq, &lost).await?;
+                label = found;
+                failed
+            }
         };
         if let Some((code, state, result, why)) = failed {
             self.ctx.metrics.replayed(result);
             let msg = format!("sluice: the connection to backend {from} was lost {why}");
             return self.lost_with(code, &state, &msg, forwarded).await;
         }
-        self.ctx.metrics.replayed(if what == Lost::Replay { "replayed" } else { "again" });
+        self.ctx.metrics.replayed(label);
         if forwarded {
             self.put_back(&current);
         }
@@ -175,6 +191,51 @@ impl Session {
         }))
     }
 
+    /// A new connection for a command to run again on (the transaction, if any, ended with
+    /// the connection lost).
+    async fn again_after_loss(&mut self) -> Result<()> {
+        self.state.status &= !status::IN_TRANS;
+        self.state.open_transaction = false;
+        self.move_after_loss().await
+    }
+
+    /// A lost COMMIT whose mark `seq` was written: looked up on the primary. Committed, the
+    /// COMMIT runs again there (answered as a COMMIT with nothing to commit is); not
+    /// committed, the transaction is replayed first. None, or what to tell the client.
+    /// (With the metric's result when it succeeds: "committed", or "replayed".)
+    async fn resolve_commit(&mut self, seq: u64, lost: &Error) -> Result<(Option<(u16, [u8; 5], &'static str, String)>, &'static str)> {
+        self.state.status &= !status::IN_TRANS;
+        self.state.open_transaction = false;
+        let found = self.look_up_commit(seq).await?;
+        if let Some(log) = self.route.replay.as_mut() {
+            log.mark = None;
+        }
+        match found {
+            super::commit_mark::Found::Committed => {
+                tracing::info!(session = self.handle.id, "a lost COMMIT had committed: its client is answered");
+                if let Some(log) = self.route.replay.as_mut() {
+                    log.clear();
+                }
+                Ok((None, "committed"))
+            }
+            super::commit_mark::Found::NotCommitted => {
+                let diverged = self.replay_log().await?;
+                let failed = diverged.map(|diverged| {
+                    let why = format!(
+                        "and the transaction, not committed, replayed on {}, where {diverged}: it was rolled back",
+                        self.backend.guard.name
+                    );
+                    (code::LOCK_DEADLOCK, *b"40001", "diverged", why)
+                });
+                Ok((failed, "replayed"))
+            }
+            super::commit_mark::Found::Unknown(why) => {
+                let why = format!("while this statement ran ({}); whether it committed is unknown ({why})", lost.message);
+                Ok((Some((code::ERROR_DURING_COMMIT, *b"HY000", "unknown", why)), "unknown"))
+            }
+        }
+    }
+
     /// What can be done for the command logged last.
     fn what_was_lost(&self) -> Lost {
         let Some(log) = self.route.replay.as_ref().filter(|l| l.on_loss) else { return Lost::No("transaction replay is off") };
@@ -191,7 +252,12 @@ impl Session {
         let within = log.entries.len() > 1 || self.state.in_transaction();
         if within {
             return match sluice_proto::sql::transaction_end(sql) {
-                TransactionEnd::Ends => Lost::Unknown,
+                TransactionEnd::Ends => match log.mark {
+                    Some(seq) => Lost::Resolve(seq),
+                    // A ROLLBACK, or the COMMIT of a transaction that changed nothing.
+                    None if !log.wrote || !sluice_proto::sql::commits(sql) => Lost::Again,
+                    None => Lost::Unknown,
+                },
                 _ => Lost::Replay,
             };
         }
@@ -203,7 +269,7 @@ impl Session {
 
     /// A new connection for the session on the primary, waiting up to
     /// `transaction_replay_timeout` for one to be usable (a failover may be promoting one).
-    async fn reconnect_for_replay(&mut self) -> Result<()> {
+    pub(super) async fn reconnect_for_replay(&mut self) -> Result<()> {
         let deadline = tokio::time::Instant::now() + self.config.routing.transaction_replay_timeout;
         let mut last = Error::backend("no primary is usable");
         loop {

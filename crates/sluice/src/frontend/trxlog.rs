@@ -2,14 +2,16 @@
 //! of each result, which transaction replay (`retry.rs`) and optimistic transactions
 //! (`optimistic.rs`) run again on another connection and compare.
 
+use std::time::{Duration, Instant};
+
 use crate::capture::sums::RowSums;
 use crate::session::StateSink;
 
 /// What a statement's result was, as replay compares it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) struct Outcome {
-    error: Option<u16>,
-    rows: u64,
+    pub(super) error: Option<u16>,
+    pub(super) rows: u64,
     affected: u64,
     sum: u64,
 }
@@ -30,6 +32,14 @@ pub(super) struct TrxLog {
     /// A lost connection is recovered from (`transaction_replay`); else the log serves
     /// optimistic transactions alone.
     pub(super) on_loss: bool,
+    /// A statement that may change data ran in the transaction: its COMMIT matters.
+    pub(super) wrote: bool,
+    /// The command logged last is a COMMIT of such a transaction (its mark is due).
+    pub(super) committing: bool,
+    /// The mark written for the COMMIT in flight (its sequence number).
+    pub(super) mark: Option<u64>,
+    /// The session's row in the commit table.
+    pub(super) marks: Marks,
 }
 
 /// How many times one command is run again.
@@ -44,6 +54,9 @@ impl TrxLog {
         self.bytes.clear();
         self.entries.clear();
         self.broken = None;
+        self.wrote = false;
+        self.committing = false;
+        self.mark = None;
     }
 
     /// Notes the result of the command logged last, from the sink that followed its response
@@ -51,6 +64,7 @@ impl TrxLog {
     pub(super) fn noted(&mut self, sink: &mut StateSink<'_>, shared: bool) {
         let outcome = outcome_of(sink);
         self.attempts = 0;
+        self.mark = None;
         if !shared {
             self.sums = sink.sums.take();
             if let Some(s) = self.sums.as_mut() {
@@ -74,6 +88,52 @@ pub(super) fn outcome_of(sink: &mut StateSink<'_>) -> Outcome {
     Outcome { error: sink.error, rows: sink.rows, affected: sink.affected, sum }
 }
 
+/// After a mark could not be written, how long the session's COMMITs go unmarked (the table
+/// may not be made yet, or the user lack its grants: a failed try costs a round trip).
+const PAUSE: Duration = Duration::from_secs(60);
+
+/// A session's row in the commit table.
+#[derive(Default)]
+pub(super) struct Marks {
+    /// Its random key, drawn at the first mark.
+    key: Option<[u8; 16]>,
+    /// The sequence number of the last mark.
+    seq: u64,
+    /// Writing a mark failed: none is written before then.
+    paused_until: Option<Instant>,
+    /// That was said in the log (once per session).
+    said: bool,
+}
+
+impl Marks {
+    /// Whether the next COMMIT is marked.
+    pub(super) fn on(&self) -> bool {
+        self.paused_until.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// Writing a mark failed: none is written for a while. Whether to say so.
+    pub(super) fn pause(&mut self) -> bool {
+        self.paused_until = Some(Instant::now() + PAUSE);
+        !std::mem::replace(&mut self.said, true)
+    }
+
+    /// The key and sequence number of the next mark (None when no key can be drawn).
+    pub(super) fn next(&mut self) -> Option<([u8; 16], u64)> {
+        if self.key.is_none() {
+            let mut k = [0u8; 16];
+            aws_lc_rs::rand::fill(&mut k).ok()?;
+            self.key = Some(k);
+        }
+        self.seq += 1;
+        Some((self.key?, self.seq))
+    }
+
+    /// The key and sequence number of the mark `seq`.
+    pub(super) fn of(&self, seq: u64) -> Option<([u8; 16], u64)> {
+        Some((self.key?, seq))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +149,16 @@ mod tests {
         assert_eq!(log.request(1), b"\x03UPDATE t SET a = 1");
         log.clear();
         assert!(log.entries.is_empty() && log.bytes.is_empty());
+    }
+
+    #[test]
+    fn a_failed_mark_pauses_marking_and_is_said_once() {
+        let mut m = Marks::default();
+        assert!(m.on());
+        assert!(m.pause());
+        assert!(!m.on());
+        assert!(!m.pause(), "said once");
+        m.paused_until = Some(Instant::now());
+        assert!(m.on(), "on again once the pause is over");
     }
 }

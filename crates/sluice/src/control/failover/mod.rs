@@ -19,6 +19,7 @@
 
 mod choose;
 mod follow;
+pub mod marks;
 mod steps;
 
 use std::sync::Arc;
@@ -36,6 +37,7 @@ use steps::Seen;
 /// Runs until the process ends.
 pub async fn run(ctx: &Ctx) {
     ctx.backends.topology.set_strict(ctx.config().failover.enabled);
+    let mut table = marks::CommitTable::default();
     loop {
         let c = ctx.config();
         ctx.backends.topology.set_strict(c.failover.enabled);
@@ -49,7 +51,7 @@ pub async fn run(ctx: &Ctx) {
         }
         // (A switchover asked through the admin API holds it: this pass is skipped.)
         let Ok(_busy) = ctx.backends.topology.busy.try_lock() else { continue };
-        tick(ctx, &c).await;
+        tick(ctx, &c, &mut table).await;
     }
 }
 
@@ -59,7 +61,7 @@ fn acts(ctx: &Ctx, c: &Config) -> bool {
     c.cluster.etcd.is_empty() || ctx.backends.topology.leads()
 }
 
-async fn tick(ctx: &Ctx, c: &Config) {
+async fn tick(ctx: &Ctx, c: &Config, table: &mut marks::CommitTable) {
     let list: Vec<Arc<Backend>> = ctx.backends.list().iter().cloned().collect();
     give_up_replaced(ctx, &list);
     let Some(primary) = known_primary(ctx, &list) else { return };
@@ -75,6 +77,7 @@ async fn tick(ctx: &Ctx, c: &Config) {
         if c.failover.rejoin {
             rejoin_all(ctx, c, &list, &primary).await;
         }
+        table.tend(c, &primary).await;
     } else if c.failover.enabled {
         // Sessions hold their next command until a replica is promoted (or that is refused).
         topo.hold();
