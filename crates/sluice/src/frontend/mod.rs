@@ -10,6 +10,7 @@ mod login;
 mod multiplex;
 mod optimistic;
 mod relay;
+mod replay_exec;
 mod response;
 mod retry;
 mod rules;

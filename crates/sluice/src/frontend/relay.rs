@@ -257,7 +257,8 @@ impl Session {
         // Causal reads: the wait for the session's last write goes first, in the same round trip.
         let causal = if self.causal_due() { Box::pin(self.send_causal_wait(HEADER + h.len)).await? } else { None };
         let _timer = if plan.rule.is_some() { self.watch_timeout(&plan) } else { None };
-        let logged = self.route.replay.is_some() && (causal.is_none() || self.route.optimistic) && self.note_for_replay(cmd, h.len);
+        let logged =
+            self.route.replay.is_some() && (causal.is_none() || self.route.optimistic) && self.note_for_replay(cmd, h.len, stmt_id);
         let request_seq = match self.send_request(logged).await? {
             Ok(seq) => seq,
             Err(flow) => return Ok(flow),

@@ -8,9 +8,10 @@
 //! commit table tells (`commit_mark.rs`). A lost `ROLLBACK`, or `COMMIT` of a transaction that
 //! changed nothing, is answered on the new connection.
 //!
-//! What is replayed: text statements (COM_QUERY). A transaction with a prepared statement's
-//! execute, a request too large to keep whole, or more than `transaction_replay_max_size` of
-//! statements, is not replayable: its client gets the lost connection's error.
+//! What is replayed: text statements (COM_QUERY) and prepared statements' executes
+//! (`replay_exec.rs`). A transaction with a cursor or long data, a request too large to keep
+//! whole, or more than `transaction_replay_max_size` of statements, is not replayable: its
+//! client gets the lost connection's error.
 
 use std::time::Duration;
 
@@ -48,9 +49,18 @@ enum Lost {
 impl Session {
     /// Notes a command about to be relayed (its request whole in the client buffer, `len`
     /// bytes of payload): whether its answer is to be summed for the log.
-    pub(super) fn note_for_replay(&mut self, cmd: u8, len: usize) -> bool {
+    pub(super) fn note_for_replay(&mut self, cmd: u8, mut len: usize, stmt_id: Option<u32>) -> bool {
         let in_transaction = self.state.in_transaction();
         let max = self.config.routing.transaction_replay_max_size;
+        let execute = match cmd {
+            com::QUERY => Ok(false),
+            com::STMT_EXECUTE => self.loggable_execute(stmt_id).map(|()| true),
+            com::STMT_FETCH | com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE => {
+                Err("a prepared statement ran in it with a cursor or long data")
+            }
+            // Pings, and what the session's state restores (schema, options, prepares).
+            _ => return false,
+        };
         let Some(log) = self.route.replay.as_mut() else { return false };
         if !in_transaction {
             log.clear();
@@ -58,29 +68,47 @@ impl Session {
         if log.broken.is_some() {
             return false;
         }
-        match cmd {
-            com::QUERY => {}
-            com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE => {
-                log.broken = Some("a prepared statement ran in it");
+        let execute = match execute {
+            Ok(execute) => execute,
+            Err(why) => {
+                log.broken = Some(why);
                 return false;
             }
-            // Pings, and what the session's state restores (schema, options, prepares).
-            _ => return false,
+        };
+        if execute {
+            // (Its parameter types may have been put in after the client sent it.)
+            len = self.client.rbuf.get(..3).map_or(0, |b| usize::from(b[0]) | usize::from(b[1]) << 8 | usize::from(b[2]) << 16);
         }
-        let whole = self.client.rbuf.len() >= HEADER + len && len < sluice_proto::consts::MAX_PAYLOAD;
+        let whole = self.client.rbuf.len() >= HEADER + len && len < sluice_proto::consts::MAX_PAYLOAD && len > 0;
         if !whole || log.bytes.len() + len > max {
             log.broken = Some("its statements are larger than transaction_replay_max_size");
             return false;
         }
         log.bytes.extend_from_slice(&self.client.rbuf[HEADER..HEADER + len]);
+        if let (true, Some(id)) = (execute, stmt_id) {
+            // Named by the client's id: the connection it runs again on knows it by another.
+            let at = log.bytes.len() - len + 1;
+            log.bytes[at..at + 4].copy_from_slice(&id.to_le_bytes());
+        }
         log.entries.push((log.bytes.len(), None));
         if log.on_loss {
-            let sql = &self.client.rbuf[HEADER + 1..HEADER + len];
-            let marked = in_transaction && log.wrote && self.config.routing.commit_table.is_some();
-            log.committing = marked && sluice_proto::sql::commits(sql) && log.marks.on();
-            log.wrote |= super::commit_mark::may_write(sluice_proto::rw::classify_in(sql, self.state.mode_for(sql)));
+            self.note_writes(in_transaction, len);
         }
         true
+    }
+
+    /// Whether the transaction wrote, and whether the request just logged is the COMMIT of one
+    /// that did (its mark due).
+    fn note_writes(&mut self, in_transaction: bool, len: usize) {
+        let Some(log) = self.route.replay.as_ref() else { return };
+        let sql = self.logged_sql(&log.bytes[log.bytes.len() - len..]);
+        let marked = in_transaction && log.wrote && self.config.routing.commit_table.is_some();
+        let committing = marked && sluice_proto::sql::commits(sql) && log.marks.on();
+        let wrote = super::commit_mark::may_write(sluice_proto::rw::classify_in(sql, self.state.mode_for(sql)));
+        if let Some(log) = self.route.replay.as_mut() {
+            log.committing = committing;
+            log.wrote |= wrote;
+        }
     }
 
     /// The row sums for a logged command's response.
@@ -248,7 +276,7 @@ impl Session {
         if self.state.hazards != 0 || !self.state.unread_variables.is_empty() {
             return Lost::No("the session holds state sluice cannot recreate");
         }
-        let sql = &log.request(log.entries.len() - 1)[1..];
+        let sql = self.logged_sql(log.request(log.entries.len() - 1));
         let within = log.entries.len() > 1 || self.state.in_transaction();
         if within {
             return match sluice_proto::sql::transaction_end(sql) {
@@ -294,9 +322,13 @@ impl Session {
         let log = self.route.replay.take().expect("a log");
         let mut diverged = None;
         for i in 0..log.entries.len() {
-            let seen = self.run_again(log.request(i)).await?;
+            let sql = String::from_utf8_lossy(self.logged_sql(log.request(i))).chars().take(80).collect::<String>();
+            let Some(request) = self.request_again(log.request(i)).await? else {
+                diverged = Some(format!("statement {} (an execute) names a statement closed since", i + 1));
+                break;
+            };
+            let seen = self.run_again(&request).await?;
             if Some(seen) != log.entries[i].1 {
-                let sql = String::from_utf8_lossy(&log.request(i)[1..]).chars().take(80).collect::<String>();
                 diverged = Some(format!("statement {} ({sql}) had another result ({seen:?}, before {:?})", i + 1, log.entries[i].1));
                 break;
             }
