@@ -273,22 +273,23 @@ fn busy(s: &SluiceProc, id: u32) {
     });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_open_transaction_goes_on_at_the_new_primary() {
+/// A transaction open when the primary dies: its next statement waits for the promotion, the
+/// transaction is run again there, and goes on. With `prepared`, its statements are prepared
+/// (the binary protocol, as most drivers send parameters): their executes are replayed,
+/// prepared on the new primary first.
+async fn open_transaction_goes_on(prepared: bool) {
     let mut t = Topology::start(1);
     let s = failover_sluice(&t, &[]);
     t.primary().sql("CREATE TABLE test.r (id INT PRIMARY KEY, v INT); INSERT INTO test.r VALUES (1, 10), (2, 20)");
     seen_last_write(&s, &t);
     let mut c = app(&s).await;
     c.query_drop("BEGIN").await.unwrap();
-    c.query_drop("UPDATE test.r SET v = v + 1 WHERE id = 1").await.unwrap();
-    let sum: Option<i64> = c.query_first("SELECT SUM(v) FROM test.r").await.unwrap();
-    assert_eq!(sum, Some(31));
+    bump(&mut c, 1, prepared).await;
+    assert_eq!(sum(&mut c, prepared).await, Some(31));
 
-    // The primary dies with the transaction open; its next statement waits for the promotion,
-    // the transaction is run again there, and goes on.
     t.servers[0].kill();
-    c.query_drop("UPDATE test.r SET v = v + 1 WHERE id = 2").await.unwrap();
+    bump(&mut c, 2, prepared).await;
+    assert_eq!(sum(&mut c, prepared).await, Some(32));
     c.query_drop("COMMIT").await.unwrap();
     assert_eq!(event(&s, "failover", 0)["result"], "done");
     let port: u16 = c.query_first("SELECT @@port").await.unwrap().unwrap();
@@ -297,30 +298,28 @@ async fn an_open_transaction_goes_on_at_the_new_primary() {
     assert_eq!(metric(&s, "sluice_transaction_replays_total{result=\"replayed\"}"), 1);
 }
 
-/// The same with prepared statements (the binary protocol, as most drivers send parameters):
-/// their executes are replayed on the new primary, prepared there first.
+async fn bump(c: &mut mysql_async::Conn, id: i64, prepared: bool) {
+    match prepared {
+        true => c.exec_drop("UPDATE test.r SET v = v + ? WHERE id = ?", (1, id)).await.unwrap(),
+        false => c.query_drop(format!("UPDATE test.r SET v = v + 1 WHERE id = {id}")).await.unwrap(),
+    }
+}
+
+async fn sum(c: &mut mysql_async::Conn, prepared: bool) -> Option<i64> {
+    match prepared {
+        true => c.exec_first("SELECT SUM(v) FROM test.r WHERE id <= ?", (2,)).await.unwrap(),
+        false => c.query_first("SELECT SUM(v) FROM test.r").await.unwrap(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_transaction_goes_on_at_the_new_primary() {
+    open_transaction_goes_on(false).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_transaction_of_prepared_statements_goes_on_at_the_new_primary() {
-    let mut t = Topology::start(1);
-    let s = failover_sluice(&t, &[]);
-    t.primary().sql("CREATE TABLE test.r (id INT PRIMARY KEY, v INT); INSERT INTO test.r VALUES (1, 10), (2, 20)");
-    seen_last_write(&s, &t);
-    let mut c = app(&s).await;
-    c.query_drop("BEGIN").await.unwrap();
-    c.exec_drop("UPDATE test.r SET v = v + ? WHERE id = ?", (1, 1)).await.unwrap();
-    let v: Option<i64> = c.exec_first("SELECT v FROM test.r WHERE id = ?", (1,)).await.unwrap();
-    assert_eq!(v, Some(11));
-
-    t.servers[0].kill();
-    c.exec_drop("UPDATE test.r SET v = v + ? WHERE id = ?", (1, 2)).await.unwrap();
-    let sum: Option<i64> = c.exec_first("SELECT SUM(v) FROM test.r WHERE id <= ?", (2,)).await.unwrap();
-    assert_eq!(sum, Some(32));
-    c.query_drop("COMMIT").await.unwrap();
-    assert_eq!(event(&s, "failover", 0)["result"], "done");
-    let port: u16 = c.query_first("SELECT @@port").await.unwrap().unwrap();
-    assert_eq!(port, t.servers[1].port);
-    assert_eq!(t.servers[1].sql("SELECT GROUP_CONCAT(v ORDER BY id) FROM test.r").trim(), "11,21");
-    assert_eq!(metric(&s, "sluice_transaction_replays_total{result=\"replayed\"}"), 1);
+    open_transaction_goes_on(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
