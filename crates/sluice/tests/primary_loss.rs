@@ -461,6 +461,12 @@ async fn primary_lost_under_load(loss: Loss) {
             .join(" "),
         event(&s, "failover", 0)["message"]
     );
+    if totals.reconnects > 0 || errors.iter().any(|&e| e != 1213) {
+        // What sluice said of it, for the failure below.
+        for l in s.log_text().lines().filter(|l| l.contains("lost") || l.contains("WARN") || l.contains("ERROR")) {
+            eprintln!("{l}");
+        }
+    }
     assert!(totals.success, "{text}");
     assert_eq!(totals.reconnects, 0);
     // Every COMMIT in flight was resolved from the commit table: none is unknown.

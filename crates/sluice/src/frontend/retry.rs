@@ -210,13 +210,13 @@ impl Session {
         // (The transaction ended with its connection.)
         self.state.status &= !status::IN_TRANS;
         self.state.open_transaction = false;
-        if let Err(e) = self.reconnect_for_replay().await {
-            return Ok(Some((code::SERVER_LOST, *b"08S01", "failed", format!("and no primary took the session again: {}", e.message))));
+        match self.replay_on_primary(false).await? {
+            Err(e) => Ok(Some((code::SERVER_LOST, *b"08S01", "failed", format!("and no primary took the session again: {}", e.message)))),
+            Ok(diverged) => Ok(diverged.map(|diverged| {
+                let why = format!("and the transaction replayed on {}, where {diverged}: it was rolled back", self.backend.guard.name);
+                (code::LOCK_DEADLOCK, *b"40001", "diverged", why)
+            })),
         }
-        Ok(self.replay_log().await?.map(|diverged| {
-            let why = format!("and the transaction replayed on {}, where {diverged}: it was rolled back", self.backend.guard.name);
-            (code::LOCK_DEADLOCK, *b"40001", "diverged", why)
-        }))
     }
 
     /// A new connection for a command to run again on (the transaction, if any, ended with
@@ -234,7 +234,14 @@ impl Session {
     async fn resolve_commit(&mut self, seq: u64, lost: &Error) -> Result<(Option<(u16, [u8; 5], &'static str, String)>, &'static str)> {
         self.state.status &= !status::IN_TRANS;
         self.state.open_transaction = false;
-        let found = self.look_up_commit(seq).await?;
+        let mut tries = 0;
+        let found = loop {
+            match self.look_up_commit(seq).await {
+                // (The new connection was lost too: looked up again, on another.)
+                Err(e) if e.side == Side::Backend && tries < ATTEMPTS => tries += 1,
+                r => break r?,
+            }
+        };
         if let Some(log) = self.route.replay.as_mut() {
             log.mark = None;
         }
@@ -247,7 +254,13 @@ impl Session {
                 Ok((None, "committed"))
             }
             super::commit_mark::Found::NotCommitted => {
-                let diverged = self.replay_log().await?;
+                let diverged = match self.replay_on_primary(true).await? {
+                    Ok(diverged) => diverged,
+                    Err(e) => {
+                        let why = format!("and no primary took the session again: {}", e.message);
+                        return Ok((Some((code::SERVER_LOST, *b"08S01", "failed", why)), "failed"));
+                    }
+                };
                 let failed = diverged.map(|diverged| {
                     let why = format!(
                         "and the transaction, not committed, replayed on {}, where {diverged}: it was rolled back",
@@ -320,20 +333,10 @@ impl Session {
     /// else what differed (the transaction is rolled back).
     async fn replay_log(&mut self) -> Result<Option<String>> {
         let log = self.route.replay.take().expect("a log");
-        let mut diverged = None;
-        for i in 0..log.entries.len() {
-            let sql = String::from_utf8_lossy(self.logged_sql(log.request(i))).chars().take(80).collect::<String>();
-            let Some(request) = self.request_again(log.request(i)).await? else {
-                diverged = Some(format!("statement {} (an execute) names a statement closed since", i + 1));
-                break;
-            };
-            let seen = self.run_again(&request).await?;
-            if Some(seen) != log.entries[i].1 {
-                diverged = Some(format!("statement {} ({sql}) had another result ({seen:?}, before {:?})", i + 1, log.entries[i].1));
-                break;
-            }
-        }
+        let diverged = self.replay_entries(&log).await;
+        // (Kept on an error too: a lost connection is replayed on another.)
         self.route.replay = Some(log);
+        let diverged = diverged?;
         if diverged.is_some() {
             self.run_again(b"\x03ROLLBACK").await?;
             if let Some(log) = self.route.replay.as_mut() {
@@ -341,6 +344,41 @@ impl Session {
             }
         }
         Ok(diverged)
+    }
+
+    /// Runs each logged request again; what differed first, if anything did.
+    async fn replay_entries(&mut self, log: &super::trxlog::TrxLog) -> Result<Option<String>> {
+        for i in 0..log.entries.len() {
+            let sql = String::from_utf8_lossy(self.logged_sql(log.request(i))).chars().take(80).collect::<String>();
+            let Some(request) = self.request_again(log.request(i)).await? else {
+                return Ok(Some(format!("statement {} (an execute) names a statement closed since", i + 1)));
+            };
+            let seen = self.run_again(&request).await?;
+            if Some(seen) != log.entries[i].1 {
+                return Ok(Some(format!("statement {} ({sql}) had another result ({seen:?}, before {:?})", i + 1, log.entries[i].1)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The log replayed on the primary, on a new connection (`connected`: taken already),
+    /// and again on another when that one is lost too. What differed, if anything did; Err
+    /// inside when no primary took the session.
+    async fn replay_on_primary(&mut self, mut connected: bool) -> Result<std::result::Result<Option<String>, Error>> {
+        let mut lost = 0;
+        loop {
+            if !connected && let Err(e) = self.reconnect_for_replay().await {
+                return Ok(Err(e));
+            }
+            match self.replay_log().await {
+                Err(e) if e.side == Side::Backend && lost < ATTEMPTS => {
+                    tracing::info!(session = self.handle.id, error = %e.message, "the connection a transaction was replayed on was lost: replayed on another");
+                    lost += 1;
+                    connected = false;
+                }
+                r => return r.map(Ok),
+            }
+        }
     }
 
     /// Sends one request (a payload) on the session's connection and reads its answer, which
