@@ -10,6 +10,9 @@
 //! A mark that cannot be written (no table yet, no grants) leaves the session's COMMITs
 //! unmarked for a minute.
 
+use std::fmt::Write;
+use std::sync::Arc;
+
 use sluice_proto::consts::err as code;
 use sluice_proto::rw::{Class, Why};
 
@@ -34,7 +37,11 @@ pub(super) enum Found {
 /// A COM_QUERY payload for the mark `(key, seq)` in `table`.
 fn statement(table: &str, (key, seq): ([u8; 16], u64), write: bool) -> Vec<u8> {
     let table = RoutingConfig::quote_table(table);
-    let key: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let mut hex = String::with_capacity(2 * key.len());
+    for b in key {
+        let _ = write!(hex, "{b:02x}");
+    }
+    let key = hex;
     let sql = match write {
         true => format!("INSERT INTO {table} (id, seq) VALUES (0x{key}, {seq}) ON DUPLICATE KEY UPDATE seq = VALUES(seq)"),
         false => format!("SELECT 1 FROM {table} WHERE id = 0x{key} AND seq = {seq} FOR UPDATE"),
@@ -64,7 +71,8 @@ impl Session {
     }
 
     async fn write_mark(&mut self) -> Result<Option<Flow>> {
-        let Some(table) = self.config.routing.commit_table.clone() else { return Ok(None) };
+        let config = Arc::clone(&self.config);
+        let Some(table) = config.routing.commit_table.as_deref() else { return Ok(None) };
         let log = self.route.replay.as_mut().expect("a logged COMMIT");
         log.committing = false;
         let Some(mark) = log.marks.next() else {
@@ -72,7 +80,7 @@ impl Session {
             return Ok(None);
         };
         log.mark = Some(mark.1);
-        let outcome = self.run_again(&statement(&table, mark, true)).await?;
+        let outcome = self.run_again(&statement(table, mark, true)).await?;
         let Some(error) = outcome.error else { return Ok(None) };
         let say = self.route.replay.as_mut().is_some_and(|log| {
             log.mark = None;
@@ -98,14 +106,15 @@ impl Session {
     /// Looks up the mark `seq` of a COMMIT whose connection was lost, on a new connection to
     /// the primary (which the session then keeps).
     pub(super) async fn look_up_commit(&mut self, seq: u64) -> Result<Found> {
-        let table = self.config.routing.commit_table.clone().unwrap_or_default();
+        let config = Arc::clone(&self.config);
+        let table = config.routing.commit_table.as_deref().unwrap_or_default();
         let Some(mark) = self.route.replay.as_ref().and_then(|l| l.marks.of(seq)) else {
             return Ok(Found::Unknown("the session has no commit mark".into()));
         };
         if let Err(e) = self.reconnect_for_replay().await {
             return Ok(Found::Unknown(format!("no primary took the session again: {}", e.message)));
         }
-        let outcome = self.run_again(&statement(&table, mark, false)).await?;
+        let outcome = self.run_again(&statement(table, mark, false)).await?;
         Ok(match (outcome.error, outcome.rows) {
             (Some(e), _) => Found::Unknown(format!("looking up its commit mark failed with error {e}")),
             (None, 0) => Found::NotCommitted,

@@ -660,8 +660,7 @@ impl Session {
         let Some(id) = payload.get(1..5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])) else { return Ok(()) };
         let Some(p) = self.state.prepared.get_mut(&id).filter(|p| p.params > 0) else { return Ok(()) };
         let params = p.params as usize;
-        // Command, statement id, flags, iteration count, NULL bitmap, then the flag.
-        let flag_at = 10 + params.div_ceil(8);
+        let flag_at = super::replay_exec::flag_at(p.params);
         let types = flag_at + 1..flag_at + 1 + 2 * params;
         let on_conn = self.backend.carries.as_mut().and_then(|c| c.stmts.get_mut(&p.sql)).filter(|on| on.id == p.backend_id);
         match payload.get(flag_at) {

@@ -15,7 +15,7 @@ use crate::error::Result;
 
 /// Where an execute's new-parameters-bound flag is, for a statement of `params` parameters:
 /// command, statement id, flags, iteration count, the NULL bitmap, then the flag.
-fn flag_at(params: u16) -> usize {
+pub(super) fn flag_at(params: u16) -> usize {
     10 + usize::from(params).div_ceil(8)
 }
 

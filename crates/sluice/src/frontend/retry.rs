@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use bytes::BytesMut;
-use sluice_proto::consts::{com, err as code, status};
+use sluice_proto::consts::{com, err as code};
 use sluice_proto::packet::HEADER;
 use sluice_proto::response::Expect;
 use sluice_proto::rw::Class;
@@ -77,7 +77,7 @@ impl Session {
         };
         if execute {
             // (Its parameter types may have been put in after the client sent it.)
-            len = self.client.rbuf.get(..3).map_or(0, |b| usize::from(b[0]) | usize::from(b[1]) << 8 | usize::from(b[2]) << 16);
+            len = sluice_proto::packet::Header::parse(&self.client.rbuf).map_or(0, |h| h.len);
         }
         let whole = self.client.rbuf.len() >= HEADER + len && len < sluice_proto::consts::MAX_PAYLOAD && len > 0;
         if !whole || log.bytes.len() + len > max {
@@ -196,8 +196,7 @@ impl Session {
         if let Some(log) = self.route.replay.as_mut() {
             log.clear();
         }
-        self.state.status &= !status::IN_TRANS;
-        self.state.open_transaction = false;
+        self.state.end_transaction();
         self.backend.lost = Some(format!("{reason}; replay: {why}").into());
         let msg = format!("sluice: the connection to backend {from} was lost ({reason}) in a transaction, {why}");
         Ok(Err(Error::new(Side::Backend, code, msg).state(&state)))
@@ -208,8 +207,7 @@ impl Session {
     /// what to tell the client (code, SQL state, metric result, why).
     pub(super) async fn resume_transaction(&mut self) -> Result<Option<(u16, [u8; 5], &'static str, String)>> {
         // (The transaction ended with its connection.)
-        self.state.status &= !status::IN_TRANS;
-        self.state.open_transaction = false;
+        self.state.end_transaction();
         match self.replay_on_primary(false).await? {
             Err(e) => Ok(Some((code::SERVER_LOST, *b"08S01", "failed", format!("and no primary took the session again: {}", e.message)))),
             Ok(diverged) => Ok(diverged.map(|diverged| {
@@ -222,8 +220,7 @@ impl Session {
     /// A new connection for a command to run again on (the transaction, if any, ended with
     /// the connection lost).
     async fn again_after_loss(&mut self) -> Result<()> {
-        self.state.status &= !status::IN_TRANS;
-        self.state.open_transaction = false;
+        self.state.end_transaction();
         self.move_after_loss().await
     }
 
@@ -232,8 +229,7 @@ impl Session {
     /// committed, the transaction is replayed first. None, or what to tell the client.
     /// (With the metric's result when it succeeds: "committed", or "replayed".)
     async fn resolve_commit(&mut self, seq: u64, lost: &Error) -> Result<(Option<(u16, [u8; 5], &'static str, String)>, &'static str)> {
-        self.state.status &= !status::IN_TRANS;
-        self.state.open_transaction = false;
+        self.state.end_transaction();
         let mut tries = 0;
         let found = loop {
             match self.look_up_commit(seq).await {
@@ -418,8 +414,7 @@ impl Session {
             log.clear();
             log.attempts = 0;
         }
-        self.state.status &= !status::IN_TRANS;
-        self.state.open_transaction = false;
+        self.state.end_transaction();
         self.client_error(1, code, state, msg).await;
         Ok(Flow::Continue)
     }

@@ -435,6 +435,11 @@ impl SessionState {
         self.sql_prepared.clear();
         self.user_variables.clear();
         self.unread_variables.clear();
+        self.end_transaction();
+    }
+
+    /// Out of any transaction (it ended with its connection, or was ended for the client).
+    pub fn end_transaction(&mut self) {
         self.status &= !status::IN_TRANS;
         self.open_transaction = false;
     }
