@@ -64,7 +64,7 @@ impl Session {
         let broken = self.route.replay.as_ref().and_then(|l| l.broken);
         let failed = match broken {
             Some(why) => Some((code::LOCK_DEADLOCK, *b"40001", "optimistic_failed", format!("where it cannot run again: {why}"))),
-            None => self.resume_transaction().await?,
+            None => self.resume_transaction(false).await?,
         };
         let Some((code, state, result, why)) = failed else {
             self.ctx.metrics.replayed("optimistic");

@@ -8,6 +8,14 @@
 //! commit table tells (`commit_mark.rs`). A lost `ROLLBACK`, or `COMMIT` of a transaction that
 //! changed nothing, is answered on the new connection.
 //!
+//! Under `READ COMMITTED` (or `READ UNCOMMITTED`), the reads a lost transaction made before
+//! its first other statement need not return the same rows again, only end the same way: the
+//! client saw what was committed when each ran, and writing later on that is what such a
+//! transaction may do. From its first write (or locking read) on, every result must match.
+//! Under `REPEATABLE READ` every result must: the client's later reads would come from another
+//! snapshot than its earlier ones. (Optimistic transactions compare every result: a replica's
+//! read may be older than what was committed.)
+//!
 //! What is replayed: text statements (COM_QUERY) and prepared statements' executes
 //! (`replay_exec.rs`). A transaction with a cursor or long data, a request too large to keep
 //! whole, or more than `transaction_replay_max_size` of statements, is not replayable: its
@@ -30,6 +38,12 @@ use crate::capture::sums::RowSums;
 use crate::config::Role;
 use crate::error::{Error, Result, Side};
 use crate::session::StateSink;
+
+/// A row when the session's isolation level reads committed data.
+const READS_COMMITTED: [&[u8]; 2] = [
+    b"\x03SELECT 1 FROM DUAL WHERE @@SESSION.tx_isolation IN ('READ-COMMITTED', 'READ-UNCOMMITTED')",
+    b"\x03SELECT 1 FROM DUAL WHERE @@SESSION.transaction_isolation IN ('READ-COMMITTED', 'READ-UNCOMMITTED')",
+];
 
 /// What can be done for a command whose backend was lost before it was answered.
 #[derive(Debug, PartialEq, Eq)]
@@ -152,7 +166,7 @@ impl Session {
                     format!("({}) and no backend took the session again: {}", lost.message, e.message),
                 )),
             },
-            Lost::Replay => self.resume_transaction().await?,
+            Lost::Replay => self.resume_transaction(true).await?,
             Lost::Resolve(seq) => {
                 let (failed, found) = self.resolve_commit(seq, &lost).await?;
                 label = found;
@@ -187,7 +201,7 @@ impl Session {
     /// command when it cannot be.
     pub(super) async fn replay_after_idle_loss(&mut self, reason: &str) -> Result<std::result::Result<(), Error>> {
         let from = self.backend.guard.name.clone();
-        let failed = self.resume_transaction().await?;
+        let failed = self.resume_transaction(true).await?;
         let Some((code, state, result, why)) = failed else {
             self.ctx.metrics.replayed("replayed");
             return Ok(Ok(()));
@@ -203,12 +217,13 @@ impl Session {
     }
 
     /// A new connection on the primary (waiting for one, a failover may be promoting it), and
-    /// the logged statements run again there. None when every result was the same; else
-    /// what to tell the client (code, SQL state, metric result, why).
-    pub(super) async fn resume_transaction(&mut self) -> Result<Option<(u16, [u8; 5], &'static str, String)>> {
+    /// the logged statements run again there (`after_loss`: the transaction's connection was
+    /// lost, else it moves from a replica). None when every result was the same; else what to
+    /// tell the client (code, SQL state, metric result, why).
+    pub(super) async fn resume_transaction(&mut self, after_loss: bool) -> Result<Option<(u16, [u8; 5], &'static str, String)>> {
         // (The transaction ended with its connection.)
         self.state.end_transaction();
-        match self.replay_on_primary(false).await? {
+        match self.replay_on_primary(false, after_loss).await? {
             Err(e) => Ok(Some((code::SERVER_LOST, *b"08S01", "failed", format!("and no primary took the session again: {}", e.message)))),
             Ok(diverged) => Ok(diverged.map(|diverged| {
                 let why = format!("and the transaction replayed on {}, where {diverged}: it was rolled back", self.backend.guard.name);
@@ -250,7 +265,7 @@ impl Session {
                 Ok((None, "committed"))
             }
             super::commit_mark::Found::NotCommitted => {
-                let diverged = match self.replay_on_primary(true).await? {
+                let diverged = match self.replay_on_primary(true, true).await? {
                     Ok(diverged) => diverged,
                     Err(e) => {
                         let why = format!("and no primary took the session again: {}", e.message);
@@ -318,18 +333,24 @@ impl Session {
                     Err(e) => last = e,
                 }
             }
-            if tokio::time::Instant::now() >= deadline {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
                 return Err(last);
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // While a failover promotes a primary, every replay starts the moment it is done.
+            let topology = &self.ctx.backends.topology;
+            match topology.is_held() {
+                true => topology.until_released(deadline - now).await,
+                false => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
         }
     }
 
     /// Runs the logged statements on the new connection; None when every result is the same,
     /// else what differed (the transaction is rolled back).
-    async fn replay_log(&mut self) -> Result<Option<String>> {
+    async fn replay_log(&mut self, after_loss: bool) -> Result<Option<String>> {
         let log = self.route.replay.take().expect("a log");
-        let diverged = self.replay_entries(&log).await;
+        let diverged = self.replay_entries(&log, after_loss).await;
         // (Kept on an error too: a lost connection is replayed on another.)
         self.route.replay = Some(log);
         let diverged = diverged?;
@@ -342,31 +363,58 @@ impl Session {
         Ok(diverged)
     }
 
-    /// Runs each logged request again; what differed first, if anything did.
-    async fn replay_entries(&mut self, log: &super::trxlog::TrxLog) -> Result<Option<String>> {
+    /// Runs each logged request again; what differed first, if anything did. Under READ
+    /// COMMITTED, the reads before the transaction's first other statement need only end as
+    /// they did (an error or none): each saw what was committed when it ran, and the client
+    /// acted on that; what the transaction does from its first write on must be the same.
+    async fn replay_entries(&mut self, log: &super::trxlog::TrxLog, after_loss: bool) -> Result<Option<String>> {
+        let mut loose = after_loss && self.reads_committed().await?;
+        let mut newer = 0;
         for i in 0..log.entries.len() {
-            let sql = String::from_utf8_lossy(self.logged_sql(log.request(i))).chars().take(80).collect::<String>();
+            let logged = self.logged_sql(log.request(i));
+            loose &= matches!(sluice_proto::rw::classify_in(logged, self.state.mode_for(logged)), Class::Read | Class::Begin { .. });
+            let sql = String::from_utf8_lossy(logged).chars().take(80).collect::<String>();
             let Some(request) = self.request_again(log.request(i)).await? else {
                 return Ok(Some(format!("statement {} (an execute) names a statement closed since", i + 1)));
             };
             let seen = self.run_again(&request).await?;
-            if Some(seen) != log.entries[i].1 {
-                return Ok(Some(format!("statement {} ({sql}) had another result ({seen:?}, before {:?})", i + 1, log.entries[i].1)));
+            let before = log.entries[i].1;
+            if loose && before.is_some_and(|b| b.error == seen.error) {
+                newer += usize::from(before != Some(seen));
+            } else if Some(seen) != before {
+                return Ok(Some(format!("statement {} ({sql}) had another result ({seen:?}, before {before:?})", i + 1)));
             }
         }
+        if newer > 0 {
+            tracing::info!(
+                session = self.handle.id,
+                reads = newer,
+                "a transaction replayed under READ COMMITTED: reads before its first write saw newer data"
+            );
+        }
         Ok(None)
+    }
+
+    /// Whether the session's transactions read committed data (`READ COMMITTED` or `READ
+    /// UNCOMMITTED`), as the new connection says (MySQL 8 knows the variable by its newer name).
+    async fn reads_committed(&mut self) -> Result<bool> {
+        let mut seen = self.run_again(READS_COMMITTED[0]).await?;
+        if seen.error.is_some() {
+            seen = self.run_again(READS_COMMITTED[1]).await?;
+        }
+        Ok(seen.error.is_none() && seen.rows == 1)
     }
 
     /// The log replayed on the primary, on a new connection (`connected`: taken already),
     /// and again on another when that one is lost too. What differed, if anything did; Err
     /// inside when no primary took the session.
-    async fn replay_on_primary(&mut self, mut connected: bool) -> Result<std::result::Result<Option<String>, Error>> {
+    async fn replay_on_primary(&mut self, mut connected: bool, after_loss: bool) -> Result<std::result::Result<Option<String>, Error>> {
         let mut lost = 0;
         loop {
             if !connected && let Err(e) = self.reconnect_for_replay().await {
                 return Ok(Err(e));
             }
-            match self.replay_log().await {
+            match self.replay_log(after_loss).await {
                 Err(e) if e.side == Side::Backend && lost < ATTEMPTS => {
                     tracing::info!(session = self.handle.id, error = %e.message, "the connection a transaction was replayed on was lost: replayed on another");
                     lost += 1;
