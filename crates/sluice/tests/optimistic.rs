@@ -91,3 +91,23 @@ async fn a_transaction_whose_reads_differ_on_the_primary_gets_an_error() {
     c.query_drop("COMMIT").await.unwrap();
     assert_eq!(t.servers[0].sql("SELECT v FROM test.r WHERE id = 1").trim(), "11");
 }
+
+/// Prepared statements (the binary protocol, as most drivers send parameters): the executes
+/// read on the replica are run again on the primary, prepared there first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_of_prepared_statements_moves_to_the_primary() {
+    let t = Topology::start(1);
+    let s = optimistic_sluice(&t);
+    let mut c = connect(&s.listen, "other", "otherpw").await;
+    c.query_drop("SET autocommit = 0").await.unwrap();
+    let v: Option<i64> = c.exec_first("SELECT v FROM test.r WHERE id = ?", (1,)).await.unwrap();
+    assert_eq!(v, Some(10));
+    assert_eq!(on(&s), "s1", "the transaction's reads run on the replica");
+    c.exec_drop("UPDATE test.r SET v = v + ? WHERE id = ?", (5, 1)).await.unwrap();
+    assert_eq!(on(&s), "s0");
+    let v: Option<i64> = c.exec_first("SELECT v FROM test.r WHERE id = ?", (1,)).await.unwrap();
+    assert_eq!(v, Some(15));
+    c.query_drop("COMMIT").await.unwrap();
+    assert_eq!(t.servers[0].sql("SELECT v FROM test.r WHERE id = 1").trim(), "15");
+    assert_eq!(replays(&s, "optimistic"), 1);
+}
