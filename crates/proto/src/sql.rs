@@ -6,7 +6,9 @@ use std::ops::Range;
 use crate::lexer::{self, Kind, Token};
 
 mod hazards;
+mod set;
 pub use hazards::{hazard, hazards, hazards_in, shape_hazards, user_variables};
+pub use set::{CONNECTION_CHARSETS, set_system_variables};
 
 /// `KILL [HARD | SOFT] [TIDB] [CONNECTION | QUERY] <n>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

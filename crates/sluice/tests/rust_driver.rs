@@ -27,6 +27,12 @@ use common::*;
 const PER_CONNECTION_COUNTERS: [&str; 2] =
     ["conn::test::should_hold_stmt_cache_size_bound", "conn::test::should_not_cache_statements_if_stmt_cache_size_is_zero"];
 
+/// Tests that expect a `UNION ALL` of two rows to return them in order, which
+/// TiDB does not promise (it runs the two sides in parallel): they fail against TiDB directly
+/// more often than not, and are left out of the comparison in front of TiDB.
+const UNORDERED_ON_TIDB: [&str; 3] =
+    ["query::tests::should_run_bin_query", "query::tests::should_run_text_query", "conn::test::should_first_exec_statement"];
+
 /// A test that changes a global default (`SET GLOBAL wait_timeout`) and expects the next login
 /// to have it as its session value: a multiplexed session takes a connection that logged in
 /// earlier, with the defaults of that time (as with ProxySQL's connection pool).
@@ -241,7 +247,8 @@ fn mysql_async_suite_directly_and_through_sluice() {
 /// server's two addresses (TCP and its Unix socket), in users mode moving sessions the same way,
 /// and multiplexed. Every test that passes directly must pass through sluice, but the two that
 /// read a connection's own status counters, which a session that changes connections sees anew
-/// (and, multiplexed, the one that expects a new global default at its next login).
+/// (and, multiplexed, the one that expects a new global default at its next login), and those
+/// that expect an order TiDB does not promise.
 #[test]
 fn mysql_async_suite_in_front_of_tidb() {
     let root = sluice_testkit::mariadb::work_root().join("rust-driver");
@@ -256,11 +263,12 @@ fn mysql_async_suite_in_front_of_tidb() {
     assert!(passed.len() > 50, "only {} tests passed directly; the comparison would be vacuous\n{}", passed.len(), direct.failures());
     let mut problems = Vec::new();
     let mut runs = Vec::new();
-    let multiplexing = [PER_CONNECTION_COUNTERS[0], PER_CONNECTION_COUNTERS[1], GLOBAL_DEFAULT_AT_LOGIN];
+    let moved = [&PER_CONNECTION_COUNTERS[..], &UNORDERED_ON_TIDB[..]].concat();
+    let multiplexing = [&moved[..], &[GLOBAL_DEFAULT_AT_LOGIN][..]].concat();
     for (label, auth, keys, expected) in [
-        ("through sluice in front of TiDB", "passthrough", "", &[][..]),
-        ("through sluice in front of TiDB moving passthrough sessions by their states", "passthrough", MOVE, &PER_CONNECTION_COUNTERS[..]),
-        ("through sluice in front of TiDB in users mode moving sessions", "users", MOVE, &PER_CONNECTION_COUNTERS[..]),
+        ("through sluice in front of TiDB", "passthrough", "", &UNORDERED_ON_TIDB[..]),
+        ("through sluice in front of TiDB moving passthrough sessions by their states", "passthrough", MOVE, &moved[..]),
+        ("through sluice in front of TiDB in users mode moving sessions", "users", MOVE, &moved[..]),
         ("through sluice in front of TiDB in users mode multiplexing", "users", "multiplex = true\n", &multiplexing[..]),
     ] {
         let moving = keys == MOVE;

@@ -227,25 +227,54 @@ fn least_latency_reads_a_tidb_servers_response_time_cpu_and_memory() {
     assert_eq!(cli(s.port(), "app", "apppw", &[], "SELECT 1").unwrap(), "1", "sessions go there");
 }
 
-/// Multiplexed sessions on TiDB, which reports no session state changes: a session that SETs
-/// something keeps its connection (pinned, `hidden_state`), so no other session ever gets a
-/// connection with its settings, and it keeps them.
+/// Multiplexed sessions on TiDB, which reports no session state changes: sluice reads back
+/// what a `SET` or `USE` named, so the session goes on multiplexing (no pin) and takes its
+/// settings to whichever connection it runs on next, while no other session ever gets them. A
+/// `SET` sluice cannot name the variables of keeps the session on its connection
+/// (`hidden_state`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multiplexed_sessions_on_tidb_keep_their_settings_to_themselves() {
     let db = TiDb::start();
     let s = TestConfig::new().proxy("multiplex = true\nmax_backend_connections = 8\n").backend(&db.addr()).app_users().start();
     let mut conns = Vec::new();
-    for _ in 0..6 {
-        conns.push(mysql_async::Conn::new(opts(&s.listen, "app", "apppw")).await.unwrap());
+    // (The others in a schema of their own: a connection's schema cannot be taken back to none.)
+    for i in 0..6 {
+        let schema = (i > 0).then(|| "mysql".to_string());
+        conns.push(mysql_async::Conn::new(opts(&s.listen, "app", "apppw").db_name(schema)).await.unwrap());
     }
-    conns[0].query_drop("SET time_zone = '+03:00'").await.unwrap();
-    for c in conns.iter_mut().skip(1) {
-        let tz: String = c.query_first("SELECT @@time_zone").await.unwrap().unwrap();
-        assert_eq!(tz, "SYSTEM", "another session's setting leaked");
-    }
-    let tz: String = conns[0].query_first("SELECT @@time_zone").await.unwrap().unwrap();
-    assert_eq!(tz, "+03:00");
+    conns[0].query_drop("SET time_zone = '+03:00', SESSION sql_mode = 'ANSI_QUOTES'").await.unwrap();
+    conns[0].query_drop("USE test").await.unwrap();
+    // (Once the next statement is answered, the session has noted what the last one left.)
+    conns[0].query_drop("DO 0").await.unwrap();
     let pins = session(&s, conns[0].id())["pins"].clone();
+    assert_eq!(pins, serde_json::json!([]), "what the SET and the USE named was read back");
+    // Every session runs a few statements in turn: connections change hands between them.
+    for _ in 0..4 {
+        for c in conns.iter_mut().skip(1) {
+            let (tz, db, mode): (String, Option<String>, String) =
+                c.query_first("SELECT @@time_zone, DATABASE(), @@sql_mode").await.unwrap().unwrap();
+            assert_eq!(tz, "SYSTEM", "another session's setting leaked");
+            assert_eq!(db.as_deref(), Some("mysql"), "another session's schema leaked");
+            assert!(!mode.contains("ANSI_QUOTES"), "{mode}");
+        }
+        let (tz, db, mode): (String, Option<String>, String) =
+            conns[0].query_first("SELECT @@time_zone, DATABASE(), @@sql_mode").await.unwrap().unwrap();
+        assert_eq!((tz.as_str(), db.as_deref()), ("+03:00", Some("test")));
+        assert_eq!(mode, "ANSI_QUOTES");
+    }
+    // A SET of a user variable and a session variable together: both go with the session.
+    conns[2].query_drop("SET @v = 5, time_zone = '+02:00'").await.unwrap();
+    for _ in 0..3 {
+        let (tz, v): (String, Option<i64>) = conns[2].query_first("SELECT @@time_zone, @v").await.unwrap().unwrap();
+        assert_eq!((tz.as_str(), v), ("+02:00", Some(5)));
+        let (tz, v): (String, Option<i64>) = conns[3].query_first("SELECT @@time_zone, @v").await.unwrap().unwrap();
+        assert_eq!((tz.as_str(), v), ("SYSTEM", None), "another session's settings leaked");
+    }
+    // (Under ANSI_QUOTES, "x" is a name.)
+    conns[0].query_drop("CREATE TABLE IF NOT EXISTS \"quoted\" (id INT)").await.unwrap();
+    conns[1].query_drop("SET @@session.`time_zone` = '+05:00'").await.unwrap();
+    conns[1].query_drop("DO 0").await.unwrap();
+    let pins = session(&s, conns[1].id())["pins"].clone();
     assert!(pins.as_array().is_some_and(|p| p.iter().any(|x| x == "hidden_state")), "{pins}");
     for c in conns {
         c.disconnect().await.unwrap();

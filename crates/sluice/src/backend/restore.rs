@@ -277,6 +277,48 @@ pub async fn read_variables(conn: &mut PacketConn, names: &[String], caps: u32, 
     .await
 }
 
+/// What a `SET` or `USE` left on a connection to a server that reports no session state
+/// (TiDB): its schema, and the values of the session variables `names` (a variable the server
+/// does not know is an error: None, and the session stays on its connection).
+pub struct Settings {
+    pub schema: Option<String>,
+    pub values: Vec<(String, String)>,
+}
+
+/// Reads the schema and the session variables `names` back on `conn`; None when the server
+/// refused the query or sluice cannot name a variable.
+pub async fn read_settings(conn: &mut PacketConn, names: &[String], caps: u32, limit: Duration) -> Result<Option<Settings>> {
+    let what = "reading session variables back";
+    if !names.iter().all(|n| valid_name(n)) {
+        return Ok(None);
+    }
+    super::conn::bounded(limit, what, async {
+        let mut payload = b"\x03SELECT DATABASE()".to_vec();
+        for n in names {
+            payload.extend_from_slice(format!(", @@SESSION.{n}").as_bytes());
+        }
+        conn.write_packet(&payload, 0).await.map_err(|e| Error::io(Side::Backend, what, e))?;
+        let packets = read_text_result(conn, caps, what).await?;
+        let [_, defs @ .., row] = &packets[..] else { return Ok(None) };
+        if defs.len() != names.len() + 1 {
+            return Ok(None);
+        }
+        let Some(values) = sluice_proto::uservar::row_values(row, names.len() + 1) else { return Ok(None) };
+        let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+        let values_of = names.iter().zip(&values[1..]).map(|(n, v)| {
+            // (A character set of NULL is kept as the server reports it: empty.)
+            let value = match v {
+                Some(v) => text(v),
+                None if n.starts_with("character_set_") => String::new(),
+                None => "NULL".into(),
+            };
+            (n.clone(), value)
+        });
+        Ok(Some(Settings { schema: values[0].map(text), values: values_of.collect() }))
+    })
+    .await
+}
+
 /// Reads a whole text result off `conn`: the first packet (an OK or ERR, or the column count),
 /// then the column definitions and the rows (EOF packets left out), or the ERR that ended it.
 /// A row too large for one packet is read to the end and the result given as an ERR: no user

@@ -140,6 +140,7 @@ impl Session {
                 touched: false,
                 lost: None,
                 fit: l.fit,
+                unreported: None,
             },
             route: Routing {
                 multiplex,
@@ -280,7 +281,7 @@ impl Session {
         done.preparing = preparing;
         // Account: statistics, the capture's record, what the session is now.
         let later = self.account(cmd, &plan, relayed, done);
-        if later.close.is_some() || later.track.is_some() {
+        if later.close.is_some() || later.track.is_some() || self.backend.unreported.is_some() {
             Box::pin(self.after_response_on_backend(later)).await?;
         }
         Ok(Flow::Continue)
@@ -531,10 +532,12 @@ impl Session {
             self.note_write();
         }
         let explained = done.explained || (done.plain_set && done.reported.variables);
-        // A server that reports no session state (TiDB) cannot say what a SET changed: the
-        // session keeps its connection (it still moves by TiDB's session states).
+        // A server that reports no session state (TiDB) cannot say what a SET changed: sluice
+        // reads back the variables it named; one it cannot name keeps the session on its
+        // connection (it still moves by TiDB's session states).
         let untracked = done.plain_set && self.backend.caps & sluice_proto::consts::cap::SESSION_TRACK == 0;
-        if (done.reported.state_changed && !explained || untracked)
+        let unseen = untracked && self.backend.unreported.is_none();
+        if (done.reported.state_changed && !explained || unseen)
             && matches!(cmd, com::QUERY | com::STMT_EXECUTE)
             && self.who.credential.is_some()
         {
@@ -593,6 +596,9 @@ impl Session {
         }
         if let Some(read) = later.track {
             self.track_variables(read).await;
+        }
+        if let Some(names) = self.backend.unreported.take() {
+            self.read_settings(&names).await?;
         }
         Ok(())
     }

@@ -88,6 +88,9 @@ pub(super) struct BackendSide {
     pub(super) lost: Option<Box<str>>,
     /// Which clients may reuse the connection once this session ends.
     pub(super) fit: crate::backend::pool::Fit,
+    /// The session variables the `SET` being relayed assigns (none for a `USE`), on a server
+    /// that reports no session state: read back once it is answered (`statement.rs`).
+    pub(super) unreported: Option<Vec<String>>,
 }
 
 /// How a session's statements are routed (`split.rs`, `multiplex.rs`).

@@ -1,6 +1,7 @@
 //! What a statement leaves on its session, as sluice follows it: the hazards the lexer finds
 //! (pins), the user variables it names (read back at the next safe point), a SQL PREPARE that
-//! can be repeated elsewhere, and whether a change of state the server reports is explained.
+//! can be repeated elsewhere, whether a change of state the server reports is explained, and
+//! on a server that reports none (TiDB) the variables a `SET` assigns (read back after it).
 
 use sluice_proto::sql::SqlPrepare;
 
@@ -101,11 +102,17 @@ impl Session {
             None => sql::hazards_in(text, self.state.mode_for(text)),
         };
         done.explained = found != 0;
-        done.plain_set = !done.explained && is_plain_set(text);
+        let set = is_plain_set(text);
+        done.plain_set = !done.explained && set;
         // (A SET alone, or one the lexer found something in: not every statement.)
         done.sets_tracking = if self.state.tracked.is_some() && (done.plain_set || done.explained) { sets_tracking(text) } else { 0 };
         if done.plain_set {
             done.noted = sql::set_names_collation(text).map(String::into_boxed_str);
+        }
+        // A server that reports no session state (TiDB) has what a SET or USE changed read back.
+        if set && self.backend.caps & sluice_proto::consts::cap::SESSION_TRACK == 0 {
+            // (A SET of user variables alone leaves nothing more to read.)
+            self.backend.unreported = sql::set_system_variables(text).filter(|names| done.plain_set || !names.is_empty());
         }
         done.autocommit_off = self.state.status & sluice_proto::consts::status::AUTOCOMMIT == 0;
         if done.autocommit_off {
@@ -149,6 +156,24 @@ impl Session {
             done.next_pins = self.note_hazards(found);
         }
         true
+    }
+
+    /// After a `SET` or `USE` on a server that reports no session state (TiDB): the schema
+    /// and the variables it named, read back into the session's state; when that fails, the
+    /// session keeps its connection.
+    pub(super) async fn read_settings(&mut self, names: &[String]) -> crate::error::Result<()> {
+        let (caps, limit) = (self.backend_caps(), self.backend.guard.connect_timeout);
+        match crate::backend::restore::read_settings(&mut self.backend.conn, names, caps, limit).await? {
+            Some(s) => {
+                self.state.schema = s.schema.map(Into::into);
+                for (name, value) in s.values {
+                    self.state.set_variable(name, value);
+                }
+            }
+            None => self.state.hazards |= crate::session::HIDDEN_STATE,
+        }
+        self.handle.publish(&self.state);
+        Ok(())
     }
 
     /// User variables a statement named: their values are read back at the next safe point.

@@ -404,12 +404,9 @@ impl SessionState {
                 }
                 StateChange::SystemVariable { name, value } => {
                     r.variables = true;
-                    if name.eq_ignore_ascii_case(b"sql_mode") {
-                        self.lex = Some(Mode::from_sql_mode(value));
-                    }
                     charset |= name.eq_ignore_ascii_case(b"character_set_connection");
                     collation |= name.eq_ignore_ascii_case(b"collation_connection");
-                    self.variables.insert(String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned());
+                    self.set_variable(String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned());
                 }
                 StateChange::StateChanged => r.state_changed = true,
                 _ => {}
@@ -421,6 +418,14 @@ impl SessionState {
             self.variables.remove("collation_connection");
         }
         r
+    }
+
+    /// A session variable's value now (as the server reported it, or as it was read back).
+    pub fn set_variable(&mut self, name: String, value: String) {
+        if name.eq_ignore_ascii_case("sql_mode") {
+            self.lex = Some(Mode::from_sql_mode(value.as_bytes()));
+        }
+        self.variables.insert(name, value);
     }
 
     /// Forgets what COM_RESET_CONNECTION or COM_CHANGE_USER resets on the server.

@@ -114,6 +114,7 @@ impl Dormant {
                 touched: d.touched,
                 lost: None,
                 fit: d.fit,
+                unreported: None,
             },
             route: d.route,
             capture: d.capture,
