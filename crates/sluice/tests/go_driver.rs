@@ -247,8 +247,11 @@ impl Suite {
     /// depend on timing (a cancelled SLEEP(1) must return within 500 ms, an INSERT must be done
     /// after a second), so each such test is run again against `t`, up to twice; only tests
     /// that never pass there are reported, with the driver's output from their last run.
-    fn lost_passes(&self, base: &Run, got: &Run, t: &Target) -> Option<String> {
+    /// The tests that pass in `base` but not in `got` (run again twice to tell a flake), but
+    /// those named in `unordered` (and their subtests).
+    fn lost_passes(&self, base: &Run, got: &Run, t: &Target, unordered: &[&str]) -> Option<String> {
         let mut lost: BTreeSet<String> = base.with(Outcome::Pass).difference(&got.with(Outcome::Pass)).cloned().collect();
+        lost.retain(|n| !unordered.iter().any(|u| n == u || n.strip_prefix(u).is_some_and(|rest| rest.starts_with('/'))));
         let mut last = None;
         for _ in 0..2 {
             if lost.is_empty() {
@@ -297,7 +300,7 @@ fn go_sql_driver_suite_directly_and_through_sluice() {
     let sluice = start_sluice(&[&db], &[]);
     let target = Target { label: "through sluice", addr: &sluice.listen, tls: false };
     let through = suite.run(&target, None);
-    problems.extend(suite.lost_passes(&direct, &through, &target));
+    problems.extend(suite.lost_passes(&direct, &through, &target, &[]));
     drop(sluice);
 
     // The driver over TLS to sluice, with sluice's own certificate (nothing configured), and
@@ -308,7 +311,7 @@ fn go_sql_driver_suite_directly_and_through_sluice() {
     let hook = tls.outcome.get("TestSluiceTLSHook");
     let why = format!("{}\n{}", tls.explain(&BTreeSet::from(["TestSluiceTLSHook".to_string()])), tls.other);
     assert_eq!(hook, Some(&Outcome::Pass), "the TLS run did not ask for TLS, or its server connection was plain\n{why}");
-    problems.extend(suite.lost_passes(&direct, &tls, &target));
+    problems.extend(suite.lost_passes(&direct, &tls, &target, &[]));
 
     drop(tls_sluice);
 
@@ -325,7 +328,7 @@ fn go_sql_driver_suite_directly_and_through_sluice() {
         let s = TestConfig::new().proxy(keys).backend(&addr).backend(&socket).app_users().start();
         let target = Target { label, addr: &s.listen, tls: false };
         let run = suite.run(&target, None);
-        problems.extend(suite.lost_passes(&runs[0], &run, &target));
+        problems.extend(suite.lost_passes(&runs[0], &run, &target, &[]));
         if moves == "park" {
             let n = metric(&s, "sluice_session_parks_total");
             assert!(n > 1000, "sessions parked only {n} times in the run {label}");
@@ -343,12 +346,16 @@ fn go_sql_driver_suite_directly_and_through_sluice() {
 /// The configuration that moves every session at every safe point.
 const MOVE: &str = "move_every_statement = true\n";
 
+/// Tests that expect `SELECT 1 UNION SELECT 0` to return its rows in order, which TiDB does not
+/// promise (it may run the two sides in parallel): left out of the comparison in front of TiDB.
+const UNORDERED_ON_TIDB: [&str; 1] = ["TestStmtMultiRows"];
+
 /// The same comparison in front of a TiDB server (`sluice_testkit::TiDb`): directly, through
 /// sluice (passthrough), with TLS (the backend leg following the client's), moving every
 /// passthrough session to a new connection at every safe point by its TiDB session states,
 /// alternating between the server's two addresses (TCP and its Unix socket), and in users mode
 /// moving sessions as on MariaDB, then multiplexing. Every test that passes directly must pass
-/// through sluice.
+/// through sluice, but those that expect an order TiDB does not promise.
 #[test]
 fn go_sql_driver_suite_in_front_of_tidb() {
     let go_root = sluice_testkit::mariadb::work_root().join("go");
@@ -389,7 +396,7 @@ fn go_sql_driver_suite_in_front_of_tidb() {
             let why = format!("{}\n{}", run.explain(&BTreeSet::from(["TestSluiceTLSHook".to_string()])), run.other);
             assert_eq!(run.outcome.get("TestSluiceTLSHook"), Some(&Outcome::Pass), "the TLS run's path to TiDB was not encrypted\n{why}");
         }
-        problems.extend(suite.lost_passes(&runs[0], &run, &target));
+        problems.extend(suite.lost_passes(&runs[0], &run, &target, &UNORDERED_ON_TIDB));
         if moves {
             let n = metric(&s, "sluice_session_moves_total{reason=\"test\",result=\"moved\"}");
             assert!(n > 1000, "only {n} sessions moved in the run {label}");
