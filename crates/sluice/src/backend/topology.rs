@@ -94,14 +94,6 @@ impl Topology {
         self.held.load(Ordering::Relaxed)
     }
 
-    /// Waits until sessions are released, for at most `limit` (at once when they are not held).
-    pub async fn until_released(&self, limit: Duration) {
-        let released = self.released.notified();
-        if self.is_held() {
-            let _ = tokio::time::timeout(limit, released).await;
-        }
-    }
-
     /// Waits while sessions are held, for at most `limit`.
     pub async fn wait(&self, limit: Duration) {
         let deadline = tokio::time::Instant::now() + limit;

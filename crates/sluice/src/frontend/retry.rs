@@ -340,7 +340,7 @@ impl Session {
             // While a failover promotes a primary, every replay starts the moment it is done.
             let topology = &self.ctx.backends.topology;
             match topology.is_held() {
-                true => topology.until_released(deadline - now).await,
+                true => topology.wait(deadline - now).await,
                 false => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
@@ -368,12 +368,16 @@ impl Session {
     /// they did (an error or none): each saw what was committed when it ran, and the client
     /// acted on that; what the transaction does from its first write on must be the same.
     async fn replay_entries(&mut self, log: &super::trxlog::TrxLog, after_loss: bool) -> Result<Option<String>> {
-        let mut loose = after_loss && self.reads_committed().await?;
+        let class = |s: &Session, i: usize| {
+            let logged = s.logged_sql(log.request(i));
+            sluice_proto::rw::classify_in(logged, s.state.mode_for(logged))
+        };
+        // (The level is asked only when the transaction read before its first write.)
+        let early_reads = (0..log.entries.len()).map(|i| class(self, i)).find(|c| !matches!(c, Class::Begin { .. })) == Some(Class::Read);
+        let mut loose = after_loss && early_reads && self.reads_committed().await?;
         let mut newer = 0;
         for i in 0..log.entries.len() {
-            let logged = self.logged_sql(log.request(i));
-            loose &= matches!(sluice_proto::rw::classify_in(logged, self.state.mode_for(logged)), Class::Read | Class::Begin { .. });
-            let sql = String::from_utf8_lossy(logged).chars().take(80).collect::<String>();
+            loose = loose && matches!(class(self, i), Class::Read | Class::Begin { .. });
             let Some(request) = self.request_again(log.request(i)).await? else {
                 return Ok(Some(format!("statement {} (an execute) names a statement closed since", i + 1)));
             };
@@ -382,6 +386,7 @@ impl Session {
             if loose && before.is_some_and(|b| b.error == seen.error) {
                 newer += usize::from(before != Some(seen));
             } else if Some(seen) != before {
+                let sql = String::from_utf8_lossy(self.logged_sql(log.request(i))).chars().take(80).collect::<String>();
                 return Ok(Some(format!("statement {} ({sql}) had another result ({seen:?}, before {before:?})", i + 1)));
             }
         }
