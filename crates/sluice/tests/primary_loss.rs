@@ -2,7 +2,8 @@
 //! primary is replaced by the replica that has everything sluice saw committed, the other
 //! replicas follow it, sessions carry on there, and the old primary rejoins as a replica when
 //! it returns, or is kept out, its extra transactions named, when it diverged. A promotion that
-//! would lose transactions is refused. A switchover asked through the admin API swaps the
+//! would lose transactions is refused, and a sluice started after the primary died promotes a
+//! replica all the same. A switchover asked through the admin API swaps the
 //! roles and back.
 
 mod common;
@@ -17,6 +18,12 @@ fn failover_sluice(t: &Topology, extra: &[&str]) -> SluiceProc {
 }
 
 fn sluice_with(t: &Topology, extra: &[&str], c: TestConfig) -> SluiceProc {
+    let s = start_failover(t, extra, c);
+    wait_for("the primary known", || state(&s)["primary"] == "s0");
+    s
+}
+
+fn start_failover(t: &Topology, extra: &[&str], c: TestConfig) -> SluiceProc {
     let mut c = c
         .table("health", "interval = \"100ms\"\ntimeout = \"500ms\"\nfall = 2\nrise = 2\nuser = \"monitor\"\npassword = \"monitorpw\"\n")
         .table("failover", "enabled = true\nuser = \"app\"\npassword = \"apppw\"\nafter = \"300ms\"\n")
@@ -24,9 +31,7 @@ fn sluice_with(t: &Topology, extra: &[&str], c: TestConfig) -> SluiceProc {
     for (i, s) in t.servers.iter().enumerate() {
         c = c.backend_with(&s.addr(), &format!("name = \"s{i}\"\n{}\n", extra.get(i).copied().unwrap_or_default()));
     }
-    let s = c.start();
-    wait_for("the primary known", || state(&s)["primary"] == "s0");
-    s
+    c.start()
 }
 
 fn state(s: &SluiceProc) -> Value {
@@ -159,6 +164,31 @@ async fn a_diverged_old_primary_is_kept_out_with_its_transactions_named() {
     }
     assert_eq!(t.servers[0].sql("SELECT @@read_only").trim(), "0", "sluice changed nothing there");
     assert_eq!(metric(&s, "sluice_rejoins_total{result=\"diverged\"}"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sluice_started_after_the_primary_was_lost_promotes_a_replica() {
+    let mut t = Topology::start(2);
+    t.primary().sql("CREATE TABLE test.kept (id INT PRIMARY KEY); INSERT INTO test.kept VALUES (1)");
+    t.wait_caught_up();
+    t.servers[0].kill();
+    // No backend is writable: the primary is the one both replicas name as their source.
+    let s = start_failover(&t, &[], TestConfig::new());
+    let e = event(&s, "failover", 0);
+    assert_eq!(e["result"], "done", "{e}");
+    let new = index_of(&state(&s)["primary"]);
+    assert_ne!(new, 0);
+    let other = 3 - new;
+    assert_eq!(t.servers[new].sql("SELECT @@read_only").trim(), "0", "the promoted replica is writable");
+    wait_for("the other replica following the new primary", || source_is(&s, &format!("s{other}"), &t.servers[new]));
+    assert_eq!(backend(&s, "s0")["fenced"]["kind"], "replaced");
+    let mut c = app(&s).await;
+    c.query_drop("INSERT INTO test.kept VALUES (2)").await.unwrap();
+    let port: u16 = c.query_first("SELECT @@port").await.unwrap().unwrap();
+    assert_eq!(port, t.servers[new].port);
+    assert_eq!(rows(&t.servers[new], "test.kept"), "2");
+    assert!(caught_up(&t.servers[other], &t.servers[new]));
+    assert_eq!(rows(&t.servers[other], "test.kept"), "2");
 }
 
 #[test]

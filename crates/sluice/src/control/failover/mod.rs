@@ -99,8 +99,8 @@ fn give_up_replaced(ctx: &Ctx, list: &[Arc<Backend>]) {
     }
 }
 
-/// The backend sluice knows as the primary; the first time, the one writable backend (None
-/// while there is none, or more than one).
+/// The backend sluice knows as the primary; the first time, the one writable backend, or the
+/// lost one the replicas name ([`lost_source`]); None while there is none, or more than one.
 fn known_primary(ctx: &Ctx, list: &[Arc<Backend>]) -> Option<Arc<Backend>> {
     let topo = &ctx.backends.topology;
     if let Some(i) = topo.primary() {
@@ -108,10 +108,30 @@ fn known_primary(ctx: &Ctx, list: &[Arc<Backend>]) -> Option<Arc<Backend>> {
     }
     let writable: Vec<&Arc<Backend>> =
         list.iter().filter(|b| b.is_up() && !b.is_fenced() && b.replication.lock().read_only == Some(false)).collect();
-    let [p] = writable[..] else { return None };
+    if let [p] = writable[..] {
+        topo.set_primary(p.index);
+        tracing::info!(backend = %p.name, "failover: the primary is the one writable backend");
+        return Some(p.clone());
+    }
+    let p = lost_source(list)?;
     topo.set_primary(p.index);
-    tracing::info!(backend = %p.name, "failover: the primary is the one writable backend");
-    Some(p.clone())
+    tracing::warn!(backend = %p.name, "failover: no backend is writable, and every replica replicates from this one, which is down: it is the primary");
+    Some(p)
+}
+
+/// A sluice started after the primary was lost finds no writable backend: the primary is then
+/// the backend every replica that is up names as its source, when that one is down.
+fn lost_source(list: &[Arc<Backend>]) -> Option<Arc<Backend>> {
+    if list.iter().any(|b| b.is_up() && b.replication.lock().read_only != Some(true)) {
+        return None;
+    }
+    let sources: Vec<Option<String>> =
+        list.iter().filter(|b| b.is_up()).map(|b| b.replication.lock().replica.as_ref().map(|r| r.source.clone())).collect();
+    let first = sources.first()?.clone()?;
+    if sources.iter().any(|s| s.as_ref() != Some(&first)) {
+        return None;
+    }
+    list.iter().find(|b| !b.is_up() && !b.is_fenced() && steps::source_name(b).as_ref() == Some(&first)).cloned()
 }
 
 /// Fences every other writable backend: two writable servers would diverge.
