@@ -2,8 +2,8 @@
 its embedded store, built by scripts/tidb.sh, GOMAXPROCS=1), in one run: directly, through
 HAProxy in TCP mode, through a byte forwarder that does no protocol work (sluice-forward, epoll)
 and through sluice in passthrough mode with what it adds for TiDB switched on (the server's
-status address read at every health check, balancing by the server's response time, CPU and
-memory, the statements followed that decide when a session may move). Every proxy runs one thread, as in the seed (one worker or GOMAXPROCS=1 each).
+status address read at every health check and its /metrics every 5 s, balancing by the server's
+response time, CPU and memory, the statements followed that decide when a session may move). Every proxy runs one thread, as in the seed (one worker or GOMAXPROCS=1 each).
 
 The seed's workloads at this machine's scale: sysbench's basic workloads (point_select,
 read_only, write_only, read_write) at --tidb-threads (the seed's 32 and 8 threads fit two cores
@@ -92,8 +92,8 @@ filename = "{d / 'tidb.log'}"
 
 def start_sluice(env, port, status, target_class):
     """sluice in passthrough mode, one worker, with what TiDB backends add switched on: the
-    server's status address read at every health check, balancing by its response time, CPU and
-    memory."""
+    server's status address read at every health check and its /metrics every 5 s, balancing by its
+    response time, CPU and memory."""
     listen, admin = free_ports(2)
     cfg = env.work / "tidb-sluice.toml"
     cfg.write_text(f"""tls = "off"

@@ -60,7 +60,7 @@ async fn check_loop(b: &Backend, config: &Live) {
         }
         if let Some(addr) = &b.status {
             status(b, addr, cfg.timeout).await;
-            if timed {
+            if timed && b.load.metrics_due(Instant::now()) {
                 match super::tidb::metrics(addr, cfg.timeout).await {
                     Ok(text) => b.load.add_metrics(&text, Instant::now()),
                     Err(e) => tracing::debug!(backend = %b.name, error = %e, "no metrics from the status address"),
