@@ -32,6 +32,7 @@ pub fn spawn(backends: &[Arc<Backend>], config: &Arc<Live>) {
 
 async fn check_loop(b: &Backend, config: &Live) {
     let mut every = Duration::ZERO;
+    let mut metrics_asked = None;
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     loop {
         let c = config.get();
@@ -60,7 +61,7 @@ async fn check_loop(b: &Backend, config: &Live) {
         }
         if let Some(addr) = &b.status {
             status(b, addr, cfg.timeout).await;
-            if timed && b.load.metrics_due(Instant::now()) {
+            if timed && super::load::metrics_due(&mut metrics_asked, Instant::now()) {
                 match super::tidb::metrics(addr, cfg.timeout).await {
                     Ok(text) => b.load.add_metrics(&text, Instant::now()),
                     Err(e) => tracing::debug!(backend = %b.name, error = %e, "no metrics from the status address"),

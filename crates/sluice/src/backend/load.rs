@@ -20,6 +20,16 @@ const UNKNOWN: u32 = u32::MAX;
 /// is large (760 KB from an idle tidb-server), and the server spends its CPU writing it.
 pub const METRICS_EVERY: Duration = Duration::from_secs(5);
 
+/// Whether `/metrics` is to be read now, given when it was `last` asked for (once per
+/// [`METRICS_EVERY`]); true counts as asked.
+pub fn metrics_due(last: &mut Option<Instant>, now: Instant) -> bool {
+    if last.is_some_and(|at| now.duration_since(at) < METRICS_EVERY) {
+        return false;
+    }
+    *last = Some(now);
+    true
+}
+
 /// A backend's readings and the factor they give.
 pub struct Readings {
     /// Response time, microseconds (EWMA; 0: no probe timed yet).
@@ -32,8 +42,6 @@ pub struct Readings {
     factor: AtomicU32,
     /// The last CPU counter read: when, and the process's CPU seconds then.
     last_cpu: Mutex<Option<(Instant, f64)>>,
-    /// When `/metrics` was last asked for.
-    metrics_asked: Mutex<Option<Instant>>,
 }
 
 impl Default for Readings {
@@ -44,7 +52,6 @@ impl Default for Readings {
             memory: AtomicU32::new(UNKNOWN),
             factor: AtomicU32::new(1000),
             last_cpu: Mutex::new(None),
-            metrics_asked: Mutex::new(None),
         }
     }
 }
@@ -70,16 +77,6 @@ impl Readings {
 
     pub fn rtt_us(&self) -> Option<u64> {
         Some(self.rtt_us.load(Ordering::Relaxed)).filter(|&v| v > 0)
-    }
-
-    /// Whether `/metrics` is to be read now (once per [`METRICS_EVERY`]); true counts as asked.
-    pub fn metrics_due(&self, now: Instant) -> bool {
-        let mut asked = self.metrics_asked.lock();
-        if asked.is_some_and(|at| now.duration_since(at) < METRICS_EVERY) {
-            return false;
-        }
-        *asked = Some(now);
-        true
     }
 
     /// A TiDB server's `/metrics` text: its CPU use since the last reading (over the CPUs it
@@ -212,12 +209,12 @@ mod tests {
 
     #[test]
     fn metrics_are_read_once_per_interval() {
-        let r = Readings::default();
+        let mut last = None;
         let t = Instant::now();
-        assert!(r.metrics_due(t), "the first check reads them");
-        assert!(!r.metrics_due(t + Duration::from_secs(2)));
-        assert!(!r.metrics_due(t + METRICS_EVERY - Duration::from_millis(1)));
-        assert!(r.metrics_due(t + METRICS_EVERY));
-        assert!(!r.metrics_due(t + METRICS_EVERY + Duration::from_secs(1)));
+        assert!(metrics_due(&mut last, t), "the first check reads them");
+        assert!(!metrics_due(&mut last, t + Duration::from_secs(2)));
+        assert!(!metrics_due(&mut last, t + METRICS_EVERY - Duration::from_millis(1)));
+        assert!(metrics_due(&mut last, t + METRICS_EVERY));
+        assert!(!metrics_due(&mut last, t + METRICS_EVERY + Duration::from_secs(1)));
     }
 }

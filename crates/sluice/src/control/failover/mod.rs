@@ -122,16 +122,19 @@ fn known_primary(ctx: &Ctx, list: &[Arc<Backend>]) -> Option<Arc<Backend>> {
 /// A sluice started after the primary was lost finds no writable backend: the primary is then
 /// the backend every replica that is up names as its source, when that one is down.
 fn lost_source(list: &[Arc<Backend>]) -> Option<Arc<Backend>> {
-    if list.iter().any(|b| b.is_up() && b.replication.lock().read_only != Some(true)) {
-        return None;
+    let mut source: Option<String> = None;
+    for b in list.iter().filter(|b| b.is_up()) {
+        let r = b.replication.lock();
+        // (Any up backend not read as a read-only replica: no inference.)
+        let named = &r.replica.as_ref().filter(|_| r.read_only == Some(true))?.source;
+        match &source {
+            Some(s) if s != named => return None,
+            Some(_) => {}
+            None => source = Some(named.clone()),
+        }
     }
-    let sources: Vec<Option<String>> =
-        list.iter().filter(|b| b.is_up()).map(|b| b.replication.lock().replica.as_ref().map(|r| r.source.clone())).collect();
-    let first = sources.first()?.clone()?;
-    if sources.iter().any(|s| s.as_ref() != Some(&first)) {
-        return None;
-    }
-    list.iter().find(|b| !b.is_up() && !b.is_fenced() && steps::source_name(b).as_ref() == Some(&first)).cloned()
+    let source = source?;
+    list.iter().find(|b| !b.is_up() && !b.is_fenced() && steps::source_name(b).as_ref() == Some(&source)).cloned()
 }
 
 /// Fences every other writable backend: two writable servers would diverge.
