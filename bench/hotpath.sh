@@ -6,13 +6,15 @@
 # running (capture: recording, compression and writing, all of sluice's threads counted). Each configuration serves 1000 and then 3000
 # point selects after a warm-up, counters zeroed after it; per query = the difference / 2000.
 # Then passthrough (no [users]: sluice logs no one in and reads no statement) with digests off
-# and with them counted there too (passthrough-digests).
+# and with them counted there too (passthrough-digests), and passthrough serving sysbench's
+# prepared point selects (passthrough-ps: COM_STMT_EXECUTE and binary rows, as the benchmark's
+# suites send them; one sysbench thread).
 #   bench/hotpath.sh            (needs valgrind: scripts/setup.sh valgrind)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$ROOT/bench/work/hotpath
 rm -rf "$WORK" && mkdir -p "$WORK"
-"$ROOT/scripts/setup.sh" valgrind >/dev/null
+"$ROOT/scripts/setup.sh" valgrind sysbench >/dev/null
 cargo build --release -q -p sluice -p sluice-testkit --manifest-path "$ROOT/Cargo.toml"
 "$ROOT/target/release/sluice-mariadb" --count 1 --dir "$WORK/db" > "$WORK/db.log" 2>&1 &
 DB=$!
@@ -21,6 +23,8 @@ for _ in $(seq 1 120); do grep -q : "$WORK/db.log" && break; sleep 0.5; done
 PORT=$(head -1 "$WORK/db.log" | sed 's/.*://')
 mariadb -h127.0.0.1 -P"$PORT" -uapp -papppw test -e \
   "CREATE TABLE t (id INT PRIMARY KEY, c CHAR(120)); INSERT INTO t SELECT seq, REPEAT('x', 120) FROM seq_1_to_100"
+sysbench oltp_point_select --mysql-host=127.0.0.1 --mysql-port="$PORT" --mysql-user=app --mysql-password=apppw \
+  --mysql-db=test --tables=1 --table-size=1000 prepare > /dev/null
 for n in 100 1000 3000; do
   python3 -c "import sys; print('\n'.join(f'SELECT c FROM t WHERE id={i % 100 + 1};' for i in range(int(sys.argv[1]))))" "$n" > "$WORK/q$n.sql"
 done
@@ -35,23 +39,35 @@ printf "$base[digests]\nenabled = false\n[routing]\nsplit = true\n" > "$WORK/spl
 printf "$base[digests]\nenabled = false\n[capture]\ndir = \"$WORK/captures\"\n" > "$WORK/capture.toml"
 { printf "$base[digests]\nenabled = false\n"; for i in $(seq 0 99); do printf '[[rules]]\nname = "r%d"\nmatch = "^select nothing_%d from"\nblock = "no"\n' "$i" "$i"; done; } > "$WORK/rules.toml"
 
+# n queries through sluice for configuration cfg on port: text point selects from the mariadb
+# client, or sysbench's prepared ones (the -ps configurations).
+queries() {
+  local cfg=$1 port=$2 n=$3
+  if [ "${cfg%-ps}" != "$cfg" ]; then
+    sysbench oltp_point_select --mysql-host=127.0.0.1 --mysql-port="$port" --mysql-user=app --mysql-password=apppw \
+      --mysql-db=test --tables=1 --table-size=1000 --threads=1 --time=0 --events="$n" run > /dev/null
+  else
+    mariadb -h127.0.0.1 -P"$port" -uapp -papppw test < "$WORK/q$n.sql" > /dev/null
+  fi
+}
+
 # Instructions of sluice while it serves n queries (after the warm-up).
 run() {
   local cfg=$1 n=$2 port=$((20000 + RANDOM % 20000)) admin=$((20000 + RANDOM % 20000))
   local extra=()
   [ "$cfg" = capture ] && extra=(--admin "127.0.0.1:$admin")
   valgrind --tool=callgrind --compress-strings=no --compress-pos=no --callgrind-out-file="$WORK/$cfg-$n.out" "$ROOT/target/release/sluice" \
-    -c "$WORK/$cfg.toml" --listen "127.0.0.1:$port" "${extra[@]}" > "$WORK/$cfg-$n.log" 2>&1 &
+    -c "$WORK/${cfg%-ps}.toml" --listen "127.0.0.1:$port" "${extra[@]}" > "$WORK/$cfg-$n.log" 2>&1 &
   local vp=$!
   for _ in $(seq 1 200); do mariadb -h127.0.0.1 -P$port -uapp -papppw test -e "SELECT 1" >/dev/null 2>&1 && break; sleep 0.3; done
-  mariadb -h127.0.0.1 -P$port -uapp -papppw test < "$WORK/q100.sql" > /dev/null
+  queries "$cfg" "$port" 100
   if [ "$cfg" = capture ]; then  # (started after the warm-up, its sessions begun)
     rm -rf "$WORK/captures/capture-$n"
     curl -sf -XPOST -H "Content-Type: application/json" "http://127.0.0.1:$admin/capture/start" -d "{\"name\": \"capture-$n\"}" > /dev/null
-    mariadb -h127.0.0.1 -P$port -uapp -papppw test < "$WORK/q100.sql" > /dev/null
+    queries "$cfg" "$port" 100
   fi
   callgrind_control -z $vp > /dev/null 2>&1
-  mariadb -h127.0.0.1 -P$port -uapp -papppw test < "$WORK/q$n.sql" > /dev/null
+  queries "$cfg" "$port" "$n"
   # (Stopped before the counters are read: its writer's last chunk is counted too.)
   [ "$cfg" = capture ] && curl -sf -XPOST -H "Content-Type: application/json" -d "{}" "http://127.0.0.1:$admin/capture/stop" > "$WORK/capture-$n.json"
   callgrind_control -d $vp > /dev/null 2>&1
@@ -62,7 +78,7 @@ run() {
 echo "| configuration | instructions per query | vs bare | vs mux |"
 echo "|---|---|---|---|"
 bare= mux=
-for cfg in ${HOTPATH_CONFIGS:-bare digests rules mux split capture passthrough passthrough-digests}; do
+for cfg in ${HOTPATH_CONFIGS:-bare digests rules mux split capture passthrough passthrough-digests passthrough-ps}; do
   a=$(run $cfg 1000); b=$(run $cfg 3000)
   per=$(( (b - a) / 2000 ))
   [ -z "$bare" ] && bare=$per

@@ -215,7 +215,7 @@ impl ResponseTracker {
     /// Whether any of the response was seen since [`ResponseTracker::start`] (for a command
     /// answered by OK, ERR or results).
     pub fn begun(&self) -> bool {
-        self.phase != Phase::First
+        !matches!(self.phase, Phase::First)
     }
 
     pub fn start(&mut self, expect: Expect, request_seq: u8) {
@@ -251,7 +251,7 @@ impl ResponseTracker {
     }
 
     pub fn is_done(&self) -> bool {
-        self.phase == Phase::Done
+        matches!(self.phase, Phase::Done)
     }
 
     /// Walks the packets in `buf` (the unforwarded bytes of the response, starting at a packet
@@ -259,7 +259,7 @@ impl ResponseTracker {
     pub fn scan<S: Sink>(&mut self, buf: &[u8], sink: &mut S) -> Result<Scan, Malformed> {
         let mut pos = 0;
         loop {
-            if self.phase == Phase::Rows && self.skip == 0 && !self.continued {
+            if matches!(self.phase, Phase::Rows) && self.skip == 0 && !self.continued {
                 pos = skip_whole_rows(buf, pos, &mut self.last_seq, sink);
             }
             if self.skip > 0 {
@@ -272,12 +272,12 @@ impl ResponseTracker {
                 if self.skip > 0 {
                     return Ok(Scan { consumed: pos, state: State::Pending });
                 }
-                if self.phase == Phase::Done && !self.continued {
+                if matches!(self.phase, Phase::Done) && !self.continued {
                     return Ok(Scan { consumed: pos, state: State::Done });
                 }
                 continue;
             }
-            if self.phase == Phase::Done && !self.continued {
+            if matches!(self.phase, Phase::Done) && !self.continued {
                 return Ok(Scan { consumed: pos, state: State::Done });
             }
             let Some(h) = Header::parse(&buf[pos..]) else {

@@ -170,6 +170,23 @@ impl Stream {
         std::future::poll_fn(|cx| self.poll_read_ready(cx)).await
     }
 
+    /// Whether the socket is known to be readable (for a TLS stream, its socket): a readiness
+    /// event that no read has answered with nothing yet. No system call, and the task is not
+    /// registered for the next event.
+    pub fn is_read_ready(&self) -> bool {
+        let probe = || Ok(());
+        match self {
+            Stream::Tcp(s) => s.try_io(Interest::READABLE, probe).is_ok(),
+            Stream::Unix(s) => s.try_io(Interest::READABLE, probe).is_ok(),
+            Stream::Tls(t) => match t.get_ref().0 {
+                Stream::Tcp(s) => s.try_io(Interest::READABLE, probe).is_ok(),
+                Stream::Unix(s) => s.try_io(Interest::READABLE, probe).is_ok(),
+                _ => false,
+            },
+            Stream::Detached => false,
+        }
+    }
+
     /// Socket readiness for reading (for a TLS stream, its socket's).
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
@@ -239,10 +256,10 @@ fn poll_read_tls(t: &mut tokio_rustls::TlsStream<Stream>, cx: &mut Context<'_>, 
     crate::sys::socket::read_into_spare(buf, |rb| Pin::new(t).poll_read(cx, rb))
 }
 
-/// Read buffers of idle sessions. A session between commands gives its (empty) read buffers
+/// Read buffers of idle sessions. A session that idled a while gives its (empty) read buffers
 /// back and waits for socket readiness without them, so that thousands of idle connections
-/// hold no buffers; the next command takes them again from this per-thread pool, so a busy
-/// session does not allocate per command.
+/// hold no buffers; its next command takes them again from this per-thread pool, so that a
+/// session does not allocate when it wakes.
 pub mod buffers {
     use std::cell::RefCell;
 
@@ -270,6 +287,19 @@ pub mod buffers {
                     f.push(buf);
                 }
             });
+        }
+    }
+
+    /// Readies a kept, empty buffer for a wait: freed if a large response grew it past
+    /// [`LARGE_BUF_SIZE`] (the next command takes a common one), its room restored when its
+    /// reads have used it up.
+    #[inline]
+    pub fn trim(b: &mut BytesMut) {
+        let room = b.capacity();
+        if room > LARGE_BUF_SIZE {
+            *b = BytesMut::new();
+        } else if room != 0 && room < 1024 && b.is_empty() {
+            b.reserve(BUF_SIZE);
         }
     }
 
@@ -495,6 +525,31 @@ mod tests {
             Ok(9)
         };
         assert_eq!(within(Duration::ZERO, slow).await.unwrap(), 9);
+    }
+
+    /// A kept buffer is freed when a large response grew it, given its room back when reads used
+    /// it up, and otherwise left as it is; a buffer given back stays empty.
+    #[test]
+    fn a_kept_buffer_is_trimmed_between_commands() {
+        let mut large = BytesMut::with_capacity(LARGE_BUF_SIZE + 1);
+        buffers::trim(&mut large);
+        assert_eq!(large.capacity(), 0);
+
+        let mut used = BytesMut::with_capacity(BUF_SIZE);
+        used.resize(BUF_SIZE - 100, 0);
+        bytes::Buf::advance(&mut used, BUF_SIZE - 100);
+        assert!(used.is_empty() && used.capacity() < 1024);
+        buffers::trim(&mut used);
+        assert!(used.capacity() >= BUF_SIZE);
+
+        let mut common = BytesMut::with_capacity(BUF_SIZE);
+        let at = common.as_ptr();
+        buffers::trim(&mut common);
+        assert_eq!((common.capacity(), common.as_ptr()), (BUF_SIZE, at));
+
+        let mut given_back = BytesMut::new();
+        buffers::trim(&mut given_back);
+        assert_eq!(given_back.capacity(), 0);
     }
 
     /// A read that gets less than it had room for drained the socket: the stream forgets its

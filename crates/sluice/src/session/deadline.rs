@@ -123,8 +123,11 @@ impl Watch<'_> {
         let h = self.handle;
         h.response_wait.store(self.clock.now(), Ordering::Relaxed);
         let waker = &mut *self.waker;
+        // The read just found nothing: the first poll only registers for the next readiness.
+        let mut missed = !stream.is_tls();
         let r = std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = stream.poll_read_into(cx, buf) {
+            let ready = !std::mem::take(&mut missed) || stream.poll_read_ready(cx).is_ready();
+            if ready && let Poll::Ready(r) = stream.poll_read_into(cx, buf) {
                 return Poll::Ready(r);
             }
             // The sweep wakes whatever waker the handle holds: make sure it is this task's

@@ -1,12 +1,14 @@
 //! Which idle sessions are asked to park.
 //!
-//! A session's task is sized for its busiest moment (a command in flight), about 1 KB, and an
-//! idle session keeps it, with its socket's registration in tokio's reactor. A multiplexed
-//! session that holds no backend connection needs neither between commands: once it has been
-//! idle for a sweep interval, it is asked to park, and it then waits for its client in its
-//! worker's parking lot (`frontend/idle/lot.rs`; a TLS session in a small task of its own, since
-//! rustls keeps the socket). Busy sessions are never asked, so parking costs the relay nothing:
-//! the sweep compares the command counts it saw on its previous round with the current ones.
+//! A session keeps its read buffers between commands (taking them from a pool at every command
+//! would cost every query), and its task is sized for its busiest moment (a command in flight),
+//! about 1 KB, with its socket's registration in tokio's reactor. Once a session has been idle
+//! for a whole sweep interval, it is asked to park: every session then gives its read buffers
+//! back, and a multiplexed session that holds no backend connection also leaves its task and
+//! waits for its client in its worker's parking lot (`frontend/idle/lot.rs`; a TLS session in a
+//! small task of its own, since rustls keeps the socket). Busy sessions are never asked, so
+//! parking costs the relay nothing: the sweep compares the command counts it saw on its previous
+//! round with the current ones.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -18,8 +20,6 @@ const BUSY: u64 = 1 << 62;
 /// A session's parking state, in its handle.
 #[derive(Default)]
 pub struct Parking {
-    /// The session could park (a multiplexed session without compression).
-    candidate: AtomicBool,
     /// The command count seen by the last sweep, with `BUSY` when a command was running then,
     /// `ASKED` once the session was asked at it.
     mark: AtomicU64,
@@ -36,9 +36,6 @@ impl Parking {
     /// true when it should be asked to park now, which happens once per idle stretch of at
     /// least a whole sweep interval.
     pub fn observe(&self, queries: u64, busy: bool) -> bool {
-        if !self.candidate.load(Ordering::Relaxed) {
-            return false;
-        }
         let queries = queries & !(ASKED | BUSY);
         let mark = self.mark.load(Ordering::Relaxed);
         if busy {
@@ -70,9 +67,9 @@ impl Parking {
         }
     }
 
-    /// Makes the session a candidate, asked to park at every wait when `always`.
+    /// Makes a session that may leave its task (a multiplexed one without compression) asked
+    /// at every wait when `always`.
     pub fn allow(&self, always: bool) {
-        self.candidate.store(true, Ordering::Relaxed);
         self.always.store(always, Ordering::Relaxed);
         self.asked.store(always, Ordering::Relaxed);
     }
@@ -85,8 +82,6 @@ mod tests {
     #[test]
     fn a_session_is_asked_once_per_idle_stretch_of_a_whole_interval() {
         let p = Parking::default();
-        assert!(!p.observe(0, false), "not a candidate");
-        p.candidate.store(true, Ordering::Relaxed);
         // The first round only notes the count; the second sees it unchanged.
         assert!(!p.observe(5, false));
         assert!(p.observe(5, false));

@@ -1,8 +1,8 @@
-//! Between commands: the wait for the next one (here), and parked sessions. An idle multiplexed
-//! session, asked by the sweep (`crate::session::parking`), leaves its task, which is sized for
-//! a command in flight: it waits for its client in the worker's parking lot (`lot.rs`), in the
-//! small form a session takes there (`dormant.rs`); its next command, a kill, a move or the
-//! drain starts a full task again.
+//! Between commands: the wait for the next one (here), and parked sessions. An idle session,
+//! asked by the sweep (`crate::session::parking`), gives its read buffers back; a multiplexed one
+//! also leaves its task, which is sized for a command in flight: it waits for its client in the
+//! worker's parking lot (`lot.rs`), in the small form a session takes there (`dormant.rs`); its
+//! next command, a kill, a move or the drain starts a full task again.
 
 mod dormant;
 mod lot;
@@ -35,6 +35,13 @@ pub(super) enum Wait {
 
 /// How often the sweep looks at the sessions: one idle for a whole interval parks.
 pub const INTERVAL: Duration = Duration::from_secs(1);
+
+/// Up to this many client connections, a session keeps its two read buffers (32 KiB) between
+/// commands until it idles a sweep interval (2 MiB at most, as much as a worker's pool keeps):
+/// giving them back to the pool at every wait and taking them again costs about 280
+/// instructions per command. Beyond it (a crowd of mostly idle connections), every wait gives
+/// them back, so that idle connections hold none.
+const KEEP_BUFFERS_UP_TO: usize = 64;
 
 /// Asks the sessions that stayed idle over a whole interval to park.
 pub async fn sweep(sessions: &Registry) {
@@ -76,6 +83,25 @@ impl Session {
             self.buffers_for_wait(park);
             let attached_to_nothing = self.backend.conn.is_detached();
             let Session { client, backend: BackendSide { conn: backend, lost, .. }, handle, waker, .. } = self;
+            if park && idle_deadline.is_none() {
+                // The common wait, on readiness alone, without a select's futures.
+                let backend = (lost.is_none() && !attached_to_nothing).then_some(&backend.stream);
+                let event = std::future::poll_fn(|cx| poll_ready_event(backend, &client.stream, handle, waker, cx)).await;
+                match event {
+                    Event::Backend(r) => {
+                        if let Some(w) = self.backend_spoke(r, park, &mut may_park).await {
+                            return Ok(w);
+                        }
+                    }
+                    Event::Client(r) => {
+                        if let Some(w) = self.client_spoke(r, park, &mut may_park)? {
+                            return Ok(w);
+                        }
+                    }
+                    Event::Woken => {}
+                }
+                continue;
+            }
             tokio::select! {
                 biased;
                 // The backend first: when it left and a command arrived at once, the session
@@ -117,12 +143,17 @@ impl Session {
         None
     }
 
-    /// The read buffers given back for a wait without them (`park`), else taken again, with
-    /// room for the backend's next bytes.
+    /// The read buffers for a wait: for one without them (`park`), given back to the worker's
+    /// pool when sluice holds many connections, else kept unless a large response grew them
+    /// (a session gives them back once it idled a sweep interval: [`Session::park`]); for a
+    /// wait with them, taken again, with room for the backend's next bytes.
     fn buffers_for_wait(&mut self, park: bool) {
-        if park {
+        if park && self.ctx.connections.load(Ordering::Relaxed) > KEEP_BUFFERS_UP_TO {
             buffers::park(&mut self.client.rbuf);
             buffers::park(&mut self.backend.conn.rbuf);
+        } else if park {
+            buffers::trim(&mut self.client.rbuf);
+            buffers::trim(&mut self.backend.conn.rbuf);
         } else {
             buffers::unpark(&mut self.client.rbuf);
             buffers::unpark(&mut self.backend.conn.rbuf);
@@ -200,9 +231,10 @@ impl Session {
         self.client.can_wait_unbuffered() && self.backend.conn.stream.can_wait_unbuffered()
     }
 
-    /// Answers a request to park: true when the session can (a multiplexed session between
-    /// commands that holds no backend connection, no buffered byte and no move to make), its
-    /// read buffers then given back.
+    /// Answers a request to park, made once the session idled a sweep interval: true when it
+    /// can leave its task (a multiplexed session between commands that holds no backend
+    /// connection, no buffered byte and no move to make). Its read buffers are given back then,
+    /// and also when it stays but can wait without them.
     pub(super) fn park(&mut self) -> bool {
         self.handle.parking.answered();
         let can = self.route.multiplex
@@ -211,7 +243,7 @@ impl Session {
             && self.client.rbuf.is_empty()
             && self.client.can_wait_unbuffered()
             && !self.handle.move_asked();
-        if can {
+        if can || (self.client.rbuf.is_empty() && self.backend.conn.rbuf.is_empty() && self.unbuffered()) {
             buffers::park(&mut self.client.rbuf);
             buffers::park(&mut self.backend.conn.rbuf);
         }
@@ -282,6 +314,42 @@ fn lost_reason(buf: &[u8]) -> (String, Option<u16>) {
         Ok(e) => (format!("{} {}", e.code, String::from_utf8_lossy(e.message)), Some(e.code)),
         Err(_) => ("the backend sent data while the session was idle".into(), None),
     }
+}
+
+/// What ended a wait on readiness alone.
+enum Event {
+    Backend(std::io::Result<usize>),
+    Client(std::io::Result<usize>),
+    Woken,
+}
+
+/// The wait on readiness alone: the backend connection (`backend`, when there is one to watch)
+/// readable, else the client, else the handle woken. The backend is looked at first, as in the
+/// select: a command that came as the backend left must not be forwarded. The readiness of both
+/// is looked at before the task registers with them (a wake left the task registered, or came
+/// from the socket that is ready now): only a poll that returns Pending registers it with both.
+fn poll_ready_event(
+    backend: Option<&crate::net::Stream>,
+    client: &crate::net::Stream,
+    handle: &crate::session::SessionHandle,
+    waker: &mut Option<std::task::Waker>,
+    cx: &mut std::task::Context<'_>,
+) -> Poll<Event> {
+    if backend.is_some_and(|b| b.is_read_ready()) {
+        return Poll::Ready(Event::Backend(Ok(1)));
+    }
+    if client.is_read_ready() {
+        return Poll::Ready(Event::Client(Ok(1)));
+    }
+    if let Poll::Ready(r) = client.poll_read_ready(cx) {
+        return Poll::Ready(Event::Client(r.map(|()| 1)));
+    }
+    if let Some(b) = backend
+        && let Poll::Ready(r) = b.poll_read_ready(cx)
+    {
+        return Poll::Ready(Event::Backend(r.map(|()| 1)));
+    }
+    handle.wake.poll_woken(cx, waker).map(|()| Event::Woken)
 }
 
 /// The backend connection has data or an end: readiness alone when parked, else what was read.
