@@ -28,6 +28,9 @@ pub struct Ctx {
     pub draining: AtomicBool,
     /// Client connections open now (for max_connections).
     pub connections: AtomicUsize,
+    /// Rung by the control thread at every tick of the pool sweep: the workers' sweeps wait
+    /// for it rather than for a timer of their own (`runtime::sweep_pool`).
+    pub pool_sweeps: tokio::sync::Notify,
     /// The coarse clock of the response-timeout sweep.
     pub clock: crate::session::deadline::Clock,
     /// The seed of statements' keys (`sluice_proto::digest::Key`): random, never shown, so that
@@ -144,6 +147,7 @@ impl Ctx {
             tls,
             draining: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
+            pool_sweeps: tokio::sync::Notify::new(),
             clock: crate::session::deadline::Clock::new(config.proxy.response_timeout),
             config: Arc::new(Live::new(config, source)),
             upgrades: Upgrades::new(),

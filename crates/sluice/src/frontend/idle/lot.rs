@@ -11,6 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Poll, Wake, Waker};
@@ -192,7 +193,9 @@ impl Lot {
     }
 
     async fn run(self: Arc<Lot>) {
-        let mut sleep = Box::pin(tokio::time::sleep_until(Instant::now() + std::time::Duration::from_secs(3600)));
+        // Only while a parked session has an idle deadline: a timer in the worker's wheel makes
+        // every park of the worker read the clock (`runtime::sweep_pool`).
+        let mut sleep: Option<Pin<Box<tokio::time::Sleep>>> = None;
         let mut ready = Vec::new();
         loop {
             std::future::poll_fn(|cx| {
@@ -215,12 +218,19 @@ impl Lot {
                     }
                     return Poll::Ready(());
                 }
-                sleep.as_mut().poll(cx)
+                match &mut sleep {
+                    Some(s) => s.as_mut().poll(cx),
+                    None => Poll::Pending,
+                }
             })
             .await;
             let out = self.leaving(&mut ready);
             let next = self.inner.lock().deadlines.first().map(|(d, _)| *d);
-            sleep.as_mut().reset(next.unwrap_or_else(|| Instant::now() + std::time::Duration::from_secs(3600)));
+            match (next, &mut sleep) {
+                (Some(d), Some(s)) => s.as_mut().reset(d),
+                (Some(d), None) => sleep = Some(Box::pin(tokio::time::sleep_until(d))),
+                (None, _) => sleep = None,
+            }
             for p in out {
                 let _ = self.epoll.get_ref().delete(p.socket.fd());
                 let Parked { session, admission, socket, .. } = p;
