@@ -178,11 +178,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.try_io(Interest::READABLE, probe).is_ok(),
             Stream::Unix(s) => s.try_io(Interest::READABLE, probe).is_ok(),
-            Stream::Tls(t) => match t.get_ref().0 {
-                Stream::Tcp(s) => s.try_io(Interest::READABLE, probe).is_ok(),
-                Stream::Unix(s) => s.try_io(Interest::READABLE, probe).is_ok(),
-                _ => false,
-            },
+            Stream::Tls(t) => t.get_ref().0.is_read_ready(),
             Stream::Detached => false,
         }
     }
@@ -298,7 +294,7 @@ pub mod buffers {
         let room = b.capacity();
         if room > LARGE_BUF_SIZE {
             *b = BytesMut::new();
-        } else if room != 0 && room < 1024 && b.is_empty() {
+        } else if room != 0 && room < 1024 {
             b.reserve(BUF_SIZE);
         }
     }

@@ -116,19 +116,16 @@ impl Watch<'_> {
         if limit.is_zero() {
             return stream.read_into(buf).await;
         }
-        match stream.try_read_buf(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            r => return r,
-        }
-        let h = self.handle;
-        h.response_wait.store(self.clock.now(), Ordering::Relaxed);
+        let (h, clock) = (self.handle, self.clock);
         let waker = &mut *self.waker;
-        // The read just found nothing: the first poll only registers for the next readiness.
-        let mut missed = !stream.is_tls();
+        let mut waiting = false;
         let r = std::future::poll_fn(|cx| {
-            let ready = !std::mem::take(&mut missed) || stream.poll_read_ready(cx).is_ready();
-            if ready && let Poll::Ready(r) = stream.poll_read_into(cx, buf) {
+            if let Poll::Ready(r) = stream.poll_read_into(cx, buf) {
                 return Poll::Ready(r);
+            }
+            // Nothing came: the wait begins (once), for the sweep to time.
+            if !std::mem::replace(&mut waiting, true) {
+                h.response_wait.store(clock.now(), Ordering::Relaxed);
             }
             // The sweep wakes whatever waker the handle holds: make sure it is this task's
             // before looking at the mark (the handle's lock orders the two).

@@ -79,50 +79,43 @@ impl Session {
             if let Some(w) = self.leaving() {
                 return Ok(w);
             }
-            let park = may_park && self.client.rbuf.is_empty() && self.backend.conn.rbuf.is_empty();
+            let park = may_park && self.holds_no_bytes();
             self.buffers_for_wait(park);
-            let attached_to_nothing = self.backend.conn.is_detached();
-            let Session { client, backend: BackendSide { conn: backend, lost, .. }, handle, waker, .. } = self;
-            if park && idle_deadline.is_none() {
+            let watch_backend = self.backend.lost.is_none() && !self.backend.conn.is_detached();
+            let Session { client, backend: BackendSide { conn: backend, .. }, handle, waker, .. } = self;
+            let event = if park && idle_deadline.is_none() {
                 // The common wait, on readiness alone, without a select's futures.
-                let backend = (lost.is_none() && !attached_to_nothing).then_some(&backend.stream);
-                let event = std::future::poll_fn(|cx| poll_ready_event(backend, &client.stream, handle, waker, cx)).await;
-                match event {
-                    Event::Backend(r) => {
-                        if let Some(w) = self.backend_spoke(r, park, &mut may_park).await {
-                            return Ok(w);
-                        }
-                    }
-                    Event::Client(r) => {
-                        if let Some(w) = self.client_spoke(r, park, &mut may_park)? {
-                            return Ok(w);
-                        }
-                    }
-                    Event::Woken => {}
+                let backend = watch_backend.then_some(&backend.stream);
+                std::future::poll_fn(|cx| poll_ready_event(backend, &client.stream, handle, waker, cx)).await
+            } else {
+                tokio::select! {
+                    biased;
+                    // The backend first: when it left and a command arrived at once, the session
+                    // must know before forwarding the command.
+                    r = backend_event(backend, park), if watch_backend => Event::Backend(r),
+                    r = client_event(client, park) => Event::Client(r),
+                    _ = std::future::poll_fn(|cx| handle.wake.poll_woken(cx, waker)) => Event::Woken,
+                    _ = sleep_until(idle_deadline) => Event::IdledOut,
                 }
-                continue;
-            }
-            tokio::select! {
-                biased;
-                // The backend first: when it left and a command arrived at once, the session
-                // must know before forwarding the command.
-                r = backend_event(backend, park), if lost.is_none() && !attached_to_nothing => {
-                    if let Some(w) = self.backend_spoke(r, park, &mut may_park).await {
-                        return Ok(w);
-                    }
+            };
+            let left = match event {
+                Event::Backend(r) => self.backend_spoke(r, park, &mut may_park).await,
+                Event::Client(r) => self.client_spoke(r, park, &mut may_park)?,
+                Event::Woken => None,
+                Event::IdledOut => {
+                    tracing::info!(session = self.handle.id, "closing idle session");
+                    Some(Wait::End)
                 }
-                r = client_event(client, park) => {
-                    if let Some(w) = self.client_spoke(r, park, &mut may_park)? {
-                        return Ok(w);
-                    }
-                }
-                _ = std::future::poll_fn(|cx| handle.wake.poll_woken(cx, waker)) => {}
-                _ = sleep_until(idle_deadline) => {
-                    tracing::info!(session = handle.id, "closing idle session");
-                    return Ok(Wait::End);
-                }
+            };
+            if let Some(w) = left {
+                return Ok(w);
             }
         }
+    }
+
+    /// Whether neither read buffer holds a byte (the session can then wait without them).
+    fn holds_no_bytes(&self) -> bool {
+        self.client.rbuf.is_empty() && self.backend.conn.rbuf.is_empty()
     }
 
     /// Why the session stops waiting before it waits again, if it does: killed, handed over to
@@ -243,7 +236,7 @@ impl Session {
             && self.client.rbuf.is_empty()
             && self.client.can_wait_unbuffered()
             && !self.handle.move_asked();
-        if can || (self.client.rbuf.is_empty() && self.backend.conn.rbuf.is_empty() && self.unbuffered()) {
+        if can || (self.holds_no_bytes() && self.unbuffered()) {
             buffers::park(&mut self.client.rbuf);
             buffers::park(&mut self.backend.conn.rbuf);
         }
@@ -316,18 +309,20 @@ fn lost_reason(buf: &[u8]) -> (String, Option<u16>) {
     }
 }
 
-/// What ended a wait on readiness alone.
+/// What ended a wait between commands: the backend or the client spoke (readiness alone, or
+/// what was read), the handle was woken, or the idle timeout passed.
 enum Event {
     Backend(std::io::Result<usize>),
     Client(std::io::Result<usize>),
     Woken,
+    IdledOut,
 }
 
 /// The wait on readiness alone: the backend connection (`backend`, when there is one to watch)
 /// readable, else the client, else the handle woken. The backend is looked at first, as in the
-/// select: a command that came as the backend left must not be forwarded. The readiness of both
-/// is looked at before the task registers with them (a wake left the task registered, or came
-/// from the socket that is ready now): only a poll that returns Pending registers it with both.
+/// select: a command that came as the backend left must not be forwarded. Its readiness is
+/// looked at without registering the task (the wake that the client's command causes leaves
+/// it registered there); only a poll that finds nothing registers the task with both sockets.
 fn poll_ready_event(
     backend: Option<&crate::net::Stream>,
     client: &crate::net::Stream,
@@ -337,9 +332,6 @@ fn poll_ready_event(
 ) -> Poll<Event> {
     if backend.is_some_and(|b| b.is_read_ready()) {
         return Poll::Ready(Event::Backend(Ok(1)));
-    }
-    if client.is_read_ready() {
-        return Poll::Ready(Event::Client(Ok(1)));
     }
     if let Poll::Ready(r) = client.poll_read_ready(cx) {
         return Poll::Ready(Event::Client(r.map(|()| 1)));
