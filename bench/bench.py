@@ -573,6 +573,7 @@ def main():
         if "floor" in args.suites:
             env.start_forward("forward-epoll", "epoll", env.backend_port)
             env.start_forward("forward-uring", "uring", env.backend_port)
+            env.start_forward("forward-tokio", "tokio", env.backend_port)
         if "scaling" in args.suites:
             env.start_sluice("sluice-1w", env.backend_port, 1)
             env.start_sluice("sluice-2w", env.backend_port, 2)

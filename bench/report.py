@@ -341,14 +341,15 @@ def scaling(med, args, lines):
 
 
 FLOOR_TARGETS = [("haproxy", "HAProxy"), ("sluice", "sluice"), ("forward-epoll", "epoll forwarder"),
-                 ("forward-uring", "io_uring forwarder")]
+                 ("forward-uring", "io_uring forwarder"), ("forward-tokio", "tokio forwarder")]
 
 
 def floor(med, args, lines):
     lines += ["The cells of the CPU targets, also on two forwarders that relay bytes and do nothing else "
               "(`sluice-forward`, one thread each, 64 KiB per direction): a level-triggered epoll loop with one "
-              "read per readiness event, and an io_uring loop that keeps a receive in flight on every socket "
-              "and submits and waits in one system call per turn. They bound what relaying costs on each "
+              "read per readiness event, an io_uring loop that keeps a receive in flight on every socket "
+              "and submits and waits in one system call per turn, and tokio's current-thread runtime as each of "
+              "sluice's workers runs it, one task per connection (`copy_bidirectional`). They bound what relaying costs on each "
               "event loop with no protocol work; HAProxy runs with its default 16 KiB buffers.", "",
               "| cell | target | QPS | QPS vs HAProxy | CPU µs/query | user µs | kernel µs | CPU vs HAProxy |",
               "|---|---|---|---|---|---|---|---|"]
@@ -498,7 +499,7 @@ def capture_why(med, off, on, args):
 def floor_why(med, cell):
     """The CPU per query of the bare forwarders over HAProxy's in a floor cell."""
     parts = []
-    for target, label in (("forward-epoll", "epoll"), ("forward-uring", "io_uring")):
+    for target, label in (("forward-epoll", "epoll"), ("forward-uring", "io_uring"), ("forward-tokio", "tokio")):
         r = ratio(get(med, f"floor/{cell}/{target}", "proxy_cpu_us_per_query"), get(med, f"floor/{cell}/haproxy", "proxy_cpu_us_per_query"))
         if r is not None:
             parts.append(f"{label} {r:.2f}")

@@ -1,7 +1,7 @@
 """The TiDB suite: the TiProxy performance report's tables in front of one tidb-server (TiDB with
 its embedded store, built by scripts/tidb.sh, GOMAXPROCS=1), in one run: directly, through
-HAProxy in TCP mode, through a byte forwarder that does no protocol work (sluice-forward, epoll)
-and through sluice in passthrough mode with what it adds for TiDB switched on (the server's
+HAProxy in TCP mode, through two byte forwarders that do no protocol work (sluice-forward: an epoll
+loop, and tokio's current-thread runtime as each of sluice's workers runs it) and through sluice in passthrough mode with what it adds for TiDB switched on (the server's
 status address read at every health check and its /metrics every 5 s, balancing by the server's
 response time, CPU and memory, the statements followed that decide when a session may move). Every proxy runs one thread, as in the seed (one worker or GOMAXPROCS=1 each).
 
@@ -21,10 +21,11 @@ import time
 
 from ports import free_ports, wait_port
 
-TARGETS = ["tidb-direct", "tidb-haproxy", "tidb-forward", "tidb-sluice"]
+TARGETS = ["tidb-direct", "tidb-haproxy", "tidb-forward", "tidb-forward-tokio", "tidb-sluice"]
 WORKLOADS = ["oltp_point_select", "oltp_read_only", "oltp_write_only", "oltp_read_write"]
 RANGE_THREADS = 8
-LABELS = {"tidb-direct": "direct", "tidb-haproxy": "HAProxy", "tidb-forward": "forwarder", "tidb-sluice": "sluice"}
+LABELS = {"tidb-direct": "direct", "tidb-haproxy": "HAProxy", "tidb-forward": "forwarder",
+          "tidb-forward-tokio": "tokio forwarder", "tidb-sluice": "sluice"}
 # What was measured here once before this suite (issue 40: sysbench, one tidb-server, each proxy
 # one worker, in one run): CPU per query and QPS of sluice, TiProxy and a byte forwarder, each
 # over HAProxy's.
@@ -84,6 +85,7 @@ filename = "{d / 'tidb.log'}"
     env.targets["tidb-direct"] = target_class("tidb-direct", port)
     env.start_haproxy("tidb-haproxy", port, threads=1)
     env.start_forward("tidb-forward", "epoll", port)
+    env.start_forward("tidb-forward-tokio", "tokio", port)
     start_sluice(env, port, status, target_class)
     for name in TARGETS:
         if name in env.targets:
@@ -141,8 +143,9 @@ def report(med, args, lines, f, get):
               "proxy process's utime+stime per query.", "",
               "### Long connections: the basic workloads", "",
               "| workload | threads | direct QPS | HAProxy QPS | sluice QPS vs HAProxy | forwarder QPS vs HAProxy "
-              "| HAProxy µs/query | sluice µs/query | sluice CPU vs HAProxy | forwarder CPU vs HAProxy |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| HAProxy µs/query | sluice µs/query | sluice CPU vs HAProxy | forwarder CPU vs HAProxy "
+              "| tokio forwarder CPU vs HAProxy |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in WORKLOADS:
         for threads in args.tidb_threads:
             v = f"basic/{w}/{threads}"
@@ -150,7 +153,8 @@ def report(med, args, lines, f, get):
                    f(vs(v, "tidb-sluice", "qps"), 2), f(vs(v, "tidb-forward", "qps"), 2),
                    f(get(med, k(v, "tidb-haproxy"), "proxy_cpu_us_per_query"), 1),
                    f(get(med, k(v, "tidb-sluice"), "proxy_cpu_us_per_query"), 1),
-                   f(vs(v, "tidb-sluice", "proxy_cpu_us_per_query"), 2), f(vs(v, "tidb-forward", "proxy_cpu_us_per_query"), 2)]
+                   f(vs(v, "tidb-sluice", "proxy_cpu_us_per_query"), 2), f(vs(v, "tidb-forward", "proxy_cpu_us_per_query"), 2),
+                   f(vs(v, "tidb-forward-tokio", "proxy_cpu_us_per_query"), 2)]
             lines.append("| " + " | ".join(row) + " |")
     lines += ["", "The cells measured once before this suite existed (sluice, TiProxy and a byte forwarder against "
               "HAProxy in one run, one tidb-server, each proxy one worker; TiProxy cannot be built from the package "

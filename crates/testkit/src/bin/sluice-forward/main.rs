@@ -7,10 +7,13 @@
 //! - `uring`: io_uring; a receive is always in flight on each side, the send is queued from its
 //!   completion, and one `io_uring_enter` per loop turn submits everything and waits.
 //!
+//! - `tokio`: a current-thread tokio runtime (I/O and timers on, as each of sluice's workers
+//!   runs it), one task per connection copying both directions: the runtime's own cost.
+//!
 //! Each client connection gets its own backend connection, opened (blocking) when it is
 //! accepted. Not a proxy: no limits, no timeouts, no health checks. It exists to measure.
 //!
-//! Usage: sluice-forward epoll|uring BACKEND_ADDR [BUFFER_KIB]   (prints the bound 127.0.0.1
+//! Usage: sluice-forward epoll|uring|tokio BACKEND_ADDR [BUFFER_KIB]   (prints the bound 127.0.0.1
 //! address). The buffer per direction is 64 KiB unless given: the size sluice reads large
 //! results with (HAProxy's default is 16 KiB).
 
@@ -18,6 +21,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 
 mod epoll;
+mod tokio_loop;
 mod uring;
 
 /// Bytes buffered per direction unless told otherwise.
@@ -93,16 +97,20 @@ impl<T> Slab<T> {
 /// Prints the address clients connect to, once the loop is set up: a mode the kernel refuses
 /// (io_uring can be disabled, or blocked by a seccomp profile) exits without printing it.
 fn announce(listener: &TcpListener) {
+    announce_addr(listener.local_addr().expect("local address"));
+}
+
+fn announce_addr(addr: std::net::SocketAddr) {
     use std::io::Write;
     let mut out = std::io::stdout();
-    let _ = writeln!(out, "{}", listener.local_addr().expect("local address"));
+    let _ = writeln!(out, "{addr}");
     let _ = out.flush();
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (Some(mode), Some(backend)) = (args.get(1), args.get(2)) else {
-        eprintln!("usage: sluice-forward epoll|uring BACKEND_ADDR");
+        eprintln!("usage: sluice-forward epoll|uring|tokio BACKEND_ADDR");
         std::process::exit(2);
     };
     let kib = args.get(3).map_or(Some(DEFAULT_BUF_KIB), |a| a.parse().ok()).filter(|k| (1..=1024).contains(k));
@@ -115,8 +123,9 @@ fn main() {
     let result = match mode.as_str() {
         "epoll" => epoll::run(listener, &target),
         "uring" => uring::run(listener, &target),
+        "tokio" => tokio_loop::run(listener, &target),
         _ => {
-            eprintln!("unknown mode {mode}: epoll or uring");
+            eprintln!("unknown mode {mode}: epoll, uring or tokio");
             std::process::exit(2);
         }
     };
