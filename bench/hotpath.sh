@@ -8,7 +8,10 @@
 # Then passthrough (no [users]: sluice logs no one in and reads no statement) with digests off
 # and with them counted there too (passthrough-digests), and passthrough serving sysbench's
 # prepared point selects (passthrough-ps: COM_STMT_EXECUTE and binary rows, as the benchmark's
-# suites send them; one sysbench thread).
+# suites send them; one sysbench thread). On request (HOTPATH_CONFIGS), the same prepared point
+# selects through the benchmarks' byte forwarders, which do no protocol work: forward-epoll-ps
+# (an epoll loop) and forward-tokio-ps (tokio's current-thread runtime, as each worker runs it).
+#   HOTPATH_CONFIGS="passthrough-ps forward-tokio-ps forward-epoll-ps" bench/hotpath.sh
 #   bench/hotpath.sh            (needs valgrind: scripts/setup.sh valgrind)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -54,11 +57,20 @@ queries() {
 # Instructions of sluice while it serves n queries (after the warm-up).
 run() {
   local cfg=$1 n=$2 port=$((20000 + RANDOM % 20000)) admin=$((20000 + RANDOM % 20000))
-  local extra=()
+  local extra=() cmd
   [ "$cfg" = capture ] && extra=(--admin "127.0.0.1:$admin")
-  valgrind --tool=callgrind --compress-strings=no --compress-pos=no --callgrind-out-file="$WORK/$cfg-$n.out" "$ROOT/target/release/sluice" \
-    -c "$WORK/${cfg%-ps}.toml" --listen "127.0.0.1:$port" "${extra[@]}" > "$WORK/$cfg-$n.log" 2>&1 &
+  cmd=("$ROOT/target/release/sluice" -c "$WORK/${cfg%-ps}.toml" --listen "127.0.0.1:$port" "${extra[@]}")
+  if [ "${cfg#forward-}" != "$cfg" ]; then  # forward-MODE-ps: sluice-forward MODE in front of the server
+    local mode=${cfg#forward-}
+    cmd=("$ROOT/target/release/sluice-forward" "${mode%-ps}" "127.0.0.1:$PORT")
+  fi
+  valgrind --tool=callgrind --compress-strings=no --compress-pos=no --callgrind-out-file="$WORK/$cfg-$n.out" "${cmd[@]}" \
+    > "$WORK/$cfg-$n.log" 2>&1 &
   local vp=$!
+  if [ "${cfg#forward-}" != "$cfg" ]; then
+    for _ in $(seq 1 200); do grep -q '^127' "$WORK/$cfg-$n.log" && break; sleep 0.3; done
+    port=$(grep -m1 '^127' "$WORK/$cfg-$n.log" | sed 's/.*://')
+  fi
   for _ in $(seq 1 200); do mariadb -h127.0.0.1 -P$port -uapp -papppw test -e "SELECT 1" >/dev/null 2>&1 && break; sleep 0.3; done
   queries "$cfg" "$port" 100
   if [ "$cfg" = capture ]; then  # (started after the warm-up, its sessions begun)
