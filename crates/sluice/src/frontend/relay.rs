@@ -721,7 +721,7 @@ impl Session {
                     .write_within(limit, &self.client.rbuf[..n])
                     .await
                     .map_err(|e| Error::io(Side::Backend, "forwarding request", e))?;
-                self.ctx.metrics.bytes_from_clients.inc_by(n as u64);
+                self.ctx.metrics.relay.bytes_from_clients(n);
                 self.client.rbuf.advance(n);
             }
             if walk.done {

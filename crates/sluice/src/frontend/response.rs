@@ -41,7 +41,7 @@ pub(super) async fn relay_response(
             }
             if let Some(client) = client.as_mut() {
                 client.write(&backend.rbuf[..scan.consumed]).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
-                ctx.metrics.bytes_to_clients.inc_by(scan.consumed as u64);
+                ctx.metrics.relay.bytes_to_clients(scan.consumed);
             }
             backend.rbuf.advance(scan.consumed);
         }
@@ -130,7 +130,7 @@ async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &C
                 .write_within(ctx.config().proxy.response_timeout, &client.rbuf[..n])
                 .await
                 .map_err(|e| Error::io(Side::Backend, "forwarding file", e))?;
-            ctx.metrics.bytes_from_clients.inc_by(n as u64);
+            ctx.metrics.relay.bytes_from_clients(n);
             client.rbuf.advance(n);
         }
         if walk.done {

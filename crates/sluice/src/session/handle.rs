@@ -59,22 +59,15 @@ pub const EXPIRED: u32 = u32::MAX;
 pub const ABANDONED: u32 = u32::MAX - 1;
 
 /// The shared face of a session: what other tasks may see or ask of it.
+///
+/// Laid out as declared, from a cache line of its own: the fields up to `wake`'s flag are the
+/// ones every command reads or writes, and they share that first line (a session's data is
+/// cold when its next command comes, so each line it touches is a wait for memory).
+#[repr(C, align(64))]
 pub struct SessionHandle {
-    pub id: u32,
-    pub started: Instant,
     pub queries: AtomicU64,
-    pub busy: AtomicBool,
-    /// Set by KILL CONNECTION or a forced shutdown.
-    pub killed: AtomicBool,
-    /// A KILL CONNECTION for this session is under way.
-    pub kill_pending: AtomicBool,
-    /// Woken to make an idle session look at `killed` and the drain flag.
-    pub wake: Wake,
-    pub backend_index: AtomicU32,
-    pub backend_thread_id: AtomicU32,
-    /// Server status flags after the last command (changes every transaction: kept apart from
-    /// `info` so that publishing it costs one store).
-    pub status: AtomicU16,
+    /// Whether it may park while idle, and was asked to.
+    pub parking: crate::session::parking::Parking,
     /// The tick (`ctx.clock`) at which the session began to wait for its backend's response,
     /// [`NOT_WAITING`] when it is not waiting, [`EXPIRED`] once the sweep
     /// found that wait past `response_timeout`, or [`ABANDONED`].
@@ -82,19 +75,31 @@ pub struct SessionHandle {
     /// A move asked of the session: [`NO_MOVE`], [`MOVE_ANYWHERE`], or the target backend's
     /// index + 1; and why (a [`MoveReason`] index).
     move_to: AtomicU32,
+    /// Server status flags after the last command (changes every transaction: kept apart from
+    /// `info` so that publishing it costs one store).
+    pub status: AtomicU16,
+    pub busy: AtomicBool,
+    /// Set by KILL CONNECTION or a forced shutdown.
+    pub killed: AtomicBool,
+    /// A KILL CONNECTION for this session is under way.
+    pub kill_pending: AtomicBool,
     move_why: AtomicU8,
     /// Sluice could move the session at its next safe point: it holds the credentials (users
     /// mode) and nothing it cannot recreate is open (as last published).
     pub can_move: AtomicBool,
     /// It waits at the gate of a consistent capture start.
     pub gated: AtomicBool,
+    /// Woken to make an idle session look at `killed` and the drain flag.
+    pub wake: Wake,
+    pub id: u32,
+    pub backend_index: AtomicU32,
+    pub backend_thread_id: AtomicU32,
     /// Its statements are routed one by one (read/write split): the backend it is bound to
     /// changes with them, and the rebalancer leaves it alone.
     pub split: AtomicBool,
+    pub started: Instant,
     /// When it last moved (milliseconds of `metrics::mono_ns`; 0: never).
     pub moved_at_ms: AtomicU64,
-    /// Whether it may park while idle, and was asked to.
-    pub parking: crate::session::parking::Parking,
     pub info: Mutex<Published>,
 }
 
@@ -239,6 +244,7 @@ impl SessionHandle {
 /// Waiting costs an atomic swap and a pointer comparison: the task's waker is stored only when
 /// it changed, not registered and removed at every command as a `tokio::sync::Notify` would.
 #[derive(Default)]
+#[repr(C)] // (the flag first: it falls in the handle's first line)
 pub struct Wake {
     flag: AtomicBool,
     waker: Mutex<Option<Waker>>,
@@ -388,5 +394,31 @@ mod tests {
         tokio::task::yield_now().await;
         std::thread::spawn(move || wake.notify()).join().unwrap();
         waiter.await.unwrap();
+    }
+}
+
+#[cfg(test)]
+mod layout {
+    use std::mem::offset_of;
+
+    use super::{SessionHandle, Wake};
+
+    /// What every command touches of its handle is in one cache line.
+    #[test]
+    fn what_a_command_touches_shares_the_first_line() {
+        assert_eq!(std::mem::align_of::<SessionHandle>(), 64);
+        for end in [
+            offset_of!(SessionHandle, queries) + 8,
+            offset_of!(SessionHandle, parking) + std::mem::size_of::<crate::session::parking::Parking>(),
+            offset_of!(SessionHandle, response_wait) + 4,
+            offset_of!(SessionHandle, move_to) + 4,
+            offset_of!(SessionHandle, status) + 2,
+            offset_of!(SessionHandle, busy) + 1,
+            offset_of!(SessionHandle, killed) + 1,
+            offset_of!(SessionHandle, kill_pending) + 1,
+            offset_of!(SessionHandle, wake) + offset_of!(Wake, flag) + 1,
+        ] {
+            assert!(end <= 64, "a hot field ends at byte {end}");
+        }
     }
 }
