@@ -60,14 +60,12 @@ run() {
   local extra=() cmd
   [ "$cfg" = capture ] && extra=(--admin "127.0.0.1:$admin")
   cmd=("$ROOT/target/release/sluice" -c "$WORK/${cfg%-ps}.toml" --listen "127.0.0.1:$port" "${extra[@]}")
-  if [ "${cfg#forward-}" != "$cfg" ]; then  # forward-MODE-ps: sluice-forward MODE in front of the server
-    local mode=${cfg#forward-}
-    cmd=("$ROOT/target/release/sluice-forward" "${mode%-ps}" "127.0.0.1:$PORT")
-  fi
+  local mode=${cfg#forward-}  # forward-MODE-ps: sluice-forward MODE in front of the server
+  [ "$mode" != "$cfg" ] && cmd=("$ROOT/target/release/sluice-forward" "${mode%-ps}" "127.0.0.1:$PORT")
   valgrind --tool=callgrind --compress-strings=no --compress-pos=no --callgrind-out-file="$WORK/$cfg-$n.out" "${cmd[@]}" \
     > "$WORK/$cfg-$n.log" 2>&1 &
   local vp=$!
-  if [ "${cfg#forward-}" != "$cfg" ]; then
+  if [ "$mode" != "$cfg" ]; then
     for _ in $(seq 1 200); do grep -q '^127' "$WORK/$cfg-$n.log" && break; sleep 0.3; done
     port=$(grep -m1 '^127' "$WORK/$cfg-$n.log" | sed 's/.*://')
   fi

@@ -15,6 +15,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
+use sluice_proto::consts::com;
+
 use crate::error::Side;
 use crate::worker::{SHARDS, shard};
 
@@ -66,33 +68,16 @@ impl EncodeMetric for ShardedCounter {
 #[derive(Debug, Clone)]
 pub struct RelayCounters(Arc<[RelayShard]>);
 
-/// A shard's cells: the bytes from and to clients, then one per command byte, the commonest
-/// commands' first, so that their adds and the bytes' share the first cache line.
+/// A shard's cells: the bytes from and to clients, then one per command name
+/// (`com::name_index`: the commonest commands' first, so that their adds and the bytes' share
+/// the first cache line).
 #[derive(Debug)]
 #[repr(C, align(64))]
-pub struct RelayShard([AtomicU64; COMMAND_CELLS + COMMON + 256]);
+pub struct RelayShard([AtomicU64; COMMAND_CELLS + com::NAMES.len()]);
 
 const FROM_CLIENTS_CELL: usize = 0;
 const TO_CLIENTS_CELL: usize = 1;
 const COMMAND_CELLS: usize = 2;
-/// How many of the commonest commands take the cells right after the bytes' (`command_cell`).
-const COMMON: usize = 6;
-
-/// The cell of command `cmd`: the commonest first, the others after them, by byte.
-#[inline]
-fn command_cell(cmd: u8) -> usize {
-    use sluice_proto::consts::com;
-    COMMAND_CELLS
-        + match cmd {
-            com::QUERY => 0,
-            com::STMT_EXECUTE => 1,
-            com::STMT_FETCH => 2,
-            com::STMT_PREPARE => 3,
-            com::STMT_CLOSE => 4,
-            com::PING => 5,
-            _ => COMMON + cmd as usize,
-        }
-}
 
 impl RelayCounters {
     fn new() -> RelayCounters {
@@ -106,7 +91,7 @@ impl RelayCounters {
 
     #[inline]
     pub fn command(&self, cmd: u8) {
-        self.add(command_cell(cmd), 1);
+        self.add(COMMAND_CELLS + com::name_index(cmd), 1);
     }
 
     #[inline]
@@ -134,15 +119,7 @@ impl Collector for RelayCounters {
             }
             Ok::<_, std::fmt::Error>(())
         };
-        // (Command bytes that share a name share its series.)
-        use sluice_proto::consts::com::{NAMES, name};
-        let mut commands = [0u64; NAMES.len()];
-        for c in 0..=255u8 {
-            if let Some(i) = NAMES.iter().position(|n| *n == name(c)) {
-                commands[i] += self.sum(command_cell(c));
-            }
-        }
-        let mut commands = NAMES.iter().zip(commands).map(|(n, v)| (vec![("command", n.to_string())], v));
+        let mut commands = com::NAMES.iter().enumerate().map(|(i, n)| (vec![("command", n.to_string())], self.sum(COMMAND_CELLS + i)));
         family("commands", "Client commands relayed, by command", &mut commands)?;
         let mut bytes = [("from_clients", FROM_CLIENTS_CELL), ("to_clients", TO_CLIENTS_CELL)]
             .into_iter()
@@ -698,11 +675,6 @@ impl Metrics {
         self.split[s.index()].inc();
     }
 
-    #[inline]
-    pub fn command(&self, cmd: u8) {
-        self.relay.command(cmd);
-    }
-
     /// The hit and timeout counters of a query rule.
     pub fn rule(&self, name: &str) -> (Counter, Counter) {
         let l = vec![("rule", name.to_string())];
@@ -751,12 +723,12 @@ mod tests {
     #[test]
     fn renders_pre_registered_series() {
         let m = Metrics::new(&["db1".into()]);
-        m.command(sluice_proto::consts::com::QUERY);
-        m.command(sluice_proto::consts::com::STMT_EXECUTE);
-        m.command(sluice_proto::consts::com::STMT_EXECUTE);
-        m.command(sluice_proto::consts::com::SLEEP);
-        m.command(0xf0);
-        m.command(0xf1);
+        m.relay.command(com::QUERY);
+        m.relay.command(com::STMT_EXECUTE);
+        m.relay.command(com::STMT_EXECUTE);
+        m.relay.command(com::SLEEP);
+        m.relay.command(0xf0);
+        m.relay.command(0xf1);
         m.relay.bytes_from_clients(7);
         m.relay.bytes_to_clients(5);
         m.relay.bytes_to_clients(6);

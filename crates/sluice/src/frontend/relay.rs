@@ -342,7 +342,7 @@ impl Session {
     /// Counts the command, and records it when a capture (`capture`: its generation) takes it.
     /// Whether it is recorded.
     fn begin_command(&mut self, cmd: u8, h: Header, capture: u64) -> bool {
-        self.ctx.metrics.command(cmd);
+        self.ctx.metrics.relay.command(cmd);
         self.handle.queries.fetch_add(1, Ordering::Relaxed);
         let recording = capture != 0 && self.capture_command(capture, cmd, h);
         // COM_PING changes nothing on the server.
