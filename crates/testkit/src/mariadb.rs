@@ -100,12 +100,25 @@ pub fn work_root() -> PathBuf {
     base
 }
 
+/// A server's own directory for temporary files, next to its data directory (not inside it,
+/// where the server would take it for a database). Each server needs its own: at start-up a
+/// server deletes every `#sql*` file in its temporary directory, which in a shared `/tmp` are the
+/// on-disk temporary tables of the servers already running.
+fn tmp_dir(datadir: &Path) -> PathBuf {
+    let mut name = datadir.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    datadir.with_file_name(name)
+}
+
 /// The options of every test server; `binlog`: it writes a binary log (a replication topology's
 /// servers), else none.
 fn server_args(bin: &Path, datadir: &Path, socket: &Path, port: Option<u16>, binlog: bool) -> Command {
+    let tmp = tmp_dir(datadir);
+    fs::create_dir_all(&tmp).expect("create the server's temporary directory");
     let mut c = Command::new(bin);
     c.arg("--no-defaults")
         .arg(format!("--datadir={}", datadir.display()))
+        .arg(format!("--tmpdir={}", tmp.display()))
         .arg(format!("--socket={}", socket.display()))
         .arg(format!("--pid-file={}", datadir.join("mariadb.pid").display()))
         .arg(format!("--log-error={}", datadir.join("error.log").display()))
@@ -396,6 +409,7 @@ impl Drop for MariaDb {
         self.kill();
         if std::env::var_os("SLUICE_KEEP_TEST_DIRS").is_none() {
             let _ = fs::remove_dir_all(&self.dir);
+            let _ = fs::remove_dir_all(tmp_dir(&self.dir));
         }
     }
 }
