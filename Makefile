@@ -13,7 +13,7 @@ SOAK_ARGS ?=
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS = client_handshake server_packet response_stream request_stream compressed sql rw digest proxy_header
 
-.PHONY: run test bench bench-smoke soak fuzz
+.PHONY: run test bench bench-smoke soak fuzz pgo
 
 run:
 	scripts/run.sh
@@ -26,6 +26,11 @@ bench:
 
 bench-smoke:
 	python3 bench/bench.py --smoke $(BENCH_ARGS)
+
+# A profile-guided build of sluice: target/pgo/release/sluice (`make bench BENCH_ARGS=--pgo`
+# measures it beside the plain build in the floor and tidb suites).
+pgo:
+	scripts/pgo.sh
 
 soak:
 	python3 bench/soak.py $(SOAK_ARGS)

@@ -36,6 +36,8 @@ import tidb  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work"
+# sluice's profile-guided build (scripts/pgo.sh), measured beside the plain one with --pgo.
+PGO_SLUICE = ROOT / "target/pgo/release/sluice"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ALL_SUITES = ["basic", "ranges", "latency", "long", "short", "scaling", "floor", "multiplex", "idle", "drain", "split", "features",
               "capture", "failover", "tidb"]
@@ -191,10 +193,11 @@ listen mysql
             raise RuntimeError(f"sluice-forward {mode} failed; see bench/work/{name}.log")
         self.targets[name] = Target(name, int(addr.rsplit(":", 1)[1]), proc=p)
 
-    def start_sluice(self, name, backend_port, workers, runtime="per-core"):
+    def start_sluice(self, name, backend_port, workers, runtime="per-core", binary=None):
+        """sluice in passthrough mode (`binary`: another build of it, e.g. PGO_SLUICE)."""
         port = free_port()
         sock = WORK / f"{name}.sock"
-        p = self.spawn([str(ROOT / "target/release/sluice"), "--listen", f"127.0.0.1:{port}", "--listen", str(sock),
+        p = self.spawn([str(binary or ROOT / "target/release/sluice"), "--listen", f"127.0.0.1:{port}", "--listen", str(sock),
                         "--backend", f"127.0.0.1:{backend_port}", "--workers", str(workers), "--runtime", runtime],
                        f"{name}.log")
         wait_port(port, p)
@@ -433,6 +436,8 @@ def parse_args():
                    help="a measurement during which the host stole more than this %% of the CPU is taken again")
     p.add_argument("--steal-retries", type=int, default=2, help="how many times at most (0: never)")
     p.add_argument("--steal-pause", type=float, default=10.0, help="seconds to wait before measuring again")
+    p.add_argument("--pgo", action="store_true",
+                   help="also measure sluice's profile-guided build (scripts/pgo.sh builds it) in the floor and tidb suites")
     p.add_argument("--report-only", action="store_true",
                    help="write report.md and the charts again from bench/results/<name>/raw.json, measuring nothing")
     p.add_argument("--smoke", action="store_true", help="every suite at minimal size, to check the harness")
@@ -449,6 +454,7 @@ def parse_args():
         a.tidb_threads = "4"
         a.workloads = "oltp_point_select,oltp_read_only"
         a.steal_retries = 0
+        a.pgo = True  # (its build and training too, so that they cannot rot)
         a.name = a.name or "smoke"
     a.name = a.name or time.strftime("%Y%m%d-%H%M%S")
     a.threads = [int(x) for x in a.threads.split(",")]
@@ -539,6 +545,10 @@ def main():
     if "idle" in args.suites or "drain" in args.suites or "failover" in args.suites:
         suites.ensure_pymysql()
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "sluice", "-p", "sluice-testkit"], cwd=ROOT, check=True)
+    if args.pgo:
+        seconds = "1" if args.smoke else os.environ.get("PGO_SECONDS", "5")
+        subprocess.run([str(ROOT / "scripts/pgo.sh")], cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                       env=dict(os.environ, PGO_SECONDS=seconds))
     # A fresh work directory, except bench/work/soak: a `make soak` may be running.
     WORK.mkdir(parents=True, exist_ok=True)
     for p in WORK.iterdir():
@@ -574,6 +584,8 @@ def main():
             env.start_forward("forward-epoll", "epoll", env.backend_port)
             env.start_forward("forward-uring", "uring", env.backend_port)
             env.start_forward("forward-tokio", "tokio", env.backend_port)
+            if args.pgo:
+                env.start_sluice("sluice-pgo", env.backend_port, args.workers, binary=PGO_SLUICE)
         if "scaling" in args.suites:
             env.start_sluice("sluice-1w", env.backend_port, 1)
             env.start_sluice("sluice-2w", env.backend_port, 2)

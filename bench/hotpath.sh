@@ -12,10 +12,13 @@
 # selects through the benchmarks' byte forwarders, which do no protocol work: forward-epoll-ps
 # (an epoll loop) and forward-tokio-ps (tokio's current-thread runtime, as each worker runs it).
 #   HOTPATH_CONFIGS="passthrough-ps forward-tokio-ps forward-epoll-ps" bench/hotpath.sh
+# HOTPATH_SLUICE names another sluice binary to measure, e.g. the profile-guided build:
+#   scripts/pgo.sh && HOTPATH_SLUICE=target/pgo/release/sluice bench/hotpath.sh
 #   bench/hotpath.sh            (needs valgrind: scripts/setup.sh valgrind)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$ROOT/bench/work/hotpath
+SLUICE=$(realpath "${HOTPATH_SLUICE:-$ROOT/target/release/sluice}")
 rm -rf "$WORK" && mkdir -p "$WORK"
 "$ROOT/scripts/setup.sh" valgrind sysbench >/dev/null
 cargo build --release -q -p sluice -p sluice-testkit --manifest-path "$ROOT/Cargo.toml"
@@ -59,7 +62,7 @@ run() {
   local cfg=$1 n=$2 port=$((20000 + RANDOM % 20000)) admin=$((20000 + RANDOM % 20000))
   local extra=() cmd
   [ "$cfg" = capture ] && extra=(--admin "127.0.0.1:$admin")
-  cmd=("$ROOT/target/release/sluice" -c "$WORK/${cfg%-ps}.toml" --listen "127.0.0.1:$port" "${extra[@]}")
+  cmd=("$SLUICE" -c "$WORK/${cfg%-ps}.toml" --listen "127.0.0.1:$port" "${extra[@]}")
   local mode=${cfg#forward-}  # forward-MODE-ps: sluice-forward MODE in front of the server
   [ "$mode" != "$cfg" ] && cmd=("$ROOT/target/release/sluice-forward" "${mode%-ps}" "127.0.0.1:$PORT")
   valgrind --tool=callgrind --compress-strings=no --compress-pos=no --callgrind-out-file="$WORK/$cfg-$n.out" "${cmd[@]}" \

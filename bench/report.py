@@ -340,7 +340,8 @@ def scaling(med, args, lines):
     lines.append("")
 
 
-FLOOR_TARGETS = [("haproxy", "HAProxy"), ("sluice", "sluice"), ("forward-epoll", "epoll forwarder"),
+FLOOR_TARGETS = [("haproxy", "HAProxy"), ("sluice", "sluice"), ("sluice-pgo", "sluice, PGO build"),
+                 ("forward-epoll", "epoll forwarder"),
                  ("forward-uring", "io_uring forwarder"), ("forward-tokio", "tokio forwarder")]
 
 
@@ -357,6 +358,8 @@ def floor(med, args, lines):
     for v in variants:
         k = lambda target: f"floor/{v}/{target}"  # noqa: E731
         for target, label in FLOOR_TARGETS:
+            if target == "sluice-pgo" and k(target) not in med:
+                continue
             row = [v, label, f(get(med, k(target), "qps")),
                    f(ratio(get(med, k(target), "qps"), get(med, k("haproxy"), "qps")), 2)]
             row += [f(get(med, k(target), x), 2) for x in

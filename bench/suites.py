@@ -133,7 +133,8 @@ def cells(env, args):
     if "floor" in suites:
         # The cells of the CPU targets, also on two forwarders that relay bytes and do nothing
         # else (sluice-forward): what relaying costs on each event loop, with no protocol work.
-        floor = [t for t in ("haproxy", "sluice", "forward-epoll", "forward-uring", "forward-tokio") if t in env.targets]
+        floor = [t for t in ("haproxy", "sluice", "sluice-pgo", "forward-epoll", "forward-uring", "forward-tokio")
+                 if t in env.targets]
         for w in args.workloads[:2]:
             for threads in args.threads:
                 out.append(Cell("floor", f"{w}/{threads}", w, threads, floor))

@@ -3,7 +3,9 @@ its embedded store, built by scripts/tidb.sh, GOMAXPROCS=1), in one run: directl
 HAProxy in TCP mode, through two byte forwarders that do no protocol work (sluice-forward: an epoll
 loop, and tokio's current-thread runtime as each of sluice's workers runs it) and through sluice in passthrough mode with what it adds for TiDB switched on (the server's
 status address read at every health check and its /metrics every 5 s, balancing by the server's
-response time, CPU and memory, the statements followed that decide when a session may move). Every proxy runs one thread, as in the seed (one worker or GOMAXPROCS=1 each).
+response time, CPU and memory, the statements followed that decide when a session may move), with
+--pgo also through sluice's profile-guided build (scripts/pgo.sh) set up the same way. Every proxy
+runs one thread, as in the seed (one worker or GOMAXPROCS=1 each).
 
 The seed's workloads at this machine's scale: sysbench's basic workloads (point_select,
 read_only, write_only, read_write) at --tidb-threads (the seed's 32 and 8 threads fit two cores
@@ -22,10 +24,12 @@ import time
 from ports import free_ports, wait_port
 
 TARGETS = ["tidb-direct", "tidb-haproxy", "tidb-forward", "tidb-forward-tokio", "tidb-sluice"]
+# sluice's profile-guided build (scripts/pgo.sh), with --pgo.
+PGO_TARGET = "tidb-sluice-pgo"
 WORKLOADS = ["oltp_point_select", "oltp_read_only", "oltp_write_only", "oltp_read_write"]
 RANGE_THREADS = 8
 LABELS = {"tidb-direct": "direct", "tidb-haproxy": "HAProxy", "tidb-forward": "forwarder",
-          "tidb-forward-tokio": "tokio forwarder", "tidb-sluice": "sluice"}
+          "tidb-forward-tokio": "tokio forwarder", "tidb-sluice": "sluice", PGO_TARGET: "sluice, PGO build"}
 # What was measured here once before this suite (issue 40: sysbench, one tidb-server, each proxy
 # one worker, in one run): CPU per query and QPS of sluice, TiProxy and a byte forwarder, each
 # over HAProxy's.
@@ -86,18 +90,20 @@ filename = "{d / 'tidb.log'}"
     env.start_haproxy("tidb-haproxy", port, threads=1)
     env.start_forward("tidb-forward", "epoll", port)
     env.start_forward("tidb-forward-tokio", "tokio", port)
-    start_sluice(env, port, status, target_class)
-    for name in TARGETS:
+    start_sluice(env, port, status, target_class, "tidb-sluice", env.root / "target/release/sluice")
+    if env.args.pgo:
+        start_sluice(env, port, status, target_class, PGO_TARGET, env.root / "target/pgo/release/sluice")
+    for name in TARGETS + [PGO_TARGET]:
         if name in env.targets:
             env.targets[name].server_pid = p.pid
 
 
-def start_sluice(env, port, status, target_class):
-    """sluice in passthrough mode, one worker, with what TiDB backends add switched on: the
-    server's status address read at every health check and its /metrics every 5 s, balancing by its
-    response time, CPU and memory."""
+def start_sluice(env, port, status, target_class, name, binary):
+    """sluice (`binary`) in passthrough mode, one worker, with what TiDB backends add switched on:
+    the server's status address read at every health check and its /metrics every 5 s, balancing
+    by its response time, CPU and memory."""
     listen, admin = free_ports(2)
-    cfg = env.work / "tidb-sluice.toml"
+    cfg = env.work / f"{name}.toml"
     cfg.write_text(f"""tls = "off"
 [[listeners]]
 address = "127.0.0.1:{listen}"
@@ -111,14 +117,14 @@ balance = "least-latency"
 address = "127.0.0.1:{port}"
 status = "127.0.0.1:{status}"
 """)
-    p = env.spawn([str(env.root / "target/release/sluice"), "--config", str(cfg)], "tidb-sluice.log")
+    p = env.spawn([str(binary), "--config", str(cfg)], f"{name}.log")
     wait_port(listen, p)
-    env.targets["tidb-sluice"] = target_class("tidb-sluice", listen, proc=p)
+    env.targets[name] = target_class(name, listen, proc=p)
 
 
 def cells(args, cell_class, range_args):
     out = []
-    targets = TARGETS
+    targets = TARGETS + ([PGO_TARGET] if args.pgo else [])
     for w in WORKLOADS:
         for threads in args.tidb_threads:
             out.append(cell_class("tidb", f"basic/{w}/{threads}", w, threads, targets))
@@ -138,14 +144,16 @@ def report(med, args, lines, f, get):
         a, b = get(med, k(variant, target), field), get(med, k(variant, "tidb-haproxy"), field)
         return None if a is None or not b else a / b
 
+    pgo = any(key.endswith("/" + PGO_TARGET) for key in med)
+    pgo_head, pgo_rule = (" sluice PGO CPU vs HAProxy |", "---|") if pgo else ("", "")
     lines += ["One tidb-server (unistore, GOMAXPROCS=1) on this machine; every proxy one thread; sysbench, the "
               "server and the proxy share the two cores. Ratios are over HAProxy's in the same run: CPU is the "
               "proxy process's utime+stime per query.", "",
               "### Long connections: the basic workloads", "",
               "| workload | threads | direct QPS | HAProxy QPS | sluice QPS vs HAProxy | forwarder QPS vs HAProxy "
               "| HAProxy µs/query | sluice µs/query | sluice CPU vs HAProxy | forwarder CPU vs HAProxy "
-              "| tokio forwarder CPU vs HAProxy |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| tokio forwarder CPU vs HAProxy |" + pgo_head,
+              "|---|---|---|---|---|---|---|---|---|---|---|" + pgo_rule]
     for w in WORKLOADS:
         for threads in args.tidb_threads:
             v = f"basic/{w}/{threads}"
@@ -155,6 +163,8 @@ def report(med, args, lines, f, get):
                    f(get(med, k(v, "tidb-sluice"), "proxy_cpu_us_per_query"), 1),
                    f(vs(v, "tidb-sluice", "proxy_cpu_us_per_query"), 2), f(vs(v, "tidb-forward", "proxy_cpu_us_per_query"), 2),
                    f(vs(v, "tidb-forward-tokio", "proxy_cpu_us_per_query"), 2)]
+            if pgo:
+                row.append(f(vs(v, PGO_TARGET, "proxy_cpu_us_per_query"), 2))
             lines.append("| " + " | ".join(row) + " |")
     lines += ["", "The cells measured once before this suite existed (sluice, TiProxy and a byte forwarder against "
               "HAProxy in one run, one tidb-server, each proxy one worker; TiProxy cannot be built from the package "
@@ -184,7 +194,7 @@ def report(med, args, lines, f, get):
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", f"### Short connections (a connection per query, up to {args.churn_rate} per second)", "",
               "| target | connections | proxy µs/connection | tidb-server µs/connection |", "|---|---|---|---|"]
-    for t in TARGETS:
+    for t in TARGETS + ([PGO_TARGET] if pgo else []):
         c = k("short/cost", t)
         lines.append(f"| {LABELS[t]} | {f(get(med, c, 'conns'))} | {f(get(med, c, 'proxy_us_per_conn'), 1)} "
                      f"| {f(get(med, c, 'server_us_per_conn'), 1)} |")
