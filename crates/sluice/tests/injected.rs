@@ -50,7 +50,16 @@ impl Rig {
         let one: Option<i32> = self.other.query_first("SELECT 1").await.expect("the other session is unaffected");
         assert_eq!(one, Some(1));
         wait_for("only the other session is left", || json(&admin_get(&self.s, "/sessions", None).1).as_array().unwrap().len() == 1);
-        wait_for("descriptors are back to where they were", || fd_count(&self.s) == self.fds);
+        if !try_wait_for(|| fd_count(&self.s) == self.fds) {
+            let (_, sessions) = admin_get(&self.s, "/sessions", None);
+            panic!(
+                "descriptors are not back to {} but {}: {:?}\nsessions: {sessions}\nlog:\n{}",
+                self.fds,
+                fd_count(&self.s),
+                fd_targets(&self.s),
+                self.s.log_text()
+            );
+        }
         let (_, m) = admin_get(&self.s, "/metrics", None);
         assert!(m.lines().any(|l| l.starts_with("sluice_backend_sessions{") && l.ends_with(" 1")), "{m}");
     }

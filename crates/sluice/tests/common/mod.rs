@@ -283,6 +283,24 @@ pub fn fd_count(s: &SluiceProc) -> usize {
     std::fs::read_dir(format!("/proc/{}/fd", s.pid())).map(|d| d.count()).unwrap_or(0)
 }
 
+/// What each of the process's descriptors is (`socket:[inode]`, a path), sorted: printed when
+/// a count does not come back, to say which.
+pub fn fd_targets(s: &SluiceProc) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{}/fd", s.pid())) else { return Vec::new() };
+    let mut out: Vec<String> = dir
+        .flatten()
+        .map(|e| {
+            format!(
+                "{}->{}",
+                e.file_name().to_string_lossy(),
+                std::fs::read_link(e.path()).map(|t| t.display().to_string()).unwrap_or_default()
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 pub fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("bad JSON ({e}): {body}"))
 }
