@@ -26,6 +26,12 @@ from ports import free_ports, wait_port
 TARGETS = ["tidb-direct", "tidb-haproxy", "tidb-forward", "tidb-forward-tokio", "tidb-sluice"]
 # sluice's profile-guided build (scripts/pgo.sh), with --pgo.
 PGO_TARGET = "tidb-sluice-pgo"
+
+
+def targets(pgo):
+    """The suite's targets, with the PGO build's when it is measured."""
+    return TARGETS + ([PGO_TARGET] if pgo else [])
+
 WORKLOADS = ["oltp_point_select", "oltp_read_only", "oltp_write_only", "oltp_read_write"]
 RANGE_THREADS = 8
 LABELS = {"tidb-direct": "direct", "tidb-haproxy": "HAProxy", "tidb-forward": "forwarder",
@@ -93,7 +99,7 @@ filename = "{d / 'tidb.log'}"
     start_sluice(env, port, status, target_class, "tidb-sluice", env.root / "target/release/sluice")
     if env.args.pgo:
         start_sluice(env, port, status, target_class, PGO_TARGET, env.root / "target/pgo/release/sluice")
-    for name in TARGETS + [PGO_TARGET]:
+    for name in targets(env.args.pgo):
         if name in env.targets:
             env.targets[name].server_pid = p.pid
 
@@ -124,15 +130,15 @@ status = "127.0.0.1:{status}"
 
 def cells(args, cell_class, range_args):
     out = []
-    targets = TARGETS + ([PGO_TARGET] if args.pgo else [])
+    measured = targets(args.pgo)
     for w in WORKLOADS:
         for threads in args.tidb_threads:
-            out.append(cell_class("tidb", f"basic/{w}/{threads}", w, threads, targets))
+            out.append(cell_class("tidb", f"basic/{w}/{threads}", w, threads, measured))
     for size in args.range_sizes:
-        out.append(cell_class("tidb", f"ranges/{size}", "oltp_read_only", RANGE_THREADS, targets,
+        out.append(cell_class("tidb", f"ranges/{size}", "oltp_read_only", RANGE_THREADS, measured,
                               range_args + [f"--range_size={size}"]))
     # Short connections: what one costs each process (no workload).
-    out.append(cell_class("tidb", "short/cost", None, 0, targets, churn=args.churn_rate))
+    out.append(cell_class("tidb", "short/cost", None, 0, measured, churn=args.churn_rate))
     return out
 
 
@@ -194,7 +200,7 @@ def report(med, args, lines, f, get):
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", f"### Short connections (a connection per query, up to {args.churn_rate} per second)", "",
               "| target | connections | proxy µs/connection | tidb-server µs/connection |", "|---|---|---|---|"]
-    for t in TARGETS + ([PGO_TARGET] if pgo else []):
+    for t in targets(pgo):
         c = k("short/cost", t)
         lines.append(f"| {LABELS[t]} | {f(get(med, c, 'conns'))} | {f(get(med, c, 'proxy_us_per_conn'), 1)} "
                      f"| {f(get(med, c, 'server_us_per_conn'), 1)} |")

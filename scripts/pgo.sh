@@ -23,11 +23,12 @@ rm -rf "$WORK" && mkdir -p "$WORK/raw"
 LLVM=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
 HOST=$(rustc -vV | sed -n 's/^host: //p')
 PROFDATA=$(rustc --print sysroot)/lib/rustlib/$HOST/bin/llvm-profdata
+packages=(sysbench)
 if [ ! -x "$PROFDATA" ]; then
-  "$ROOT/scripts/setup.sh" sysbench "llvm-$LLVM" >/dev/null
+  packages+=("llvm-$LLVM")
   PROFDATA=/usr/lib/llvm-$LLVM/bin/llvm-profdata
 fi
-"$ROOT/scripts/setup.sh" sysbench >/dev/null
+"$ROOT/scripts/setup.sh" "${packages[@]}" >/dev/null
 
 cd "$ROOT"
 cargo build --release -q -p sluice-testkit

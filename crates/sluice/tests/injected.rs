@@ -24,7 +24,8 @@ struct Rig {
     s: SluiceProc,
     /// A session that must not notice other sessions' faults.
     other: mysql_async::Conn,
-    fds: usize,
+    /// The descriptors sluice held before the faults.
+    fds: Vec<String>,
 }
 
 async fn rig() -> Rig {
@@ -38,7 +39,7 @@ async fn rig() -> Rig {
         .text();
     let s = start_sluice_config(&cfg);
     let other = app(&s).await;
-    let fds = fd_count(&s);
+    let fds = fd_targets(&s);
     Rig { shim, s, other, fds }
 }
 
@@ -50,12 +51,11 @@ impl Rig {
         let one: Option<i32> = self.other.query_first("SELECT 1").await.expect("the other session is unaffected");
         assert_eq!(one, Some(1));
         wait_for("only the other session is left", || json(&admin_get(&self.s, "/sessions", None).1).as_array().unwrap().len() == 1);
-        if !try_wait_for(|| fd_count(&self.s) == self.fds) {
+        if !try_wait_for(|| fd_count(&self.s) == self.fds.len()) {
             let (_, sessions) = admin_get(&self.s, "/sessions", None);
             panic!(
-                "descriptors are not back to {} but {}: {:?}\nsessions: {sessions}\nlog:\n{}",
+                "descriptors are not back to where they were: before {:?}, now {:?}\nsessions: {sessions}\nlog:\n{}",
                 self.fds,
-                fd_count(&self.s),
                 fd_targets(&self.s),
                 self.s.log_text()
             );
@@ -208,6 +208,6 @@ async fn a_backend_host_that_resets_everything() {
     assert!(e.to_string().contains("1105") || e.to_string().contains("no backend"), "{e}");
     r.shim.set_refuse(false);
     r.other = r.client().await;
-    r.fds = fd_count(&r.s);
+    r.fds = fd_targets(&r.s);
     r.assert_clean().await;
 }
