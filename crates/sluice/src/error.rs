@@ -118,6 +118,13 @@ impl Error {
         }
     }
 
+    /// A client's read that failed: one that timed out is the server's 1159 (its
+    /// `net_read_timeout`), any other 1158.
+    pub fn client_read(what: &str, e: std::io::Error) -> Error {
+        let code = if e.kind() == std::io::ErrorKind::TimedOut { code::NET_READ_INTERRUPTED } else { code::NET_READ_ERROR };
+        Error::new(Side::Client, code, format!("{what}: {e}")).state(b"08S01")
+    }
+
     /// A backend's ERR packet (`payload`) as an error carrying its code and SQL state.
     pub fn from_backend_err(payload: &[u8]) -> Error {
         match sluice_proto::basic::Err::parse(payload) {

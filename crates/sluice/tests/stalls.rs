@@ -1,6 +1,7 @@
 //! Backends that accept a connection and then go silent in a login exchange after the
 //! client's login (COM_CHANGE_USER, the set-up after COM_RESET_CONNECTION), and the per-user
-//! connection count across a login that handshake_timeout cuts short.
+//! connection count across a login that handshake_timeout cuts short; clients that stop in the
+//! middle of a request.
 
 mod common;
 
@@ -100,4 +101,38 @@ fn a_silent_backend_after_com_reset_connection_does_not_hang_the_session() {
     r.write_packet(0, b"\x03SELECT 1").expect("send query");
     answered(&mut r, "query after the stalled set-up");
     assert_eq!(shim.fired(), 1);
+}
+
+/// A client that stops in the middle of a request is disconnected once `client_read_timeout`
+/// passed (1159 in the log), whether it stops in the part sluice reads before it plans the
+/// command or in the rest, which it forwards as it comes; and the backend connection it held
+/// goes to no one else with half a request in it: with multiplexing over one connection, the
+/// next client is served.
+fn stalled_mid_request(users: bool, proxy: &str) {
+    let c = TestConfig::new().proxy(&format!("workers = 1\nclient_read_timeout = \"1s\"\n{proxy}")).dbs(&[shared_db()]);
+    let s = if users { c.app_users() } else { c }.start();
+    // (length of the COM_QUERY, bytes of it sent): in the first megabyte, and past it.
+    for (i, (len, sent)) in [(100usize, 20usize), (2 << 20, 3 << 19)].into_iter().enumerate() {
+        let mut r = Raw::login(&s.listen, "app", "apppw", None);
+        let mut partial = vec![len as u8, (len >> 8) as u8, (len >> 16) as u8, 0, com::QUERY];
+        partial.extend_from_slice(b"SELECT 1 /* ");
+        partial.resize(4 + sent, b'x');
+        r.write_raw(&partial).expect("send part of a request");
+        // Closed as the server closes it at net_read_timeout (the raw client's own read
+        // timeout, 30 s, is what a hang shows as).
+        assert!(r.is_closed(), "request {len}: the connection is closed");
+        wait_for("the cut logged", || s.log_text().matches("code=1159").count() == i + 1);
+        let mut other = Raw::login(&s.listen, "app", "apppw", None);
+        assert_eq!(other.row("SELECT 41 + 1"), vec![Some("42".to_string())], "after request {len}");
+    }
+}
+
+#[test]
+fn a_client_that_stalls_in_the_middle_of_a_request_is_cut_off_passthrough() {
+    stalled_mid_request(false, "");
+}
+
+#[test]
+fn a_client_that_stalls_in_the_middle_of_a_request_is_cut_off_multiplexed() {
+    stalled_mid_request(true, "multiplex = true\nmax_backend_connections = 1\n");
 }

@@ -119,6 +119,10 @@ pub struct ProxyConfig {
     /// A client not reading what sluice writes for this long is disconnected; 0 disables.
     #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
     pub client_write_timeout: Duration,
+    /// A client that stops sending for this long in the middle of a request (or of a file for
+    /// LOAD DATA LOCAL, or an auth exchange) is disconnected; 0 disables.
+    #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
+    pub client_read_timeout: Duration,
     /// Largest command a client may send, in bytes (across 16 MiB packet boundaries).
     pub max_packet_size: u64,
     #[serde(deserialize_with = "duration", serialize_with = "show::duration")]
@@ -198,6 +202,7 @@ impl Default for ProxyConfig {
             idle_timeout: Duration::ZERO,
             response_timeout: Duration::from_secs(3600),
             client_write_timeout: Duration::from_secs(60),
+            client_read_timeout: Duration::from_secs(30),
             max_packet_size: 1 << 30,
             shutdown_timeout: Duration::from_secs(30),
             upgrade_drain_after: Duration::ZERO,

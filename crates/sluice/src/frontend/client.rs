@@ -28,6 +28,8 @@ pub struct ClientConn {
     comp: Option<Box<Compression>>,
     /// How long a write may wait for the client to read (zero: forever).
     pub write_timeout: std::time::Duration,
+    /// How long the client may take to send the rest of what it began (zero: forever).
+    pub read_timeout: std::time::Duration,
 }
 
 /// What a parked session keeps of its client connection: the lot holds the socket, and the
@@ -35,18 +37,21 @@ pub struct ClientConn {
 pub struct ClientRest {
     comp: Option<Box<Compression>>,
     write_timeout: std::time::Duration,
+    read_timeout: std::time::Duration,
 }
 
 impl ClientRest {
     pub fn with_stream(self, stream: Stream) -> ClientConn {
-        ClientConn { stream, rbuf: BytesMut::new(), comp: self.comp, write_timeout: self.write_timeout }
+        let (write_timeout, read_timeout) = (self.write_timeout, self.read_timeout);
+        ClientConn { stream, rbuf: BytesMut::new(), comp: self.comp, write_timeout, read_timeout }
     }
 }
 
 impl ClientConn {
     /// Its stream, and the rest (the read buffer, empty, goes).
     pub fn into_rest(self) -> (Stream, ClientRest) {
-        (self.stream, ClientRest { comp: self.comp, write_timeout: self.write_timeout })
+        let (write_timeout, read_timeout) = (self.write_timeout, self.read_timeout);
+        (self.stream, ClientRest { comp: self.comp, write_timeout, read_timeout })
     }
 
     pub fn new(conn: PacketConn, compression: Option<Algorithm>) -> ClientConn {
@@ -55,6 +60,7 @@ impl ClientConn {
             rbuf: conn.rbuf,
             comp: compression.map(|alg| Box::new(Compression { alg, raw: BytesMut::with_capacity(BUF_SIZE), out: Vec::new(), seq: 0 })),
             write_timeout: std::time::Duration::ZERO,
+            read_timeout: std::time::Duration::ZERO,
         }
     }
 
@@ -106,6 +112,14 @@ impl ClientConn {
         }
     }
 
+    /// Reads more of something the client began to send (the rest of a request, a file for
+    /// LOAD DATA LOCAL, an auth exchange): it may stall at most `read_timeout`, like the
+    /// server's `net_read_timeout`. Returns 0 at end of stream.
+    pub async fn fill_rest(&mut self) -> io::Result<usize> {
+        let limit = self.read_timeout;
+        crate::net::within(limit, self.fill()).await
+    }
+
     /// Reads one whole packet of at most `limit` bytes (auth exchanges after login).
     pub async fn read_packet(&mut self, limit: usize) -> io::Result<(u8, Vec<u8>)> {
         use sluice_proto::packet::{HEADER, Header};
@@ -120,7 +134,7 @@ impl ClientConn {
                     return Ok((h.seq, p));
                 }
             }
-            if self.fill().await? == 0 {
+            if self.fill_rest().await? == 0 {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
             }
         }

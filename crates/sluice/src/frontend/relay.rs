@@ -104,6 +104,7 @@ impl Session {
         let config = ctx.config.get();
         let mut client = ClientConn::new(l.client, l.compression);
         client.write_timeout = config.proxy.client_write_timeout;
+        client.read_timeout = config.proxy.client_read_timeout;
         let key = (l.credential.is_some() && l.profile.is_some())
             .then(|| Box::new(Key { user: l.state.user.clone(), fit: l.fit, collation: l.state.collation, attrs: l.conn_attrs }));
         let split = config.routing.split && key.is_some();
@@ -696,11 +697,12 @@ impl Session {
         }
     }
 
+    /// Boxed: its timer stays out of the command's future (a request that spans reads is rare).
     async fn fill_client(&mut self) -> Result<()> {
-        match self.client.fill().await {
+        match Box::pin(self.client.fill_rest()).await {
             Ok(0) => Err(Error::client("client closed the connection in the middle of a request")),
             Ok(_) => Ok(()),
-            Err(e) => Err(Error::io(Side::Client, "reading request", e)),
+            Err(e) => Err(Error::client_read("reading request", e)),
         }
     }
 

@@ -136,12 +136,12 @@ async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &C
         if walk.done {
             return Ok(());
         }
-        match client.fill().await {
+        match client.fill_rest().await {
             Ok(0) => {
                 return Err(Error::client("client closed the connection during LOAD DATA LOCAL"));
             }
             Ok(_) => {}
-            Err(e) => return Err(Error::io(Side::Client, "reading file data", e)),
+            Err(e) => return Err(Error::client_read("reading file data", e)),
         }
     }
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 use sluice_proto::consts::err as code;
 use sluice_proto::packet::{HEADER, Header};
 use tokio::io::AsyncReadExt;
+use tokio::time::Instant;
 
 use super::Admission;
 use super::client::ClientConn;
@@ -88,6 +89,7 @@ impl Session {
                 let backend = watch_backend.then_some(&backend.stream);
                 std::future::poll_fn(|cx| poll_ready_event(backend, &client.stream, handle, waker, cx)).await
             } else {
+                let deadline = if client.rbuf.is_empty() { idle_deadline } else { rest_deadline(client, idle_deadline) };
                 tokio::select! {
                     biased;
                     // The backend first: when it left and a command arrived at once, the session
@@ -95,13 +97,17 @@ impl Session {
                     r = backend_event(backend, park), if watch_backend => Event::Backend(r),
                     r = client_event(client, park) => Event::Client(r),
                     _ = std::future::poll_fn(|cx| handle.wake.poll_woken(cx, waker)) => Event::Woken,
-                    _ = sleep_until(idle_deadline) => Event::IdledOut,
+                    _ = sleep_until(deadline) => Event::IdledOut,
                 }
             };
             let left = match event {
                 Event::Backend(r) => self.backend_spoke(r, park, &mut may_park).await,
                 Event::Client(r) => self.client_spoke(r, park, &mut may_park)?,
                 Event::Woken => None,
+                Event::IdledOut if !self.client.rbuf.is_empty() && !self.client.read_timeout.is_zero() => {
+                    let stalled = std::io::Error::new(std::io::ErrorKind::TimedOut, "the client stopped in the middle of a command");
+                    return Err(Error::client_read("reading command", stalled));
+                }
                 Event::IdledOut => {
                     tracing::info!(session = self.handle.id, "closing idle session");
                     Some(Wait::End)
@@ -245,12 +251,12 @@ impl Session {
 
     /// When an idle session times out (None: never); the idle time counts from the end of its
     /// last command, across parks.
-    pub(super) fn idle_deadline(&mut self) -> Option<tokio::time::Instant> {
+    pub(super) fn idle_deadline(&mut self) -> Option<Instant> {
         let idle = self.config.proxy.idle_timeout;
         if idle.is_zero() {
             return None;
         }
-        Some(*self.idle_since.get_or_insert_with(tokio::time::Instant::now) + idle)
+        Some(*self.idle_since.get_or_insert_with(Instant::now) + idle)
     }
 
     /// Waits, parked, until the client sent something or left, the handle was woken (a kill, a
@@ -354,7 +360,21 @@ async fn client_event(client: &mut ClientConn, parked: bool) -> std::io::Result<
     if parked { client.stream.readable().await.map(|_| 1) } else { client.fill().await }
 }
 
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+/// When a wait for the rest of a command the client began ends: `client_read_timeout` after the
+/// client's last bytes (or the session's last event: the wait starts over after any), or when
+/// the session idles out, whichever comes first. (Never on the common wait, which holds no
+/// byte.)
+#[cold]
+fn rest_deadline(client: &ClientConn, idle: Option<Instant>) -> Option<Instant> {
+    let limit = client.read_timeout;
+    if limit.is_zero() {
+        return idle;
+    }
+    let rest = Instant::now() + limit;
+    Some(idle.map_or(rest, |i| i.min(rest)))
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
