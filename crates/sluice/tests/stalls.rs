@@ -10,9 +10,10 @@ use std::io::ErrorKind;
 use common::*;
 use mysql_async::prelude::*;
 use sluice_proto::auth;
-use sluice_proto::consts::com;
+use sluice_proto::consts::{cap, com};
 use sluice_proto::handshake::ChangeUser;
 use sluice_testkit::fault::{Action, Dir, Fault, FaultProxy, Trigger};
+use sluice_testkit::raw::CLIENT_CAPS;
 
 /// The plugin name sluice puts in every COM_CHANGE_USER it sends a backend.
 const SWITCH_PLUGIN: &[u8] = b"sluice_passthrough";
@@ -125,6 +126,13 @@ fn stalled_mid_request(users: bool, proxy: &str) {
         let mut other = Raw::login(&s.listen, "app", "apppw", None);
         assert_eq!(other.row("SELECT 41 + 1"), vec![Some("42".to_string())], "after request {len}");
     }
+    // A compressed client that sends half a frame.
+    let mut r = Raw::login_caps(&s.listen, "app", "apppw", None, CLIENT_CAPS | cap::COMPRESS);
+    let mut frame = Vec::new();
+    sluice_proto::compress::compress(sluice_proto::compress::Algorithm::Zlib, b"\x09\0\0\0\x03SELECT 1", 0, &mut frame);
+    r.write_raw(&frame[..frame.len() / 2]).expect("send half a frame");
+    assert!(r.is_closed(), "half a frame: the connection is closed");
+    wait_for("the cut logged", || s.log_text().matches("code=1159").count() == 3);
 }
 
 #[test]

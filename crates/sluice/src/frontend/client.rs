@@ -106,7 +106,9 @@ impl ClientConn {
             } else if c.raw.capacity() - c.raw.len() < 1024 {
                 c.raw.reserve(BUF_SIZE);
             }
-            if self.stream.read_buf(&mut c.raw).await? == 0 {
+            // Part of a frame is the client's command begun: the rest may stall only so long.
+            let limit = if c.raw.is_empty() { std::time::Duration::ZERO } else { self.read_timeout };
+            if crate::net::within(limit, self.stream.read_buf(&mut c.raw)).await? == 0 {
                 return Ok(0);
             }
         }

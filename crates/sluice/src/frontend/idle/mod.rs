@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use super::Admission;
 use super::client::ClientConn;
 use super::session::{BackendSide, INSPECT_LIMIT, Session};
-use crate::error::{Error, Result, Side};
+use crate::error::{Error, Result};
 use crate::net::{BUF_SIZE, PacketConn, buffers};
 use crate::session::Registry;
 
@@ -208,7 +208,7 @@ impl Session {
             return match r {
                 Ok(0) => Ok(Some(Wait::End)),
                 Ok(_) => Ok(None),
-                Err(e) => Err(Error::io(Side::Client, "reading command", e)),
+                Err(e) => Err(Error::client_read("reading command", e)),
             };
         }
         // Readiness: read at once rather than wait again. A false one (for TLS, a readiness
@@ -220,7 +220,7 @@ impl Session {
             Ok(0) => return Ok(Some(Wait::End)),
             Ok(_) => *may_park = false,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => *may_park = self.unbuffered(),
-            Err(e) => return Err(Error::io(Side::Client, "reading command", e)),
+            Err(e) => return Err(Error::client_read("reading command", e)),
         }
         Ok(None)
     }
