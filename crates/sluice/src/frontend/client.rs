@@ -106,9 +106,14 @@ impl ClientConn {
             } else if c.raw.capacity() - c.raw.len() < 1024 {
                 c.raw.reserve(BUF_SIZE);
             }
-            // Part of a frame is the client's command begun: the rest may stall only so long.
-            let limit = if c.raw.is_empty() { std::time::Duration::ZERO } else { self.read_timeout };
-            if crate::net::within(limit, self.stream.read_buf(&mut c.raw)).await? == 0 {
+            // Part of a frame is the client's command begun: the rest may stall only so long
+            // (boxed: the timer stays out of every idle session's task).
+            let n = if c.raw.is_empty() {
+                self.stream.read_buf(&mut c.raw).await?
+            } else {
+                Box::pin(crate::net::within(self.read_timeout, self.stream.read_buf(&mut c.raw))).await?
+            };
+            if n == 0 {
                 return Ok(0);
             }
         }
