@@ -149,15 +149,35 @@ impl ClientConn {
 
     /// Writes plain packet bytes to the client.
     pub async fn write(&mut self, data: &[u8]) -> io::Result<()> {
-        let limit = self.write_timeout;
-        match &mut self.comp {
-            None => self.stream.write_within(limit, data).await,
+        match self.write_now(data)? {
+            None => Ok(()),
+            Some(sent) => self.write_rest(data, sent).await,
+        }
+    }
+
+    /// Writes what the socket takes at once of plain packet bytes (compressed first, on a
+    /// compressed connection), with no future: None when all of it went, else how much did,
+    /// for [`ClientConn::write_rest`] to go on from.
+    pub fn write_now(&mut self, data: &[u8]) -> io::Result<Option<usize>> {
+        let (sent, len) = match &mut self.comp {
+            None => (self.stream.write_now(data)?, data.len()),
             Some(c) => {
                 c.out.clear();
                 c.seq = compress::compress(c.alg, data, c.seq, &mut c.out);
-                self.stream.write_within(limit, &c.out).await
+                (self.stream.write_now(&c.out)?, c.out.len())
             }
-        }
+        };
+        Ok((sent < len).then_some(sent))
+    }
+
+    /// Writes the rest of what [`ClientConn::write_now`] began with `data` after the `sent`
+    /// bytes it wrote, waiting at most `client_write_timeout` for room.
+    pub async fn write_rest(&mut self, data: &[u8], sent: usize) -> io::Result<()> {
+        let rest = match &self.comp {
+            None => &data[sent..],
+            Some(c) => &c.out[sent..],
+        };
+        self.stream.write_rest_within(self.write_timeout, rest).await
     }
 
     /// Frames and writes one payload.

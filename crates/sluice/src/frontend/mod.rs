@@ -77,7 +77,9 @@ pub async fn serve(ctx: Arc<Ctx>, mut stream: Stream, peer: String, listener: Ar
     let Some((session, admission)) = Box::pin(admit(ctx, stream, peer, listener)).await else {
         return;
     };
-    live(session, admission, true).await;
+    // The session's commands run in a task of their own: each wake polls their future
+    // directly, not through this one's.
+    tokio::spawn(live(session, admission, true));
 }
 
 /// The client's address: from the PROXY protocol header when the peer is a trusted balancer
@@ -195,7 +197,10 @@ async fn is_own_connection(ctx: &Ctx, peer: &str, stream: &Stream) -> bool {
 /// The session is boxed: it stays where it is when it parks and resumes, and the task's future
 /// does not hold it twice (an async fn keeps its arguments apart from its locals).
 async fn live(mut session: Box<session::Session>, admission: Admission, first: bool) {
-    let result = if first { session.run().await } else { session.resume().await };
+    if first {
+        session.start();
+    }
+    let result = session.resume().await;
     let result = match result {
         Ok(session::Ended::Parked) => return idle::spawn(session, admission),
         // Its sockets are closed here without a word: the connections live on in the new

@@ -35,6 +35,23 @@ enum Route {
     ChangeUser,
 }
 
+/// What a command naming a prepared statement waits for before it is relayed.
+enum StatementNeeds {
+    Nothing,
+    /// COM_STMT_CLOSE of a mapped id: answered here.
+    Close(u32),
+    /// The statement is not prepared on this connection yet.
+    PrepareAgain(u32),
+}
+
+/// Whether command `cmd` names a prepared statement by its id.
+fn names_statement(cmd: u8) -> bool {
+    matches!(
+        cmd,
+        com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_CLOSE | com::STMT_RESET | com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE
+    )
+}
+
 /// The sink that follows a command's response into the session's state: `preparing`, the text
 /// of a statement being prepared; `command`, what the command expects and the statement it
 /// names (only an execute that asked for a cursor, or a fetch from one, moves its state).
@@ -166,17 +183,17 @@ impl Session {
         self.backend.caps
     }
 
-    /// Serves commands until the session ends (`Ended::Done`), or until it parks, idle
-    /// (`idle/`), from where [`Session::resume`] carries on.
-    pub async fn run(&mut self) -> Result<Ended> {
+    /// Readies a session that has just logged in for its first command.
+    pub fn start(&mut self) {
         self.handle.publish(&self.state);
         // A multiplexed session holds no connection until its first statement.
         if self.route.multiplex {
             self.detach();
         }
-        self.resume().await
     }
 
+    /// Serves commands until the session ends (`Ended::Done`), or until it parks, idle
+    /// (`idle/`), from where it resumes here.
     pub async fn resume(&mut self) -> Result<Ended> {
         loop {
             let h = match self.wait_command().await? {
@@ -209,10 +226,7 @@ impl Session {
     /// Handles one command whose first packet header is `h`.
     async fn command(&mut self, mut h: Header) -> Result<Flow> {
         // The common path is synchronous: steps that may wait are entered only when they must.
-        let cmd = match self.command_byte(h) {
-            Some(cmd) => cmd,
-            None => return Err(Box::pin(self.bad_command(h)).await),
-        };
+        let Some(cmd) = self.command_byte(h) else { return Err(Box::pin(self.bad_command(h)).await) };
         // A capture's consistent start, or the primary changing: the command waits.
         let capture = self.ctx.capture.generation();
         let capture = if self.gated(capture) { Box::pin(self.wait_gates(capture)).await? } else { capture };
@@ -249,21 +263,25 @@ impl Session {
         };
         let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         if (self.state.stmt_ids_mapped || cmd == com::STMT_EXECUTE)
-            && let Some(flow) = self.statement_ids(cmd, h, stmt_id).await?
+            && let Some(need) = self.statement_ids_now(cmd, h, stmt_id)?
+            && let Some(flow) = Box::pin(self.statement_ids_apart(need, cmd, h, stmt_id)).await?
         {
             return Ok(flow);
         }
         self.note_request(cmd, body_end, stmt_id, &mut done);
-        // Relay: the request forwarded, the response followed to the client.
+        // Relay: the request forwarded (at once when the socket takes it), the response followed.
         let started = mono_ns();
         // Causal reads: the wait for the session's last write goes first, in the same round trip.
         let causal = if self.causal_due() { Box::pin(self.send_causal_wait(HEADER + h.len)).await? } else { None };
         let _timer = if plan.rule.is_some() { self.watch_timeout(&plan) } else { None };
-        let logged =
-            self.route.replay.is_some() && (causal.is_none() || self.route.optimistic) && self.note_for_replay(cmd, h.len, stmt_id);
-        let request_seq = match self.send_request(logged).await? {
-            Ok(seq) => seq,
-            Err(flow) => return Ok(flow),
+        let logged = self.logs_for_replay(causal.is_some(), cmd, h.len, stmt_id);
+        let mut walk = RequestWalker::request();
+        let request_seq = match if logged { Some(0) } else { self.forward_now(&mut walk)? } {
+            None => walk.last_seq,
+            Some(unsent) => match self.send_request(logged, walk, unsent).await? {
+                Ok(seq) => seq,
+                Err(flow) => return Ok(flow),
+            },
         };
         if let Some(copy) = causal {
             Box::pin(self.causal_outcome(copy, expect)).await?;
@@ -279,13 +297,19 @@ impl Session {
             r => r?,
         }
         let relayed = Relayed::of(&mut sink, &mut done, plan.recording, started, self.route.replay.as_deref_mut().filter(|_| logged));
-        done.preparing = preparing;
         // Account: statistics, the capture's record, what the session is now.
-        let later = self.account(cmd, &plan, relayed, done);
+        let later = self.account(cmd, &plan, relayed, Done { preparing, ..done });
         if later.close.is_some() || later.track.is_some() || self.backend.unreported.is_some() {
             Box::pin(self.after_response_on_backend(later)).await?;
         }
         Ok(Flow::Continue)
+    }
+
+    /// Whether transaction replay logs the command about to be relayed, noted when it does (a
+    /// causal read's only when transactions are optimistic).
+    #[inline]
+    fn logs_for_replay(&mut self, causal: bool, cmd: u8, len: usize, stmt_id: Option<u32>) -> bool {
+        self.route.replay.is_some() && (!causal || self.route.optimistic) && self.note_for_replay(cmd, len, stmt_id)
     }
 
     /// Whether the command waits first: at a capture's gate (`capture`: its generation), or
@@ -478,37 +502,67 @@ impl Session {
         Route::Relay(Expect::of(rbuf.get(HEADER..(HEADER + 6).min(rbuf.len())).unwrap_or(&[cmd])))
     }
 
-    /// A command naming a prepared statement, once ids are mapped (the session took another
-    /// connection, or multiplexes): the statement prepared on this connection if it is not yet,
-    /// its parameter types sent again if needed, and the id the backend knows written into the
-    /// command. Some: the command was answered here (COM_STMT_CLOSE, or an error). (Every
-    /// session's executes come here, mapped or not: a move, multiplexing and a capture's replay
-    /// need the parameter types it sent when a later execute does not send them again.)
-    async fn statement_ids(&mut self, cmd: u8, h: Header, stmt_id: Option<u32>) -> Result<Option<Flow>> {
-        let names_statement = matches!(
-            cmd,
-            com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_CLOSE | com::STMT_RESET | com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE
-        );
-        let mapped = self.state.stmt_ids_mapped && names_statement;
-        if let (true, Some(id)) = (mapped, stmt_id) {
-            if cmd == com::STMT_CLOSE {
-                return Box::pin(self.close_statement(id)).await.map(Some);
-            }
-            if self.find_prepared(id)
-                && let Err(e) = Box::pin(self.prepare_again(id)).await
-            {
-                return self.refuse_command(e).await.map(Some);
+    /// The waits a command naming a prepared statement may need once ids are mapped, as
+    /// [`Session::map_statement`] found, then [`Session::statement_ids`]. Some: the command was
+    /// answered here (COM_STMT_CLOSE, or an error).
+    async fn statement_ids_apart(&mut self, need: StatementNeeds, cmd: u8, h: Header, stmt_id: Option<u32>) -> Result<Option<Flow>> {
+        match need {
+            StatementNeeds::Nothing => {}
+            StatementNeeds::Close(id) => return self.close_statement(id).await.map(Some),
+            StatementNeeds::PrepareAgain(id) => {
+                if let Err(e) = self.prepare_again(id).await {
+                    return self.refuse_command(e).await.map(Some);
+                }
             }
         }
+        self.statement_ids(cmd, h, stmt_id).map(|()| None)
+    }
+
+    /// A command naming a prepared statement, its ids mapped at once ([`Session::statement_ids`])
+    /// on the common path; Some: what it must wait for first ([`Session::statement_ids_apart`]).
+    fn statement_ids_now(&mut self, cmd: u8, h: Header, stmt_id: Option<u32>) -> Result<Option<StatementNeeds>> {
+        match self.map_statement(cmd, stmt_id) {
+            StatementNeeds::Nothing => self.statement_ids(cmd, h, stmt_id).map(|()| None),
+            need => Ok(Some(need)),
+        }
+    }
+
+    /// What a command naming a prepared statement must wait for once ids are mapped (the
+    /// session took another connection, or multiplexes): its statement prepared on this
+    /// connection if it is not yet, or its close answered here. Nothing on the common path,
+    /// which stays synchronous.
+    fn map_statement(&mut self, cmd: u8, stmt_id: Option<u32>) -> StatementNeeds {
+        match stmt_id {
+            Some(id) if self.state.stmt_ids_mapped && names_statement(cmd) => {
+                if cmd == com::STMT_CLOSE {
+                    StatementNeeds::Close(id)
+                } else if self.find_prepared(id) {
+                    StatementNeeds::PrepareAgain(id)
+                } else {
+                    StatementNeeds::Nothing
+                }
+            }
+            _ => StatementNeeds::Nothing,
+        }
+    }
+
+    /// The parameter types an execute sent, remembered (or sent again if needed), and the id
+    /// the backend knows written into the command once ids are mapped. (Every session's
+    /// executes come here, mapped or not: a move, multiplexing and a capture's replay need the
+    /// parameter types it sent when a later execute does not send them again.)
+    fn statement_ids(&mut self, cmd: u8, h: Header, stmt_id: Option<u32>) -> Result<()> {
         // (With MySQL's query attributes the execute layout differs; those sessions are not helped.)
         if cmd == com::STMT_EXECUTE && h.len < INSPECT_LIMIT && self.backend.caps & sluice_proto::consts::cap::QUERY_ATTRIBUTES == 0 {
             self.execute_types(h)?;
         }
-        if let (true, Some(id)) = (mapped, stmt_id) {
+        if let Some(id) = stmt_id
+            && self.state.stmt_ids_mapped
+            && names_statement(cmd)
+        {
             let backend_id = self.state.backend_stmt_id(id);
             self.client.rbuf[HEADER + 1..HEADER + 5].copy_from_slice(&backend_id.to_le_bytes());
         }
-        Ok(None)
+        Ok(())
     }
 
     /// What a relayed command changed, once its response is through.
@@ -551,7 +605,8 @@ impl Session {
             && (done.autocommit_off || self.state.status & sluice_proto::consts::status::AUTOCOMMIT == 0)
             && self.follow_transaction(done.autocommit_off, done.transaction);
         let sql_prepared = done.sql_prepare.is_some() && error.is_none();
-        if let (Some((op, query)), None) = (done.sql_prepare, error) {
+        if let (Some(prepare), None) = (done.sql_prepare, error) {
+            let (op, query) = *prepare;
             match op {
                 SqlPrepare::Prepare(name) => self.state.sql_prepared.insert(String::from_utf8_lossy(&name).into_owned(), query),
                 SqlPrepare::Deallocate(name) => self.state.sql_prepared.remove(String::from_utf8_lossy(&name).as_ref()),
@@ -661,26 +716,33 @@ impl Session {
         let _ = Box::pin(self.client.send_err(seq, code, state, msg)).await;
     }
 
-    /// Forwards a client request (one logical packet, of any size) to the backend; returns the
-    /// sequence id of its last packet.
-    /// The request forwarded (its last sequence number), after the commit mark when one is
-    /// due; a logged request whose connection is lost is recovered from (the flow it left).
-    async fn send_request(&mut self, logged: bool) -> Result<std::result::Result<u8, Flow>> {
-        if logged
-            && self.commit_mark_due()
+    /// What [`Session::forward_now`] left of a request (`unsent`, for `walk`), forwarded; or,
+    /// for a request transaction replay `logged`, all of it, after the commit mark when one is
+    /// due, and recovered from when its connection is lost (the flow it left). Its last
+    /// sequence number.
+    async fn send_request(&mut self, logged: bool, mut walk: RequestWalker, unsent: usize) -> Result<std::result::Result<u8, Flow>> {
+        if !logged {
+            self.pipe_from_client(&mut walk, unsent).await?;
+            return Ok(Ok(walk.last_seq));
+        }
+        if self.commit_mark_due()
             && let Some(flow) = Box::pin(self.mark_commit()).await?
         {
             return Ok(Err(flow));
         }
         match self.forward_request().await {
-            Err(e) if logged && e.side == Side::Backend => Box::pin(self.recover(e, false)).await.map(Err),
+            Err(e) if e.side == Side::Backend => Box::pin(self.recover(e, false)).await.map(Err),
             r => r.map(Ok),
         }
     }
 
+    /// Forwards a client request (one logical packet, of any size) to the backend; returns the
+    /// sequence id of its last packet.
     pub(super) async fn forward_request(&mut self) -> Result<u8> {
         let mut walk = RequestWalker::request();
-        self.pipe_from_client(&mut walk).await?;
+        if let Some(unsent) = self.forward_now(&mut walk)? {
+            self.pipe_from_client(&mut walk, unsent).await?;
+        }
         Ok(walk.last_seq)
     }
 
@@ -706,30 +768,56 @@ impl Session {
         }
     }
 
-    /// Forwards client packets to the backend as `walk` delimits them.
-    async fn pipe_from_client(&mut self, walk: &mut RequestWalker) -> Result<()> {
+    /// Forwards what the client's buffer holds of a request, as `walk` delimits it, as far as
+    /// the backend's socket takes it at once, with no future: None when the whole request went
+    /// (the common case), else how many bytes at the front of the buffer are the request's and
+    /// still to send, for [`Session::pipe_from_client`] to go on from.
+    fn forward_now(&mut self, walk: &mut RequestWalker) -> Result<Option<usize>> {
+        let n = walk.scan(&self.client.rbuf);
         let limit = self.config.proxy.max_packet_size;
+        if walk.total > limit {
+            self.ctx.metrics.reject(crate::metrics::Reject::PacketTooLarge);
+            return Err(Error::client(format!("request of more than {limit} bytes exceeds max_packet_size")));
+        }
+        let sent = if n > 0 {
+            let sent = self
+                .backend
+                .conn
+                .stream
+                .write_now(&self.client.rbuf[..n])
+                .map_err(|e| Error::io(Side::Backend, "forwarding request", e))?;
+            self.ctx.metrics.relay.bytes_from_clients(sent);
+            self.client.rbuf.advance(sent);
+            sent
+        } else {
+            0
+        };
+        Ok((sent < n || !walk.done).then_some(n - sent))
+    }
+
+    /// Forwards the rest of a request that [`Session::forward_now`] began: its `unsent` bytes
+    /// at the front of the client's buffer, then the client's packets as `walk` delimits them.
+    async fn pipe_from_client(&mut self, walk: &mut RequestWalker, mut unsent: usize) -> Result<()> {
         loop {
-            let n = walk.scan(&self.client.rbuf);
-            if walk.total > limit {
-                self.ctx.metrics.reject(crate::metrics::Reject::PacketTooLarge);
-                return Err(Error::client(format!("request of more than {limit} bytes exceeds max_packet_size")));
-            }
-            if n > 0 {
+            if unsent > 0 {
                 let limit = self.config.proxy.response_timeout;
                 self.backend
                     .conn
                     .stream
-                    .write_within(limit, &self.client.rbuf[..n])
+                    .write_rest_within(limit, &self.client.rbuf[..unsent])
                     .await
                     .map_err(|e| Error::io(Side::Backend, "forwarding request", e))?;
-                self.ctx.metrics.relay.bytes_from_clients(n);
-                self.client.rbuf.advance(n);
+                self.ctx.metrics.relay.bytes_from_clients(unsent);
+                self.client.rbuf.advance(unsent);
             }
             if walk.done {
                 return Ok(());
             }
             self.fill_client().await?;
+            match self.forward_now(walk)? {
+                None => return Ok(()),
+                Some(n) => unsent = n,
+            }
         }
     }
 }

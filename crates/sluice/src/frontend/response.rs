@@ -40,7 +40,12 @@ pub(super) async fn relay_response(
                 c.extend_from_slice(&backend.rbuf[..scan.consumed]);
             }
             if let Some(client) = client.as_mut() {
-                client.write(&backend.rbuf[..scan.consumed]).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
+                // (What the socket takes at once goes without a future: the common case.)
+                let bytes = &backend.rbuf[..scan.consumed];
+                let writing = |e| Error::io(Side::Client, "writing response", e);
+                if let Some(sent) = client.write_now(bytes).map_err(writing)? {
+                    client.write_rest(bytes, sent).await.map_err(writing)?;
+                }
                 ctx.metrics.relay.bytes_to_clients(scan.consumed);
             }
             backend.rbuf.advance(scan.consumed);

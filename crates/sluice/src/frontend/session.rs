@@ -112,7 +112,7 @@ pub(super) struct Routing {
     pub(super) optimistic: bool,
 }
 
-/// How [`Session::run`] returned.
+/// How [`Session::resume`] returned.
 pub(super) enum Ended {
     /// The session is over.
     Done,

@@ -23,7 +23,9 @@ pub(super) struct Done {
     pub(super) noted: Option<Box<str>>,
     pub(super) multi_option: Option<bool>,
     pub(super) next_pins: u16,
-    pub(super) sql_prepare: Option<SqlPrepareQuery>,
+    /// A SQL `PREPARE` or `DEALLOCATE PREPARE` (boxed: rare, and this struct is in the future
+    /// of every command).
+    pub(super) sql_prepare: Option<Box<SqlPrepareQuery>>,
     pub(super) error: Option<u16>,
     pub(super) changed: bool,
     pub(super) prepared_id: Option<u32>,
@@ -125,7 +127,7 @@ impl Session {
             && let Some(op) = sql::sql_prepare(text)
         {
             found &= !hazard::SQL_PREPARE;
-            done.sql_prepare = Some((op, String::from_utf8_lossy(text).into_owned()));
+            done.sql_prepare = Some(Box::new((op, String::from_utf8_lossy(text).into_owned())));
         }
         if found & hazard::USER_VARIABLE != 0 {
             let names = sql::user_variables(text);

@@ -64,11 +64,20 @@ impl Stream {
         }
     }
 
-    /// Writes all of `data`: what the socket takes at once without a future or a timer, the
-    /// rest waiting at most `limit` for room (no limit when zero). Every write of sluice's goes
-    /// through here: a TLS stream is flushed, since it may otherwise keep records it could not
-    /// send yet, and the peer would wait for them forever.
+    /// Writes all of `data`: what the socket takes at once without a future or a timer
+    /// ([`Stream::write_now`]), the rest waiting at most `limit` for room (no limit when zero).
+    /// Every write of sluice's goes through here or the two halves of it.
     pub async fn write_within(&mut self, limit: std::time::Duration, data: &[u8]) -> io::Result<()> {
+        let done = self.write_now(data)?;
+        if done == data.len() {
+            return Ok(());
+        }
+        self.write_rest_within(limit, &data[done..]).await
+    }
+
+    /// Writes what a plain socket takes of `data` at once: how much it took. Nothing for TLS,
+    /// which [`Stream::write_rest_within`] writes.
+    pub fn write_now(&mut self, data: &[u8]) -> io::Result<usize> {
         let mut done = 0;
         while done < data.len() {
             let r = match self {
@@ -85,11 +94,15 @@ impl Stream {
                 Err(e) => return Err(e),
             }
         }
-        if done == data.len() {
-            return Ok(());
-        }
+        Ok(done)
+    }
+
+    /// Writes all of `data`, waiting at most `limit` for room (no limit when zero). A TLS
+    /// stream is flushed, since it may otherwise keep records it could not send yet, and the
+    /// peer would wait for them forever.
+    pub async fn write_rest_within(&mut self, limit: std::time::Duration, data: &[u8]) -> io::Result<()> {
         let send = async {
-            self.write_all(&data[done..]).await?;
+            self.write_all(data).await?;
             if self.is_tls() {
                 self.flush().await?;
             }

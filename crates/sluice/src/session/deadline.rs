@@ -9,7 +9,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -110,39 +110,44 @@ pub struct Watch<'a> {
 impl Watch<'_> {
     /// Reads the next bytes of a response: at once when they are there, else waiting until they
     /// come, or until the sweep finds that none came for `response_timeout` (an error of kind
-    /// `TimedOut`).
-    pub async fn read(&mut self, stream: &mut Stream, buf: &mut BytesMut) -> io::Result<usize> {
-        let limit = self.clock.limit;
-        if limit.is_zero() {
-            return stream.read_into(buf).await;
-        }
-        let (h, clock) = (self.handle, self.clock);
-        let waker = &mut *self.waker;
+    /// `TimedOut`). (One poll function, not an async fn: its future holds its three references
+    /// and a flag, in the line of the response's own future.)
+    pub fn read<'s>(&'s mut self, stream: &'s mut Stream, buf: &'s mut BytesMut) -> impl Future<Output = io::Result<usize>> + 's {
         let mut waiting = false;
-        let r = std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = stream.poll_read_into(cx, buf) {
-                return Poll::Ready(r);
+        std::future::poll_fn(move |cx| {
+            let r = match stream.poll_read_into(cx, buf) {
+                Poll::Ready(r) => r,
+                Poll::Pending => match self.nothing_came(cx, &mut waiting) {
+                    Some(e) => Err(e),
+                    None => return Poll::Pending,
+                },
+            };
+            if !self.clock.limit.is_zero() {
+                self.handle.response_wait.store(NOT_WAITING, Ordering::Relaxed);
             }
-            // Nothing came: the wait begins (once), for the sweep to time.
-            if !std::mem::replace(&mut waiting, true) {
-                h.response_wait.store(clock.now(), Ordering::Relaxed);
-            }
-            // The sweep wakes whatever waker the handle holds: make sure it is this task's
-            // before looking at the mark (the handle's lock orders the two).
-            h.wake.register(cx, waker);
-            match h.response_wait.load(Ordering::SeqCst) {
-                EXPIRED => return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, format!("no progress for {limit:?}")))),
-                ABANDONED => {
-                    let e = io::Error::new(io::ErrorKind::ConnectionAborted, "the backend was replaced by a failover");
-                    return Poll::Ready(Err(e));
-                }
-                _ => {}
-            }
-            Poll::Pending
+            Poll::Ready(r)
         })
-        .await;
-        h.response_wait.store(NOT_WAITING, Ordering::Relaxed);
-        r
+    }
+
+    /// A read found nothing: the wait begins (at the first), for the sweep to time. Some: the
+    /// sweep ended it (the response timed out, or a failover replaced the backend).
+    fn nothing_came(&mut self, cx: &mut Context<'_>, waiting: &mut bool) -> Option<io::Error> {
+        let (h, clock) = (self.handle, self.clock);
+        let limit = clock.limit;
+        if limit.is_zero() {
+            return None;
+        }
+        if !std::mem::replace(waiting, true) {
+            h.response_wait.store(clock.now(), Ordering::Relaxed);
+        }
+        // The sweep wakes whatever waker the handle holds: make sure it is this task's before
+        // looking at the mark (the handle's lock orders the two).
+        h.wake.register(cx, self.waker);
+        match h.response_wait.load(Ordering::SeqCst) {
+            EXPIRED => Some(io::Error::new(io::ErrorKind::TimedOut, format!("no progress for {limit:?}"))),
+            ABANDONED => Some(io::Error::new(io::ErrorKind::ConnectionAborted, "the backend was replaced by a failover")),
+            _ => None,
+        }
     }
 }
 
