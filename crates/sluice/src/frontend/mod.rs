@@ -62,7 +62,8 @@ impl Drop for Admission {
     }
 }
 
-/// Serves one client connection from accept to close.
+/// Serves one client connection: its admission and login, then its session in a task of its
+/// own ([`live`]).
 pub async fn serve(ctx: Arc<Ctx>, mut stream: Stream, peer: String, listener: Arc<Listener>) {
     let peer = if listener.proxy_from.is_empty() {
         peer
