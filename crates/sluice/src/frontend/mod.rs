@@ -17,6 +17,7 @@ mod rules;
 mod session;
 mod split;
 mod statement;
+mod statement_ids;
 mod transfer;
 mod trxlog;
 mod verify;

@@ -35,23 +35,6 @@ enum Route {
     ChangeUser,
 }
 
-/// What a command naming a prepared statement waits for before it is relayed.
-enum StatementNeeds {
-    Nothing,
-    /// COM_STMT_CLOSE of a mapped id: answered here.
-    Close(u32),
-    /// The statement is not prepared on this connection yet.
-    PrepareAgain(u32),
-}
-
-/// Whether command `cmd` names a prepared statement by its id.
-fn names_statement(cmd: u8) -> bool {
-    matches!(
-        cmd,
-        com::STMT_EXECUTE | com::STMT_FETCH | com::STMT_CLOSE | com::STMT_RESET | com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE
-    )
-}
-
 /// The sink that follows a command's response into the session's state: `preparing`, the text
 /// of a statement being prepared; `command`, what the command expects and the statement it
 /// names (only an execute that asked for a cursor, or a fetch from one, moves its state).
@@ -500,69 +483,6 @@ impl Session {
         }
         let rbuf = &self.client.rbuf;
         Route::Relay(Expect::of(rbuf.get(HEADER..(HEADER + 6).min(rbuf.len())).unwrap_or(&[cmd])))
-    }
-
-    /// The waits a command naming a prepared statement may need once ids are mapped, as
-    /// [`Session::map_statement`] found, then [`Session::statement_ids`]. Some: the command was
-    /// answered here (COM_STMT_CLOSE, or an error).
-    async fn statement_ids_apart(&mut self, need: StatementNeeds, cmd: u8, h: Header, stmt_id: Option<u32>) -> Result<Option<Flow>> {
-        match need {
-            StatementNeeds::Nothing => {}
-            StatementNeeds::Close(id) => return self.close_statement(id).await.map(Some),
-            StatementNeeds::PrepareAgain(id) => {
-                if let Err(e) = self.prepare_again(id).await {
-                    return self.refuse_command(e).await.map(Some);
-                }
-            }
-        }
-        self.statement_ids(cmd, h, stmt_id).map(|()| None)
-    }
-
-    /// A command naming a prepared statement, its ids mapped at once ([`Session::statement_ids`])
-    /// on the common path; Some: what it must wait for first ([`Session::statement_ids_apart`]).
-    fn statement_ids_now(&mut self, cmd: u8, h: Header, stmt_id: Option<u32>) -> Result<Option<StatementNeeds>> {
-        match self.map_statement(cmd, stmt_id) {
-            StatementNeeds::Nothing => self.statement_ids(cmd, h, stmt_id).map(|()| None),
-            need => Ok(Some(need)),
-        }
-    }
-
-    /// What a command naming a prepared statement must wait for once ids are mapped (the
-    /// session took another connection, or multiplexes): its statement prepared on this
-    /// connection if it is not yet, or its close answered here. Nothing on the common path,
-    /// which stays synchronous.
-    fn map_statement(&mut self, cmd: u8, stmt_id: Option<u32>) -> StatementNeeds {
-        match stmt_id {
-            Some(id) if self.state.stmt_ids_mapped && names_statement(cmd) => {
-                if cmd == com::STMT_CLOSE {
-                    StatementNeeds::Close(id)
-                } else if self.find_prepared(id) {
-                    StatementNeeds::PrepareAgain(id)
-                } else {
-                    StatementNeeds::Nothing
-                }
-            }
-            _ => StatementNeeds::Nothing,
-        }
-    }
-
-    /// The parameter types an execute sent, remembered (or sent again if needed), and the id
-    /// the backend knows written into the command once ids are mapped. (Every session's
-    /// executes come here, mapped or not: a move, multiplexing and a capture's replay need the
-    /// parameter types it sent when a later execute does not send them again.)
-    fn statement_ids(&mut self, cmd: u8, h: Header, stmt_id: Option<u32>) -> Result<()> {
-        // (With MySQL's query attributes the execute layout differs; those sessions are not helped.)
-        if cmd == com::STMT_EXECUTE && h.len < INSPECT_LIMIT && self.backend.caps & sluice_proto::consts::cap::QUERY_ATTRIBUTES == 0 {
-            self.execute_types(h)?;
-        }
-        if let Some(id) = stmt_id
-            && self.state.stmt_ids_mapped
-            && names_statement(cmd)
-        {
-            let backend_id = self.state.backend_stmt_id(id);
-            self.client.rbuf[HEADER + 1..HEADER + 5].copy_from_slice(&backend_id.to_le_bytes());
-        }
-        Ok(())
     }
 
     /// What a relayed command changed, once its response is through.
