@@ -4,7 +4,7 @@ tidb-server: what a change on the hot path costs or saves where the proxy's data
 every query (the server shares the two cores and evicts it), with the targets interleaved in
 every round, their order rotating, so that the host's noise falls on all of them alike.
 
-    bench/versus.py [--rounds N] [--duration S] [--threads T] NAME=BINARY... [tokio]
+    bench/versus.py [--rounds N] [--duration S] [--threads T] [--rows R] NAME=BINARY... [tokio]
 
 e.g. the binary of main against a change and the forwarder:
 
@@ -13,7 +13,8 @@ e.g. the binary of main against a change and the forwarder:
     bench/versus.py main=/tmp/sluice-main change=target/release/sluice tokio
 
 Each round runs sysbench oltp_point_select (prepared, as the suites send it) for S seconds
-through each target; a target's figure is its process's utime + stime over the queries
+through each target (with --rows, oltp_read_only's simple ranges of R rows instead, as the
+result-set cells of the TiDB suite run them); a target's figure is its process's utime + stime over the queries
 sysbench counted. Every sluice runs as the TiDB suite runs it (bench/tidb.py): passthrough,
 one worker, the server's status address read, least-latency balancing. Prints each round and
 the median and mean per target. The tidb-server is scripts/tidb.sh's (built once and cached).
@@ -29,10 +30,11 @@ import sys
 from pathlib import Path
 
 from ports import free_ports, wait_port
+from suites import RANGE_ARGS
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench/work/versus"
-SYSBENCH = ["sysbench", "oltp_point_select", "--mysql-host=127.0.0.1", "--mysql-user=sbtest", "--mysql-password=sbtest",
+SYSBENCH = ["sysbench", "--mysql-host=127.0.0.1", "--mysql-user=sbtest", "--mysql-password=sbtest",
             "--mysql-db=sbtest", "--tables=2", "--table-size=50000"]
 
 
@@ -61,7 +63,7 @@ def start_tidb(procs):
         subprocess.run(["sleep", "0.2"])
     subprocess.run(root + ["CREATE USER IF NOT EXISTS 'sbtest'@'%' IDENTIFIED BY 'sbtest'; "
                            "GRANT ALL ON *.* TO 'sbtest'@'%'; CREATE DATABASE IF NOT EXISTS sbtest"], check=True)
-    subprocess.run(SYSBENCH + [f"--mysql-port={port}", "--threads=2", "prepare"], check=True, capture_output=True)
+    subprocess.run(SYSBENCH + ["oltp_point_select", f"--mysql-port={port}", "--threads=2", "prepare"], check=True, capture_output=True)
     return port, status
 
 
@@ -94,9 +96,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--duration", type=int, default=8, help="seconds per target per round")
     ap.add_argument("--threads", type=int, default=32, help="sysbench threads")
+    ap.add_argument("--rows", type=int, help="oltp_read_only's simple ranges of this many rows, not point selects")
     ap.add_argument("targets", nargs="+", help="NAME=BINARY of a sluice, or tokio (the forwarder)")
     args = ap.parse_args()
     tick = os.sysconf("SC_CLK_TCK")
+    workload = ["oltp_point_select"]
+    if args.rows:
+        workload = ["oltp_read_only", f"--range_size={args.rows}"] + RANGE_ARGS
     procs = []
     try:
         port, status = start_tidb(procs)
@@ -110,7 +116,7 @@ def main():
             for n in names[r % len(names):] + names[:r % len(names)]:
                 p, listen = targets[n]
                 before = cpu_ticks(p.pid)
-                out = subprocess.run(SYSBENCH + [f"--mysql-port={listen}", f"--threads={args.threads}", f"--time={args.duration}", "run"],
+                out = subprocess.run(SYSBENCH + workload + [f"--mysql-port={listen}", f"--threads={args.threads}", f"--time={args.duration}", "run"],
                                      capture_output=True, text=True, check=True).stdout
                 queries = int(re.search(r"queries:\s+(\d+)", out).group(1))
                 per_query[n].append((cpu_ticks(p.pid) - before) / tick * 1e6 / queries)

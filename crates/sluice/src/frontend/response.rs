@@ -2,7 +2,7 @@
 //! the response tracker and written to the client straight from the read buffer, a LOCAL
 //! INFILE upload relayed the other way.
 
-use bytes::Buf;
+use bytes::{Buf, BytesMut};
 use sluice_proto::consts::err as code;
 use sluice_proto::packet::{HEADER, RequestWalker};
 use sluice_proto::response::{ResponseTracker, State};
@@ -27,8 +27,8 @@ pub(super) async fn relay_response(
     mut watch: Watch<'_>,
     replayable: bool,
 ) -> Result<()> {
-    // Whether the last read filled the buffer: the response is large, read it in large pieces.
-    let mut filled = false;
+    // Whether a read filled the buffer: the response is large, read the rest in large pieces.
+    let mut large = false;
     loop {
         let scan = tracker.scan(&backend.rbuf, sink).map_err(|e| Error::malformed(Side::Backend, e))?;
         if let Some(id) = sink.patch_stmt_id.take() {
@@ -55,6 +55,10 @@ pub(super) async fn relay_response(
                 if !backend.rbuf.is_empty() {
                     return Err(Error::backend("backend sent more than one response"));
                 }
+                if large {
+                    // The next large response starts its reads with the whole buffer again.
+                    let _ = backend.rbuf.try_reclaim(LARGE_BUF_SIZE);
+                }
                 return Ok(());
             }
             // The rare paths are boxed: their futures stay out of every session's task.
@@ -76,15 +80,12 @@ pub(super) async fn relay_response(
                 backend.rbuf.advance(len);
             }
             State::Pending => {
-                let want = if filled { LARGE_BUF_SIZE } else { BUF_SIZE };
-                if backend.rbuf.capacity() - backend.rbuf.len() < want / 4 {
-                    backend.rbuf.reserve(want);
-                }
+                make_room(&mut backend.rbuf, large);
                 let room = backend.rbuf.capacity() - backend.rbuf.len();
                 let e = match watch.read(&mut backend.stream, &mut backend.rbuf).await {
                     Ok(0) => Err(Error::backend("the backend closed the connection in the middle of a response")),
                     Ok(n) => {
-                        filled = n == room;
+                        large |= n == room;
                         continue;
                     }
                     Err(e) => Ok(e),
@@ -93,6 +94,17 @@ pub(super) async fn relay_response(
                 return Err(Box::pin(read_failed(e, tracker, client, unanswered)).await);
             }
         }
+    }
+}
+
+/// Room in the read buffer for the backend's next bytes. A large response's every read has room
+/// for a large piece, as a forwarder's does (the buffer's start reclaimed, not a new one, once
+/// it was grown); a common one's, a quarter of the common size at least.
+#[inline]
+fn make_room(rbuf: &mut BytesMut, large: bool) {
+    let (want, low) = if large { (LARGE_BUF_SIZE, LARGE_BUF_SIZE) } else { (BUF_SIZE, BUF_SIZE / 4) };
+    if rbuf.capacity() - rbuf.len() < low {
+        rbuf.reserve(want);
     }
 }
 
@@ -148,5 +160,34 @@ async fn relay_infile(backend: &mut PacketConn, client: &mut ClientConn, ctx: &C
             Ok(_) => {}
             Err(e) => return Err(Error::client_read("reading file data", e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A common response reads into what is left of the buffer until little is; a large one
+    /// gets a large piece of room at every read, from the start of the buffer it grew (no new
+    /// one), the unread bytes of a split packet moved there.
+    #[test]
+    fn a_large_response_reads_in_large_pieces_from_one_buffer() {
+        let mut rbuf = BytesMut::with_capacity(BUF_SIZE);
+        rbuf.resize(BUF_SIZE / 2, 0);
+        rbuf.advance(BUF_SIZE / 2);
+        make_room(&mut rbuf, false);
+        assert_eq!(rbuf.capacity(), BUF_SIZE / 2);
+
+        make_room(&mut rbuf, true);
+        assert!(rbuf.capacity() >= LARGE_BUF_SIZE);
+        let grown = rbuf.capacity();
+        // A read left a quarter of it, and all but a split packet's first 3 bytes were relayed.
+        rbuf.resize(grown - grown / 4, 7);
+        rbuf.advance(grown - grown / 4 - 3);
+        let at = rbuf.as_ptr();
+        make_room(&mut rbuf, true);
+        assert_eq!(&rbuf[..], &[7, 7, 7][..]);
+        // (All of the allocation: the room before where the buffer was advanced to at first.)
+        assert!(rbuf.capacity() >= grown && rbuf.as_ptr() < at);
     }
 }

@@ -143,9 +143,10 @@ impl Session {
     }
 
     /// The read buffers for a wait: for one without them (`park`), given back to the worker's
-    /// pool when sluice holds many connections, else kept unless a large response grew them
-    /// (a session gives them back once it idled a sweep interval: [`Session::park`]); for a
-    /// wait with them, taken again, with room for the backend's next bytes.
+    /// pool when sluice holds many connections, else kept unless a response grew them past
+    /// what the pool keeps (a session gives them back once it idled a sweep interval:
+    /// [`Session::park`]); for a wait with them, taken again, with room for the backend's next
+    /// bytes.
     fn buffers_for_wait(&mut self, park: bool) {
         if park && self.ctx.connections.load(Ordering::Relaxed) > KEEP_BUFFERS_UP_TO {
             buffers::park(&mut self.client.rbuf);
