@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""CPU per query of two or more sluice binaries, and of the tokio byte forwarder, in front of one
-tidb-server: what a change on the hot path costs or saves where the proxy's data is cold at
-every query (the server shares the two cores and evicts it), with the targets interleaved in
-every round, their order rotating, so that the host's noise falls on all of them alike.
+"""CPU per query of two or more sluice binaries, and of the tokio byte forwarder and HAProxy, in
+front of one tidb-server (or MariaDB server): what a change on the hot path costs or saves
+where the proxy's data is cold at every query (the server shares the two cores and evicts it),
+with the targets interleaved in every round, their order rotating, so that the host's noise
+falls on all of them alike.
 
-    bench/versus.py [--rounds N] [--duration S] [--threads T] [--rows R] NAME=BINARY... [tokio]
+    bench/versus.py [--rounds N] [--duration S] [--threads T] [--rows R] [--mariadb]
+                    NAME=BINARY... [tokio] [haproxy]
 
 e.g. the binary of main against a change and the forwarder:
 
@@ -16,8 +18,10 @@ Each round runs sysbench oltp_point_select (prepared, as the suites send it) for
 through each target (with --rows, oltp_read_only's simple ranges of R rows instead, as the
 result-set cells of the TiDB suite run them); a target's figure is its process's utime + stime over the queries
 sysbench counted. Every sluice runs as the TiDB suite runs it (bench/tidb.py): passthrough,
-one worker, the server's status address read, least-latency balancing. Prints each round and
-the median and mean per target. The tidb-server is scripts/tidb.sh's (built once and cached).
+one worker, the server's status address read, least-latency balancing; HAProxy in TCP mode with
+one thread. Prints each round and the median and mean per target. The tidb-server is
+scripts/tidb.sh's (built once and cached); with --mariadb, a MariaDB server of sluice-mariadb's
+instead (the benchmarks' options), and sluice without a status address.
 """
 
 import argparse
@@ -67,8 +71,41 @@ def start_tidb(procs):
     return port, status
 
 
+def start_mariadb(procs):
+    """A MariaDB server of sluice-mariadb's (the sbtest user made) with the benchmarks' options,
+    on a fresh data folder, its tables made: its port, and no status port."""
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
+    options = ["--server-option", "--innodb-buffer-pool-size=1G", "--server-option", "--innodb-log-file-size=512M"]
+    p = subprocess.Popen([str(ROOT / "target/release/sluice-mariadb"), "--count", "1", "--dir", str(WORK / "mariadb")] + options,
+                         stdout=subprocess.PIPE, stderr=open(WORK / "mariadb.log", "w"), text=True)
+    procs.append(p)
+    addr = p.stdout.readline().strip()
+    if not addr:
+        sys.exit(f"sluice-mariadb failed; see {WORK / 'mariadb.log'}")
+    port = int(addr.rsplit(":", 1)[1])
+    subprocess.run(SYSBENCH + ["oltp_point_select", f"--mysql-port={port}", "--threads=2", "prepare"], check=True, capture_output=True)
+    return port, None
+
+
+def start_haproxy(port, procs):
+    """HAProxy in TCP mode, one thread, as the suites run it: the process and its port."""
+    (listen,) = free_ports(1)
+    cfg = WORK / "haproxy.cfg"
+    cfg.write_text(f"global\n    maxconn 4000\n    nbthread 1\ndefaults\n    mode tcp\n    timeout connect 2s\n"
+                   f"    timeout client 30000s\n    timeout server 30000s\nlisten mysql\n    bind 127.0.0.1:{listen}\n"
+                   f"    server db1 127.0.0.1:{port}\n")
+    p = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=open(WORK / "haproxy.log", "w"))
+    procs.append(p)
+    wait_port(listen, p)
+    return p, listen
+
+
 def start_target(name, binary, port, status, procs):
-    """sluice (`binary`) as the TiDB suite runs it, or the tokio forwarder: its listening port."""
+    """sluice (`binary`) as the TiDB suite runs it, the tokio forwarder or HAProxy: the process
+    and its listening port."""
+    if binary == "haproxy":
+        return start_haproxy(port, procs)
     if binary == "tokio":
         p = subprocess.Popen([str(ROOT / "target/release/sluice-forward"), "tokio", f"127.0.0.1:{port}"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -79,7 +116,7 @@ def start_target(name, binary, port, status, procs):
         cfg = WORK / f"{name}.toml"
         cfg.write_text(f'tls = "off"\n[[listeners]]\naddress = "127.0.0.1:{listen}"\n[proxy]\nworkers = 1\n'
                        f'max_connections = 20000\nbalance = "least-latency"\n[[backends]]\naddress = "127.0.0.1:{port}"\n'
-                       f'status = "127.0.0.1:{status}"\n')
+                       + (f'status = "127.0.0.1:{status}"\n' if status else ""))
         p = subprocess.Popen([binary, "--config", str(cfg)], stdout=subprocess.DEVNULL, stderr=open(WORK / f"{name}.log", "w"))
         procs.append(p)
     wait_port(listen, p)
@@ -97,7 +134,8 @@ def main():
     ap.add_argument("--duration", type=int, default=8, help="seconds per target per round")
     ap.add_argument("--threads", type=int, default=32, help="sysbench threads")
     ap.add_argument("--rows", type=int, help="oltp_read_only's simple ranges of this many rows, not point selects")
-    ap.add_argument("targets", nargs="+", help="NAME=BINARY of a sluice, or tokio (the forwarder)")
+    ap.add_argument("--mariadb", action="store_true", help="in front of a MariaDB server, not a tidb-server")
+    ap.add_argument("targets", nargs="+", help="NAME=BINARY of a sluice, tokio (the forwarder) or haproxy")
     args = ap.parse_args()
     tick = os.sysconf("SC_CLK_TCK")
     workload = ["oltp_point_select"]
@@ -105,7 +143,7 @@ def main():
         workload = ["oltp_read_only", f"--range_size={args.rows}"] + RANGE_ARGS
     procs = []
     try:
-        port, status = start_tidb(procs)
+        port, status = start_mariadb(procs) if args.mariadb else start_tidb(procs)
         targets = {}
         for t in args.targets:
             name, _, binary = t.partition("=") if "=" in t else (t, "", t)
@@ -124,6 +162,11 @@ def main():
         for n in names:
             v = per_query[n]
             print(f"{n}: median {statistics.median(v):.2f} µs, mean {statistics.mean(v):.2f} µs per query over {len(v)} rounds")
+        # Over HAProxy's, round by round (the host's noise falls on a round's targets alike).
+        if "haproxy" in per_query:
+            for n in names:
+                ratios = [a / b for a, b in zip(per_query[n], per_query["haproxy"])]
+                print(f"{n} over haproxy: median {statistics.median(ratios):.3f}, mean {statistics.mean(ratios):.3f}")
     finally:
         for p in procs:
             p.terminate()
