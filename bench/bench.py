@@ -36,6 +36,8 @@ import tidb  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / "work"
+# The benchmarks' MariaDB server's options beyond the tests' (--server-options).
+SERVER_OPTIONS = "--innodb-buffer-pool-size=1G --innodb-log-file-size=512M"
 # sluice's profile-guided build (scripts/pgo.sh), measured beside the plain one with --pgo.
 PGO_SLUICE = ROOT / "target/pgo/release/sluice"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -423,7 +425,7 @@ def parse_args():
     p.add_argument("--split-threads", default="8,64,256", help="client threads of the split suite")
     p.add_argument("--capture-threads", default="20,50,100", help="client threads of the capture suite")
     p.add_argument("--capture-phase", type=int, default=5, help="seconds between switches of capture in its suite's runs")
-    p.add_argument("--server-options", default="--innodb-buffer-pool-size=1G --innodb-log-file-size=512M",
+    p.add_argument("--server-options", default=SERVER_OPTIONS,
                    help="options of the benchmarks' MariaDB server beyond the tests' (its data in memory, and a redo log "
                         "that does not stall writes on checkpoints)")
     p.add_argument("--capture-dir", default=None, help="where the capture suite's captures go (default: the work directory)")

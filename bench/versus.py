@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 from ports import free_ports, wait_port
+from bench import SERVER_OPTIONS
 from suites import RANGE_ARGS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,8 +47,7 @@ def start_tidb(procs):
     """A tidb-server with GOMAXPROCS=1 on a fresh store, the sbtest user and tables made: its
     SQL and status ports."""
     binary = subprocess.run([str(ROOT / "scripts/tidb.sh")], check=True, capture_output=True, text=True).stdout.strip()
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
+    fresh_work()
     port, status = free_ports(2)
     cfg = WORK / "tidb.toml"
     cfg.write_text(f'host = "127.0.0.1"\nport = {port}\nstore = "unistore"\npath = "{WORK / "store"}"\nsocket = ""\n'
@@ -67,16 +67,15 @@ def start_tidb(procs):
         subprocess.run(["sleep", "0.2"])
     subprocess.run(root + ["CREATE USER IF NOT EXISTS 'sbtest'@'%' IDENTIFIED BY 'sbtest'; "
                            "GRANT ALL ON *.* TO 'sbtest'@'%'; CREATE DATABASE IF NOT EXISTS sbtest"], check=True)
-    subprocess.run(SYSBENCH + ["oltp_point_select", f"--mysql-port={port}", "--threads=2", "prepare"], check=True, capture_output=True)
+    prepare(port)
     return port, status
 
 
 def start_mariadb(procs):
     """A MariaDB server of sluice-mariadb's (the sbtest user made) with the benchmarks' options,
     on a fresh data folder, its tables made: its port, and no status port."""
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
-    options = ["--server-option", "--innodb-buffer-pool-size=1G", "--server-option", "--innodb-log-file-size=512M"]
+    fresh_work()
+    options = [a for o in SERVER_OPTIONS.split() for a in ("--server-option", o)]
     p = subprocess.Popen([str(ROOT / "target/release/sluice-mariadb"), "--count", "1", "--dir", str(WORK / "mariadb")] + options,
                          stdout=subprocess.PIPE, stderr=open(WORK / "mariadb.log", "w"), text=True)
     procs.append(p)
@@ -84,8 +83,18 @@ def start_mariadb(procs):
     if not addr:
         sys.exit(f"sluice-mariadb failed; see {WORK / 'mariadb.log'}")
     port = int(addr.rsplit(":", 1)[1])
-    subprocess.run(SYSBENCH + ["oltp_point_select", f"--mysql-port={port}", "--threads=2", "prepare"], check=True, capture_output=True)
+    prepare(port)
     return port, None
+
+
+def fresh_work():
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
+
+
+def prepare(port):
+    """The sbtest tables, made through the server's port."""
+    subprocess.run(SYSBENCH + ["oltp_point_select", f"--mysql-port={port}", "--threads=2", "prepare"], check=True, capture_output=True)
 
 
 def start_haproxy(port, procs):

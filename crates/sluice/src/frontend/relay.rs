@@ -247,7 +247,7 @@ impl Session {
         let stmt_id = self.client.rbuf.get(HEADER + 1..HEADER + 5).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         if (self.state.stmt_ids_mapped || cmd == com::STMT_EXECUTE)
             && let Some(need) = self.statement_ids_now(cmd, h, stmt_id)?
-            && let Some(flow) = Box::pin(self.statement_ids_apart(need, cmd, h, stmt_id)).await?
+            && let Some(flow) = Box::pin(self.statement_ids_apart(need, cmd, h)).await?
         {
             return Ok(flow);
         }

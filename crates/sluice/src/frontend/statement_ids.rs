@@ -30,37 +30,31 @@ impl Session {
     /// A command naming a prepared statement, its ids mapped at once ([`Session::statement_ids`])
     /// on the common path; Some: what it must wait for first ([`Session::statement_ids_apart`]).
     pub(super) fn statement_ids_now(&mut self, cmd: u8, h: Header, stmt_id: Option<u32>) -> Result<Option<StatementNeeds>> {
-        match self.statement_needs(cmd, stmt_id) {
-            None => self.statement_ids(cmd, h, stmt_id).map(|()| None),
+        let mapped = stmt_id.filter(|_| self.state.stmt_ids_mapped && names_statement(cmd));
+        match self.statement_needs(cmd, mapped) {
+            None => self.statement_ids(cmd, h, mapped).map(|()| None),
             need => Ok(need),
         }
     }
 
     /// The wait [`Session::statement_needs`] found, then [`Session::statement_ids`]. Some: the
     /// command was answered here (COM_STMT_CLOSE, or an error).
-    pub(super) async fn statement_ids_apart(
-        &mut self,
-        need: StatementNeeds,
-        cmd: u8,
-        h: Header,
-        stmt_id: Option<u32>,
-    ) -> Result<Option<Flow>> {
-        match need {
+    pub(super) async fn statement_ids_apart(&mut self, need: StatementNeeds, cmd: u8, h: Header) -> Result<Option<Flow>> {
+        let id = match need {
             StatementNeeds::Close(id) => return self.close_statement(id).await.map(Some),
-            StatementNeeds::PrepareAgain(id) => {
-                if let Err(e) = self.prepare_again(id).await {
-                    return self.refuse_command(e).await.map(Some);
-                }
-            }
+            StatementNeeds::PrepareAgain(id) => id,
+        };
+        if let Err(e) = self.prepare_again(id).await {
+            return self.refuse_command(e).await.map(Some);
         }
-        self.statement_ids(cmd, h, stmt_id).map(|()| None)
+        self.statement_ids(cmd, h, Some(id)).map(|()| None)
     }
 
-    /// What a command naming a prepared statement must wait for once ids are mapped: its
-    /// statement prepared on this connection if it is not yet, or its close answered here.
-    /// None on the common path.
-    fn statement_needs(&mut self, cmd: u8, stmt_id: Option<u32>) -> Option<StatementNeeds> {
-        let id = stmt_id.filter(|_| self.state.stmt_ids_mapped && names_statement(cmd))?;
+    /// What a command naming a prepared statement by a `mapped` id (ids are mapped) must wait
+    /// for: its statement prepared on this connection if it is not yet, or its close answered
+    /// here. None on the common path.
+    fn statement_needs(&mut self, cmd: u8, mapped: Option<u32>) -> Option<StatementNeeds> {
+        let id = mapped?;
         if cmd == com::STMT_CLOSE {
             Some(StatementNeeds::Close(id))
         } else if self.find_prepared(id) {
@@ -70,19 +64,16 @@ impl Session {
         }
     }
 
-    /// The parameter types an execute sent, remembered (or sent again if needed), and the id
-    /// the backend knows written into the command once ids are mapped. (Every session's
-    /// executes come here, mapped or not: a move, multiplexing and a capture's replay need the
-    /// parameter types it sent when a later execute does not send them again.)
-    fn statement_ids(&mut self, cmd: u8, h: Header, stmt_id: Option<u32>) -> Result<()> {
+    /// The parameter types an execute sent, remembered (or sent again if needed), and, for a
+    /// `mapped` id (ids are mapped), the id the backend knows written into the command. (Every
+    /// session's executes come here, mapped or not: a move, multiplexing and a capture's replay
+    /// need the parameter types it sent when a later execute does not send them again.)
+    fn statement_ids(&mut self, cmd: u8, h: Header, mapped: Option<u32>) -> Result<()> {
         // (With MySQL's query attributes the execute layout differs; those sessions are not helped.)
         if cmd == com::STMT_EXECUTE && h.len < INSPECT_LIMIT && self.backend.caps & sluice_proto::consts::cap::QUERY_ATTRIBUTES == 0 {
             self.execute_types(h)?;
         }
-        if let Some(id) = stmt_id
-            && self.state.stmt_ids_mapped
-            && names_statement(cmd)
-        {
+        if let Some(id) = mapped {
             let backend_id = self.state.backend_stmt_id(id);
             self.client.rbuf[HEADER + 1..HEADER + 5].copy_from_slice(&backend_id.to_le_bytes());
         }

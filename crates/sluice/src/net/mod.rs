@@ -278,6 +278,9 @@ pub mod buffers {
 
     /// Buffers kept per thread (the rest are freed).
     const KEEP: usize = 64;
+    /// The largest buffer kept, in the pool or by a session between commands: one a large
+    /// response grew (larger ones are freed).
+    const LARGEST_KEPT: usize = 2 * LARGE_BUF_SIZE;
 
     thread_local! {
         static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
@@ -289,7 +292,7 @@ pub mod buffers {
             return;
         }
         let buf = std::mem::take(b);
-        if buf.capacity() <= 2 * LARGE_BUF_SIZE {
+        if buf.capacity() <= LARGEST_KEPT {
             FREE.with(|f| {
                 let mut f = f.borrow_mut();
                 if f.len() < KEEP {
@@ -305,7 +308,7 @@ pub mod buffers {
     #[inline]
     pub fn trim(b: &mut BytesMut) {
         let room = b.capacity();
-        if room > 2 * LARGE_BUF_SIZE {
+        if room > LARGEST_KEPT {
             *b = BytesMut::new();
         } else if room != 0 && room < 1024 {
             b.reserve(BUF_SIZE);
