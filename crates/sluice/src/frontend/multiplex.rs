@@ -648,6 +648,15 @@ pub(super) fn queue_message(ctx: &crate::ctx::Ctx, b: &Backend, waited: std::tim
     )
 }
 
+/// The connection's record of prepared statement `p`, when the connection `carries` still
+/// holds it under the id the session knows.
+fn on_conn<'a>(
+    carries: &'a mut Option<Box<crate::backend::shared::ConnState>>,
+    p: &crate::session::Prepared,
+) -> Option<&'a mut crate::backend::shared::OnConn> {
+    carries.as_mut()?.stmts.get_mut(&p.sql).filter(|on| on.id == p.backend_id)
+}
+
 impl Session {
     /// Remembers the parameter types an execute sends, and adds them to an execute that does
     /// not send them when the connection has not been sent these types for the statement (it
@@ -662,18 +671,21 @@ impl Session {
         let params = p.params as usize;
         let flag_at = super::replay_exec::flag_at(p.params);
         let types = flag_at + 1..flag_at + 1 + 2 * params;
-        let on_conn = self.backend.carries.as_mut().and_then(|c| c.stmts.get_mut(&p.sql)).filter(|on| on.id == p.backend_id);
+        // (The connection's record of the statement, looked up only when the types were sent
+        // or must be: most executes send none.)
+        let carries = &mut self.backend.carries;
         match payload.get(flag_at) {
             Some(1) if payload.len() >= types.end => {
-                if p.param_types != payload[types.clone()] {
-                    p.param_types.clear();
-                    p.param_types.extend_from_slice(&payload[types.clone()]);
-                }
-                if let Some(on) = on_conn
-                    && on.types != payload[types.clone()]
+                let sent = &payload[types];
+                if let Some(on) = on_conn(carries, p)
+                    && on.types != sent
                 {
                     on.types.clear();
-                    on.types.extend_from_slice(&payload[types]);
+                    on.types.extend_from_slice(sent);
+                }
+                if p.param_types != sent {
+                    p.param_types.clear();
+                    p.param_types.extend_from_slice(sent);
                 }
                 p.types_unsent = false;
             }
@@ -688,7 +700,7 @@ impl Session {
                 if body.len() >= sluice_proto::consts::MAX_PAYLOAD {
                     return Err(Error::proxy(code::UNKNOWN_ERROR, "an execute too large to re-send its parameter types after a move"));
                 }
-                if let Some(on) = on_conn {
+                if let Some(on) = on_conn(carries, p) {
                     on.types.clone_from(&p.param_types);
                 }
                 frame(&mut fixed, &body, 0);
