@@ -328,3 +328,43 @@ fn session_track_ok_is_reported_for_rewrite() {
     t.start(Expect::Results, 0);
     assert_eq!(t.scan(&s.out, &mut NoSink).unwrap().state, State::Done);
 }
+
+#[test]
+fn rows_of_one_length_are_walked_in_groups_as_one_by_one() {
+    // Runs shorter and longer than a group, broken by rows of other lengths; the last run's rows
+    // as long as the packets after them (7 bytes): the result set's end (an OK marked 0xfe) and
+    // the OKs of the statements that followed it, which no group may take for rows.
+    let runs = [(3, 6), (1, 9), (20, 6), (9, 5), (GROUP, 6), (GROUP * 3 + 1, 4), (GROUP + 2, 6)];
+    let mut s = Stream::new();
+    s.count(1).coldef();
+    let mut expected = Vec::new();
+    // Where each run ends, and how many rows came before.
+    let mut run_ends = Vec::new();
+    for (i, &(n, len)) in runs.iter().enumerate() {
+        for k in 0..n {
+            let v = vec![b'a' + i as u8 + (k % 3) as u8; len];
+            s.row(&v);
+            expected.push([&[len as u8][..], &v].concat());
+        }
+        run_ends.push((s.out.len(), expected.len()));
+    }
+    let rows_end = s.out.len();
+    s.ok_eof(status::MORE_RESULTS_EXISTS);
+    for _ in 0..GROUP {
+        s.ok(status::MORE_RESULTS_EXISTS);
+    }
+    assert_eq!(s.out.len() - rows_end, (GROUP + 1) * (HEADER + 7), "the packets after the rows are as long as they are");
+    s.ok(0);
+    let c = check(Expect::Results, true, &s.out);
+    assert_eq!((c.rows, c.oks), (expected.len(), GROUP + 2));
+    assert_eq!(c.payloads, expected);
+    // Stopped at a run's end (a group's, or a single row's), the walk knows the last row's
+    // sequence number.
+    for (end, rows) in run_ends {
+        let mut t = ResponseTracker::new(true, true);
+        t.start(Expect::Results, 0);
+        let scan = t.scan(&s.out[..end], &mut Count::default()).expect("well-formed");
+        assert_eq!((scan.consumed, scan.state), (end, State::Pending));
+        assert_eq!(t.last_seq, (2 + rows) as u8, "after {rows} rows");
+    }
+}
