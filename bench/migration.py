@@ -149,7 +149,7 @@ def leave_timed(event, admin_port, name):
     start = time.monotonic()
     event()
     while time.monotonic() - start < 120:
-        if admin_port is None or sessions_on(admin_port, name) == 0:
+        if sessions_on(admin_port, name) == 0:
             return time.monotonic() - start
         time.sleep(0.02)
     return None
@@ -158,9 +158,9 @@ def leave_timed(event, admin_port, name):
 def under_load(workload, port, tables, a, so, event):
     """sysbench `workload` against `port`, `event()` a third of the way in (it returns a
     figure); the run's outcome with the event's figure."""
+    figures = {}
     run = sysbench(workload, port, tables, a.threads, a.seconds, so)
     timer = threading.Timer(a.seconds / 3, lambda: figures.update(left=event()))
-    figures = {}
     timer.start()
     result = outcome(run)
     timer.join()
@@ -203,12 +203,12 @@ def sigterm_case(binary, a, so, procs):
             listen, admin_port = start_sluice("sigterm", backends, procs, health='[health]\ninterval = "300ms"\n')
         else:
             listen, admin_port = start_haproxy(list(zip("ab", dbs)), procs), None
-        stop = lambda: leave_timed(dbs[1].proc.terminate, admin_port, "b")  # noqa: E731
-        row = under_load("oltp_point_select", listen, 1, a, so, stop)
-        if admin_port is not None:
-            row["moved"] = moved(admin_port)
+        if admin_port is None:
+            # (HAProxy says nothing of where its sessions are.)
+            row = under_load("oltp_point_select", listen, 1, a, so, dbs[1].proc.terminate)
         else:
-            row["left"] = None
+            stop = lambda: leave_timed(dbs[1].proc.terminate, admin_port, "b")  # noqa: E731
+            row = {**under_load("oltp_point_select", listen, 1, a, so, stop), "moved": moved(admin_port)}
         rows[f"{target}, b stopped (SIGTERM)"] = row
         for db in dbs:
             db.proc.kill()
@@ -230,7 +230,9 @@ def table(title, rows, a, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=int, default=30, help="each sysbench run's length")
+    ap.add_argument("--seconds", type=int, default=30,
+                    help=f"each sysbench run's length (more than 1.5 times {GRACEFUL_WAIT} s: the stopped server's graceful "
+                         "wait ends within the run)")
     ap.add_argument("--threads", type=int, default=8, help="sysbench threads")
     ap.add_argument("--name", help="also write the tables to bench/results/NAME/report.md")
     a = ap.parse_args()

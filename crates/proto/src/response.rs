@@ -498,17 +498,17 @@ fn skip_whole_rows<S: Sink>(buf: &[u8], mut pos: usize, last_seq: &mut u8, sink:
         }
         if previous == Some(len) {
             let rows = equal_rows(buf, pos, len);
-            if rows == 0 {
-                previous = None;
-            }
-            for _ in 0..rows {
-                sink.row(&buf[pos + HEADER..pos + HEADER + len]);
-                pos += HEADER + len;
-            }
             if rows > 0 {
+                for _ in 0..rows {
+                    sink.row(&buf[pos + HEADER..pos + HEADER + len]);
+                    pos += HEADER + len;
+                }
+                // (The sequence number of the group's last row.)
                 seq = Some(buf[pos - HEADER - len + 3]);
                 continue;
             }
+            // No group here: none is tried again until two rows in a row have one length.
+            previous = None;
         } else {
             previous = Some(len);
         }
