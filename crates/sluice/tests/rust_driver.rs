@@ -27,11 +27,20 @@ use common::*;
 const PER_CONNECTION_COUNTERS: [&str; 2] =
     ["conn::test::should_hold_stmt_cache_size_bound", "conn::test::should_not_cache_statements_if_stmt_cache_size_is_zero"];
 
-/// Tests that expect a `UNION ALL` of two rows to return them in order, which
-/// TiDB does not promise (it runs the two sides in parallel): they fail against TiDB directly
-/// more often than not, and are left out of the comparison in front of TiDB.
-const UNORDERED_ON_TIDB: [&str; 3] =
-    ["query::tests::should_run_bin_query", "query::tests::should_run_text_query", "conn::test::should_first_exec_statement"];
+/// Tests that expect the rows of a `UNION ALL` in order, which TiDB does not promise (it runs
+/// the sides in parallel): they fail against TiDB directly too (the three-row union of the
+/// `should_try_collect` tests came back out of order 11 times in 40 here), and are left out of
+/// the comparison in front of TiDB. (The tests that only sum a union's rows stay in.)
+const UNORDERED_ON_TIDB: [&str; 8] = [
+    "query::tests::should_run_bin_query",
+    "query::tests::should_run_text_query",
+    "conn::test::should_first_exec_statement",
+    "queryable::query_result::tests::should_stream_text_result_sets",
+    "queryable::query_result::tests::should_try_collect",
+    "queryable::query_result::tests::should_try_collect_and_drop",
+    "queryable::query_result::tests::should_handle_mutliresult_set",
+    "queryable::query_result::tests::should_map_resultset",
+];
 
 /// A test that changes a global default (`SET GLOBAL wait_timeout`) and expects the next login
 /// to have it as its session value: a multiplexed session takes a connection that logged in
