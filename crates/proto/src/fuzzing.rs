@@ -78,7 +78,8 @@ pub fn server_packet(data: &[u8]) {
 }
 
 /// A response stream as the relay sees it: the first byte picks the command's response shape
-/// and the negotiated flags, the second the read size; the rest arrives in reads of that size.
+/// and the negotiated flags, the second the read size (and, in its high bit, a hold after the
+/// first result); the rest arrives in reads of that size.
 pub fn response_stream(data: &[u8]) {
     let (Some(&mode), Some(&chunk)) = (data.first(), data.get(1)) else {
         return;
@@ -88,8 +89,9 @@ pub fn response_stream(data: &[u8]) {
             [(mode & 7) as usize];
     let mut t = ResponseTracker::new(mode & 8 != 0, mode & 16 != 0).strip_session_track(mode & 32 != 0, mode & 64 != 0);
     t.start(expect, 0);
+    t.hold_at(u32::from(chunk >> 7));
     let stream = &data[2..];
-    let chunk = (chunk as usize).max(1);
+    let chunk = usize::from(chunk & 0x7f).max(1);
     let mut buf: Vec<u8> = Vec::new();
     let mut fed = 0;
     loop {
@@ -100,10 +102,19 @@ pub fn response_stream(data: &[u8]) {
         buf.drain(..scan.consumed);
         match scan.state {
             State::Done => return,
+            State::Held => {
+                assert_eq!(t.results(), 1);
+                if t.is_done() {
+                    return;
+                }
+            }
             State::LocalInfile => t.after_infile(),
             State::Rewrite { len } => {
                 assert!(len <= buf.len());
                 buf.drain(..len);
+                if t.take_hold() && t.is_done() {
+                    return;
+                }
             }
             State::Pending => {
                 if fed == stream.len() {
@@ -166,6 +177,10 @@ pub fn sql(data: &[u8]) {
         for t in st {
             assert!(t.at.start < t.at.end && t.at.end <= data.len());
         }
+    }
+    // Redaction is total, and never longer than the text.
+    if crate::secret::may_carry(data) {
+        assert!(crate::secret::redacted(data).len() <= data.len());
     }
     let hazards = crate::sql::hazards(data);
     // A PREPARE sluice follows is one of the hazards the lexer reports.

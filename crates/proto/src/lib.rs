@@ -21,6 +21,7 @@ pub mod response;
 pub mod resultset;
 pub mod rw;
 pub mod scan;
+pub mod secret;
 pub mod sql;
 pub mod uservar;
 

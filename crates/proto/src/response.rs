@@ -111,6 +111,9 @@ pub enum State {
     Pending,
     /// The response is complete; `consumed` ends exactly at its end.
     Done,
+    /// `consumed` ends with the terminator of the result [`ResponseTracker::hold_at`] named:
+    /// the caller acts before it scans on (the response may be complete too).
+    Held,
     /// The server asked for a LOCAL INFILE upload; the client's data packets follow, ending with
     /// an empty packet, after which [`ResponseTracker::after_infile`] resumes tracking.
     LocalInfile,
@@ -136,6 +139,11 @@ enum Phase {
     Done,
 }
 
+/// [`ResponseTracker::after`]: the OK just read is reported as [`State::Rewrite`].
+const REWRITE: u8 = 1;
+/// [`ResponseTracker::after`]: the result [`ResponseTracker::hold_at`] names just ended.
+const HOLD: u8 = 2;
+
 /// Follows one response. Reusable: call [`ResponseTracker::start`] for every command.
 #[derive(Debug, Clone)]
 pub struct ResponseTracker {
@@ -150,7 +158,12 @@ pub struct ResponseTracker {
     /// The client has CLIENT_SESSION_TRACK and tracks less than the server reports: OKs with
     /// state changes it would not see are reported as [`State::Rewrite`].
     filter: Option<Box<basic::Tracked>>,
-    rewrite: bool,
+    /// What the scan reports after the control packet just read ([`REWRITE`], [`HOLD`]).
+    after: u8,
+    /// Results of the command that ended in an OK or EOF so far.
+    results: u32,
+    /// The scan holds ([`State::Held`]) once this many have (0: never).
+    hold_at: u32,
     /// Payload bytes of the current packet still to pass without looking.
     skip: usize,
     /// The packet being skipped is 0xffffff long: the next one continues it.
@@ -177,7 +190,9 @@ impl ResponseTracker {
             strip_session_track: false,
             lenenc_info: false,
             filter: None,
-            rewrite: false,
+            after: 0,
+            results: 0,
+            hold_at: 0,
             skip: 0,
             continued: false,
             in_row: false,
@@ -234,6 +249,25 @@ impl ResponseTracker {
         self.continued = false;
         self.in_row = false;
         self.last_status = None;
+        self.results = 0;
+        self.hold_at = 0;
+    }
+
+    /// Makes the scan stop ([`State::Held`]) right after the `n`th result of the command ends
+    /// in an OK or EOF (0: never), as a KILL among other statements needs.
+    pub fn hold_at(&mut self, n: u32) {
+        self.hold_at = n;
+    }
+
+    /// How many results of the command have ended in an OK or EOF.
+    pub fn results(&self) -> u32 {
+        self.results
+    }
+
+    /// Whether a hold is due that a [`State::Rewrite`] reported first (the caller holds after
+    /// writing the rewritten packet).
+    pub fn take_hold(&mut self) -> bool {
+        std::mem::take(&mut self.after) & HOLD != 0
     }
 
     /// Resumes after the client finished a LOCAL INFILE upload: the server answers OK or ERR.
@@ -308,8 +342,13 @@ impl ResponseTracker {
                 if self.control(&body[..h.len], sink)? {
                     return Ok(Scan { consumed: pos, state: State::LocalInfile });
                 }
-                if std::mem::take(&mut self.rewrite) {
-                    return Ok(Scan { consumed: start, state: State::Rewrite { len: HEADER + h.len } });
+                if self.after != 0 {
+                    if self.after & REWRITE != 0 {
+                        self.after &= !REWRITE;
+                        return Ok(Scan { consumed: start, state: State::Rewrite { len: HEADER + h.len } });
+                    }
+                    self.after = 0;
+                    return Ok(Scan { consumed: pos, state: State::Held });
                 }
             } else {
                 self.data(first, sink);
@@ -455,14 +494,19 @@ impl ResponseTracker {
         } else {
             let ok = basic::Ok::parse(p, self.session_track)?;
             sink.ok(&ok);
-            self.rewrite = if self.strip_session_track {
+            let rewrite = if self.strip_session_track {
                 ok.status & status::SESSION_STATE_CHANGED != 0 || (!self.lenenc_info && p.len() > basic::ok_fixed_len(&ok))
             } else {
                 self.filter.as_ref().is_some_and(|t| t.filters(&ok))
             };
+            self.after = u8::from(rewrite) * REWRITE;
             ok.status
         };
         self.last_status = Some(st);
+        self.results += 1;
+        if self.results == self.hold_at {
+            self.after |= HOLD;
+        }
         // Only a command that may have several results has another one coming: rows fetched
         // from a cursor, a field list or a single reply end at their terminator.
         let more = self.multi && st & status::MORE_RESULTS_EXISTS != 0;

@@ -45,6 +45,8 @@ pub struct Found {
     pub quoted: bool,
     /// Where its whole statement is (in the query, or in that text).
     pub statement: Range<usize>,
+    /// How many statements of the query come before its own.
+    pub index: usize,
 }
 
 /// The KILL statements of a COM_QUERY or COM_STMT_PREPARE.
@@ -72,13 +74,14 @@ pub fn find_kills_in(sql: &[u8], multi: bool, mode: lexer::Mode) -> Option<Kills
     }
     let mut kills = Kills::default();
     for st in lexer::statements_in(sql, mode).take(if multi { usize::MAX } else { 1 }) {
+        let index = kills.statements;
         kills.statements += 1;
         if let Some(target) = kill_statement(sql, &st) {
-            kills.found.push(Found { target, quoted: false, statement: span(&st) });
+            kills.found.push(Found { target, quoted: false, statement: span(&st), index });
         } else if let Some(text) = prepared_text(sql, &st, mode) {
             for inner in lexer::statements_in(&text, mode).take(1) {
                 if let Some(target) = kill_statement(&text, &inner) {
-                    kills.found.push(Found { target, quoted: true, statement: span(&inner) });
+                    kills.found.push(Found { target, quoted: true, statement: span(&inner), index });
                 }
             }
         }
@@ -282,84 +285,6 @@ pub fn write_kill(k: &Kill, id: u64, out: &mut Vec<u8>) {
     out.extend_from_slice(id.to_string().as_bytes());
 }
 
-/// Whether a statement may carry a password or a key, and so must not be recorded as written
-/// (traffic capture keeps its normalized text, literals taken out, instead): `GRANT`, account
-/// statements that name a password (`CREATE USER`, `ALTER USER`, `SET PASSWORD`), anything
-/// with `IDENTIFIED`, a `PASSWORD(...)`-like call, replication set-up (`CHANGE MASTER` with
-/// its `MASTER_PASSWORD`), `CREATE/ALTER SERVER` (its `OPTIONS (PASSWORD ...)`), each statement
-/// of a multi-statement, and a quoted string that holds such a statement (`PREPARE s FROM
-/// '...'`, `EXECUTE IMMEDIATE '...'`, `SET @q = '...'`). Conservative: a column named
-/// `password` that is called like a function is taken for one. Cheap for the statements that
-/// name none of `identified`, `password` and `grant` (in any case): they are not lexed.
-pub fn carries_secret(sql: &[u8]) -> bool {
-    carries_secret_in(sql, lexer::Mode::DEFAULT)
-}
-
-/// [`carries_secret`] of text a session in `mode` sent.
-pub fn carries_secret_in(sql: &[u8], mode: lexer::Mode) -> bool {
-    // A statement that carries a secret names one of these words: most statements are done
-    // here, without lexing. (CREATE/ALTER USER and CHANGE MASTER without any of them carry
-    // none.)
-    names_a_secret_word(sql) && secret_in(sql, true, mode)
-}
-
-/// [`carries_secret`] past its quick look; `strings`: look into quoted strings too.
-fn secret_in(sql: &[u8], strings: bool, mode: lexer::Mode) -> bool {
-    use crate::digest::{Part, parts_in};
-    let word = |p: &Option<Part>, w: &str| matches!(p, Some(Part::Word(x)) if x.eq_ignore_ascii_case(w.as_bytes()));
-    let leading = [("create", "user"), ("alter", "user"), ("set", "password"), ("change", "master"), ("change", "replication")];
-    let servers = [("create", "server"), ("alter", "server")];
-    // The first two words of each statement (`CREATE OR REPLACE X` counts as `CREATE X`).
-    let (mut first, mut second, mut words) = (None, None, 0);
-    let mut last = None;
-    for p in parts_in(sql, mode) {
-        let cur = Some(p);
-        if matches!(p, Part::Keep(b";")) {
-            (first, second, words) = (None, None, 0);
-        } else if words < 2 && matches!(p, Part::Word(_)) && !(words == 1 && (word(&cur, "or") || word(&cur, "replace"))) {
-            if words == 0 {
-                first = cur;
-            } else {
-                second = cur;
-            }
-            words += 1;
-            let pair = |(a, b): &(&str, &str)| word(&first, a) && word(&second, b);
-            if word(&first, "grant") || leading.iter().any(pair) || servers.iter().any(pair) {
-                return true;
-            }
-        }
-        if word(&cur, "identified") || (matches!(p, Part::Keep(b"(")) && (word(&last, "password") || word(&last, "old_password"))) {
-            return true;
-        }
-        last = cur;
-    }
-    // A string that is itself a statement (it begins with one's verb) and carries a secret.
-    strings
-        && quoted_strings(sql, mode)
-            .any(|inner| names_a_secret_word(&inner) && begins_statement(&inner, mode) && secret_in(&inner, false, mode))
-}
-
-/// Whether `sql` begins with the verb of a statement.
-fn begins_statement(sql: &[u8], mode: lexer::Mode) -> bool {
-    const VERBS: &[&str] = &["select", "create", "alter", "set", "grant", "change", "insert", "update", "replace", "do", "call", "with"];
-    matches!(crate::digest::parts_in(sql, mode).next(), Some(crate::digest::Part::Word(w)) if VERBS.iter().any(|v| w.eq_ignore_ascii_case(v.as_bytes())))
-}
-
-/// The contents of the quoted strings of `sql`, unquoted.
-fn quoted_strings(sql: &[u8], mode: lexer::Mode) -> impl Iterator<Item = Vec<u8>> + '_ {
-    let mut lex = lexer::Lexer::with_mode(sql, mode);
-    std::iter::from_fn(move || {
-        loop {
-            let t = lex.next()?;
-            if t.kind == Kind::Quoted
-                && let Some(inner) = lexer::unquote_in(t.text(sql), mode)
-            {
-                return Some(inner);
-            }
-        }
-    })
-}
-
 /// The name of the statement `EXECUTE name [USING ...]` runs (not `EXECUTE IMMEDIATE`),
 /// lowercased as sluice keys SQL-prepared statements.
 pub fn executed_name(sql: &[u8], mode: lexer::Mode) -> Option<String> {
@@ -375,36 +300,6 @@ pub fn executed_name(sql: &[u8], mode: lexer::Mode) -> Option<String> {
         _ => return None,
     };
     Some(String::from_utf8_lossy(&name).to_ascii_lowercase())
-}
-
-/// Whether `sql` contains one of the words that a statement carrying a secret names, in any
-/// case. Eight bytes at a time: a byte that may begin one (i, p or g in either case) is looked
-/// at closely; most words of most statements have none.
-fn names_a_secret_word(sql: &[u8]) -> bool {
-    // (`CREATE SERVER` carries a secret only in its `PASSWORD` option: `password` finds it.)
-    const WORDS: [&[u8]; 3] = [b"identified", b"password", b"grant"];
-    const ONES: u64 = u64::from_le_bytes([1; 8]);
-    // (`| 0x20` maps an ASCII capital to its small letter, and no other byte to i, p or g.)
-    let begins_one = |i: usize| {
-        let c = sql[i] | 0x20;
-        (c == b'i' || c == b'p' || c == b'g')
-            && WORDS.iter().any(|w| w[0] == c && sql.get(i..i + w.len()).is_some_and(|x| x.eq_ignore_ascii_case(w)))
-    };
-    // The high bit of each byte of `y` that is zero (and maybe of some above one that is).
-    let zeros = |y: u64| y.wrapping_sub(ONES) & !y & (ONES << 7);
-    let mut at = 0;
-    for eight in sql.chunks_exact(8) {
-        let x = u64::from_le_bytes(eight.try_into().expect("eight bytes")) | (ONES * 0x20);
-        let mut m = zeros(x ^ (ONES * u64::from(b'i'))) | zeros(x ^ (ONES * u64::from(b'p'))) | zeros(x ^ (ONES * u64::from(b'g')));
-        while m != 0 {
-            if begins_one(at + (m.trailing_zeros() / 8) as usize) {
-                return true;
-            }
-            m &= m - 1;
-        }
-        at += 8;
-    }
-    (at..sql.len()).any(begins_one)
 }
 
 #[cfg(test)]
@@ -447,71 +342,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn statements_that_may_carry_a_secret() {
-        for sql in [
-            "CREATE USER u IDENTIFIED BY 'pw'",
-            "create user if not exists u@'%' identified via ed25519 using PASSWORD('pw')",
-            "ALTER USER u IDENTIFIED BY 'pw'",
-            "SET PASSWORD FOR u = PASSWORD('pw')",
-            "set password = 'pw'",
-            "GRANT ALL ON *.* TO u IDENTIFIED BY 'pw'",
-            "grant select on t to u",
-            "SELECT PASSWORD('pw')",
-            "SELECT old_password ('pw')",
-            "/* c */ CHANGE MASTER TO MASTER_PASSWORD = 'pw'",
-            "CHANGE REPLICATION SOURCE TO SOURCE_PASSWORD = 'pw'",
-            "INSERT INTO t SELECT 1 FROM u WHERE x IDENTIFIED",
-            "select PassWord ('pw')",
-            "SELECT 1; ALTER USER u IdEnTiFiEd BY 'pw'",
-            &format!("GrAnT ALL ON *.* TO u /* {} */", "x".repeat(300)),
-            "CREATE SERVER s FOREIGN DATA WRAPPER mysql OPTIONS (USER 'u', PASSWORD 'pw')",
-            "create or replace server s foreign data wrapper mysql options (password 'pw')",
-            "ALTER SERVER s OPTIONS (PASSWORD 'pw')",
-            "SELECT 1; CREATE SERVER s FOREIGN DATA WRAPPER mysql OPTIONS (PASSWORD 'pw')",
-            "PREPARE s FROM 'ALTER USER u IDENTIFIED BY ''pw'''",
-            "EXECUTE IMMEDIATE 'CREATE USER u IDENTIFIED BY \\'pw\\''",
-            "SET @q = 'SET PASSWORD FOR u = PASSWORD(''pw'')'",
-            "CREATE OR REPLACE USER u IDENTIFIED BY 'pw'",
-        ] {
-            assert!(carries_secret(sql.as_bytes()), "{sql}");
-        }
-        for sql in [
-            "SELECT password FROM users WHERE id = 1",
-            "UPDATE users SET password = 'hash' WHERE id = 1",
-            "SELECT 'IDENTIFIED BY', 'PASSWORD(1)'",
-            "SELECT `password` (1)",
-            "SET @user = 'create user'",
-            "SELECT c FROM t WHERE id = 5 GROUP BY c",
-            "SELECT @@server_id, 'the server'",
-            "SELECT 'server password'",
-            "CREATE USER u@'%'",
-            &format!("SELECT '{}' FROM t WHERE id = 5", "x".repeat(300)),
-            "",
-        ] {
-            assert!(!carries_secret(sql.as_bytes()), "{sql}");
-        }
-    }
-
-    #[test]
-    fn secret_words_are_found_at_any_offset_in_any_case() {
-        for word in ["identified", "PASSWORD", "Grant", "gRaNt"] {
-            for pad in 0..20 {
-                for tail in ["", " ", "x1234567"] {
-                    let sql = format!("{}{word}{tail}", "a".repeat(pad));
-                    assert!(names_a_secret_word(sql.as_bytes()), "{sql:?}");
-                    // One letter short, it is no word.
-                    let short = format!("{}{}{tail}", "a".repeat(pad), &word[..word.len() - 1]);
-                    assert!(!names_a_secret_word(short.as_bytes()), "{short:?}");
-                }
-            }
-        }
-        // Bytes whose `| 0x20` is not i, p or g, and bytes around them, find nothing.
-        let noise: Vec<u8> = (0..=255u8).filter(|b| !matches!(b | 0x20, b'i' | b'p' | b'g')).collect();
-        assert!(!names_a_secret_word(&noise));
-        assert!(!names_a_secret_word(b"ipgIPGipg_pass_grand_identifie"));
-    }
-
     fn kills(sql: &str) -> Vec<KillTarget> {
         find_kills(sql.as_bytes(), true).map(|k| k.found.into_iter().map(|f| f.target).collect()).unwrap_or_default()
     }
@@ -551,11 +381,12 @@ mod tests {
         assert_eq!((k.statements, k.found.len()), (2, 1));
         let k = find_kills(b"SELECT 1; kill query 3 ; KILL CONNECTION 4", true).unwrap();
         assert_eq!(k.found.iter().map(|f| f.statement.clone()).collect::<Vec<_>>(), vec![10..22, 25..42]);
+        assert_eq!(k.found.iter().map(|f| f.index).collect::<Vec<_>>(), vec![1, 2]);
         assert_eq!(kills("SELECT 1; kill query 3 ; KILL CONNECTION 4"), vec![id(true, 3, None, 21..22), id(false, 4, None, 41..42)]);
         assert_eq!(kills("/*!50000 KILL 5 */"), vec![id(false, 5, None, 14..15)]);
         assert_eq!(kills("/*M!100000 KILL */ 5"), vec![id(false, 5, None, 19..20)]);
         let k = find_kills(b"PREPARE s FROM 'KILL 5'", true).unwrap();
-        assert_eq!(k.found, vec![Found { target: id(false, 5, None, 5..6), quoted: true, statement: 0..6 }]);
+        assert_eq!(k.found, vec![Found { target: id(false, 5, None, 5..6), quoted: true, statement: 0..6, index: 0 }]);
         assert_eq!(kills("EXECUTE IMMEDIATE \"KILL QUERY ?\" USING @x"), vec![Placeholder]);
         assert_eq!(kills("PREPARE s FROM 'KILL QUERY ID 7'"), vec![QueryId]);
         // Without multi-statements only the first statement can run.

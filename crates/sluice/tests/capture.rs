@@ -138,7 +138,7 @@ async fn a_capture_records_sessions_commands_and_results_and_no_password() {
     let err = cmds.iter().find(|c| c.0 == query("SELECT * FROM capture1.nope")).and_then(|c| c.2).unwrap();
     assert_eq!(err.error, 1146);
     let create = cmds.iter().find(|c| c.1 & flag::REDACTED != 0).expect("the CREATE USER is redacted");
-    assert_eq!(create.0, query("create user if not exists capture_user identified by ?"));
+    assert_eq!(create.0, query("CREATE USER IF NOT EXISTS capture_user IDENTIFIED BY ?"));
     assert_eq!(create.2.unwrap().error, 0);
     let execute = cmds.iter().find(|c| c.0[0] == com::STMT_EXECUTE).expect("the execute");
     assert_eq!((execute.0.len(), execute.1 & flag::REDACTED), (5, flag::REDACTED), "an execute of a statement that may carry a password");

@@ -257,6 +257,64 @@ async fn kill_reaches_a_multiplexed_session_between_and_during_statements() {
     assert_eq!(still, Some(1));
 }
 
+/// Whether the connection is closed now (EOF or a reset, after any bytes it still holds),
+/// without waiting: as a pool sees a connection when it hands it out.
+fn closed_now(c: &mut sluice_testkit::raw::Raw) -> bool {
+    c.s.set_nonblocking(true).unwrap();
+    let closed = c.is_closed();
+    c.s.set_nonblocking(false).unwrap();
+    closed
+}
+
+/// A KILL among other statements ends a multiplexed session between statements where the
+/// KILL stands, as the server closes a killed connection at once: a pool that released the
+/// connection and hands it out after the killer's query sees it gone (node-mysql2's
+/// "should serve a new connection after the previous one is killed"), and so does one that
+/// looks while the statements after the KILL still run. Not before the statements before it
+/// have run, and not when one of them failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_among_statements_ends_its_target_where_it_stands() {
+    use sluice_testkit::raw::Raw;
+    let db = MariaDb::start();
+    let s = mux(&db, "max_backend_connections = 2\n");
+    let mut killer = app(&s).await;
+    let idle_session = || {
+        let r = Raw::login(&s.listen, "app", "apppw", Some("test"));
+        let id = r.greeting.as_ref().unwrap().connection_id;
+        (r, id)
+    };
+    // The pool's sequence: the KILL first, a short statement after it.
+    let (mut pooled, id) = idle_session();
+    let mut r = killer.query_iter(format!("kill {id}; select sleep(0.05)")).await.unwrap();
+    let _: Vec<mysql_async::Row> = r.collect().await.unwrap();
+    let _: Vec<mysql_async::Row> = r.collect().await.unwrap();
+    drop(r);
+    assert!(closed_now(&mut pooled), "the killed connection is gone when the KILL's query returns");
+    // Seen while the statements after the KILL still run. (A result larger than the server's
+    // network buffer makes it send what came before at once, rather than at the query's end.)
+    let big = "SELECT REPEAT('x', 100000)";
+    for before in ["", "SELECT 1; ", "SELECT REPEAT('y', 100000); "] {
+        let (mut target, id) = idle_session();
+        let mut r = killer.query_iter(format!("{before}KILL {id}; {big}; SELECT SLEEP(1)")).await.unwrap();
+        if !before.is_empty() {
+            let _: Vec<mysql_async::Row> = r.collect().await.unwrap();
+        }
+        let _: Vec<mysql_async::Row> = r.collect().await.unwrap();
+        assert!(closed_now(&mut target), "{before}: the target is gone once its KILL is answered, while the statements after it run");
+        let x: Vec<String> = r.collect().await.unwrap();
+        assert_eq!(x[0].len(), 100_000);
+        let _: Vec<mysql_async::Row> = r.collect().await.unwrap();
+        drop(r);
+    }
+    // A statement before it fails: the KILL never runs, and its target stays.
+    let (mut spared, id) = idle_session();
+    let e = killer.query_drop(format!("SELECT * FROM mysql.no_such_table; KILL {id}; SELECT 1")).await.unwrap_err();
+    assert!(e.to_string().contains("1146"), "{e}");
+    assert_eq!(spared.row("SELECT 5"), vec![Some("5".to_string())], "a KILL that did not run kills nothing");
+    let still: Option<i64> = killer.query_first("SELECT 1").await.unwrap();
+    assert_eq!(still, Some(1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_prepared_statements_follow_their_session_and_no_other() {
     let db = MariaDb::start();

@@ -187,7 +187,8 @@ async fn a_secret_hidden_by_the_sql_mode_is_redacted() {
             }
         }
         seen.push_str(&admin_get(&s, "/digests", None).1);
-        assert!(seen.contains("password"), "the statement was captured: {seen}");
+        // (Redacted in every reading: with backslash escapes all after `'a\` is a literal.)
+        assert!(seen.lines().any(|l| l.ends_with("SELECT ?")), "the statement was captured: {seen}");
         assert!(!seen.contains("hidden-by-mode"), "users mode {users}: {seen}");
     }
 }

@@ -170,7 +170,7 @@ impl Raw {
             match scan.state {
                 State::Done => return packets,
                 State::LocalInfile => panic!("unexpected LOCAL INFILE request"),
-                State::Pending | State::Rewrite { .. } => {}
+                State::Pending | State::Rewrite { .. } | State::Held => {}
             }
         }
     }

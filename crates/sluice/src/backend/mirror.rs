@@ -99,7 +99,7 @@ pub async fn run(backends: &Backends, index: usize, mut rx: mpsc::Receiver<Job>,
         let r = super::conn::bounded(limit, "a mirrored statement", one(&b, &mut conns, &job)).await;
         if let Err(e) = r {
             counts.failed.inc();
-            tracing::debug!(backend = %b.name, error = %e.message, "mirrored statement failed");
+            tracing::debug!(backend = %b.name, error = %crate::session::shown_text(e.message.as_bytes()), "mirrored statement failed");
             conns.remove(&job.user);
         }
     }

@@ -395,6 +395,8 @@ async fn read_response(tracker: &mut ResponseTracker, expect: Expect, conn: &mut
         match scan.state {
             State::Done => return Ok(()),
             State::Rewrite { len } => conn.rbuf.advance(len),
+            // (No hold is asked for here: the scan goes on.)
+            State::Held => {}
             State::LocalInfile => return Err(Error::backend("unexpected LOCAL INFILE request while restoring a session")),
             State::Pending => {
                 conn.rbuf.reserve(BUF_SIZE);

@@ -1,9 +1,10 @@
 //! What a session records while a capture runs (`crate::capture`): its state when the capture
 //! first sees it (so that replay can rebuild it, whether it opened before the capture or
 //! during it), each command as the client sent it, and a summary of each response.
-//! Passwords never reach the files: a statement that may carry one is recorded normalized
-//! (its literals taken out), the executes of such a prepared statement without their
-//! parameters, and COM_CHANGE_USER without its authentication data.
+//! Passwords and keys never reach the files: a statement that may carry one
+//! (`sluice_proto::secret`) is recorded with its literals taken out, the executes of such a
+//! prepared statement without their parameters, and COM_CHANGE_USER without its
+//! authentication data.
 
 use sluice_proto::consts::com;
 use sluice_proto::packet::{HEADER, Header};
@@ -59,18 +60,13 @@ impl Session {
         let Some(body) = self.client.rbuf.get(HEADER..HEADER + h.len.min(INSPECT_LIMIT)).filter(|b| !b.is_empty()) else {
             return false;
         };
-        // The reading of a statement's text in which it carries a secret (in the session's
-        // sql_mode, or in either mode where sluice does not know it).
-        let secret_text = match cmd {
-            com::QUERY | com::STMT_PREPARE => self.state.secret_reading(&body[1..]),
-            _ => None,
-        };
+        // (In any reading of its text: `sluice_proto::secret`.)
+        let secret_text = matches!(cmd, com::QUERY | com::STMT_PREPARE) && sluice_proto::secret::may_carry(&body[1..]);
         let secret_execute = match cmd {
             com::STMT_EXECUTE | com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE => self.executes_secret(body),
             com::QUERY => self.executes_secret_sql(&body[1..]),
             _ => false,
         };
-        let mode = secret_text.unwrap_or_else(|| self.state.mode_for(&body[1..]));
         let mark = self.capture.as_mut().expect("checked above");
         let out = &mut mark.payload;
         out.clear();
@@ -81,10 +77,10 @@ impl Session {
                 out.push(cmd);
                 out.extend_from_slice(body[1..].split(|&b| b == 0).next().unwrap_or_default());
             }
-            com::QUERY | com::STMT_PREPARE if secret_text.is_some() || (cmd == com::QUERY && secret_execute) => {
+            com::QUERY | com::STMT_PREPARE if secret_text || (cmd == com::QUERY && secret_execute) => {
                 mark.flags |= flag::REDACTED;
                 out.push(cmd);
-                sluice_proto::digest::normalize_in(&body[1..], mode, out, usize::MAX);
+                sluice_proto::secret::redact_into(&body[1..], out);
             }
             _ if secret_execute => {
                 mark.flags |= flag::REDACTED;
@@ -117,7 +113,7 @@ impl Session {
         first == Some(b'e')
             && self.state.readings(sql).iter().any(|m| {
                 sluice_proto::sql::executed_name(sql, m)
-                    .and_then(|name| self.state.sql_prepared.get(&name).map(|q| self.state.secret_reading(q.as_bytes()).is_some()))
+                    .and_then(|name| self.state.sql_prepared.get(&name).map(|q| sluice_proto::secret::may_carry(q.as_bytes())))
                     .unwrap_or(false)
             })
     }
@@ -128,7 +124,7 @@ impl Session {
         let pairs = |v: &crate::session::vars::Vars| v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         // (The texts of statements that may carry a password are kept normalized, as their
         // prepares are recorded.)
-        let shown = |t: &str| crate::session::shown_text(t).into_owned();
+        let shown = |t: &str| crate::session::shown_text(t.as_bytes()).into_owned();
         let mut prepared: Vec<(u32, Vec<u8>, Vec<u8>)> =
             s.prepared.iter().map(|(id, p)| (*id, shown(&p.sql).into_bytes(), p.param_types.clone())).collect();
         prepared.sort_by_key(|p| p.0);

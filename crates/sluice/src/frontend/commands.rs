@@ -31,6 +31,14 @@ async fn gone(ctx: &crate::ctx::Ctx, killer: u32, target: &SessionHandle) {
     }
 }
 
+/// Ends the sessions of `targets` whose connection KILL stands at `at` ([`Target::at`]).
+async fn end_targets(ctx: &crate::ctx::Ctx, killer: u32, targets: &[Target], at: u32) {
+    for t in targets.iter().filter(|t| t.connection && t.at == at) {
+        t.handle.kill();
+        gone(ctx, killer, &t.handle).await;
+    }
+}
+
 /// The plugin name that makes a backend answer with an auth switch and a fresh scramble.
 const SWITCH_PLUGIN: &[u8] = b"sluice_passthrough";
 
@@ -41,10 +49,26 @@ pub(super) enum KillPlan {
     Single(Kill),
     /// KILLs among other statements, every target on this session's backend: the query is
     /// forwarded with each id replaced by its target's thread id.
-    Rewrite { query: Vec<u8>, targets: Vec<(Arc<SessionHandle>, bool)> },
+    Rewrite { query: Vec<u8>, targets: Vec<Target> },
     /// A KILL sluice cannot translate exactly: refused before anything reaches the backend.
     Refuse { code: u16, msg: String },
 }
+
+/// A session a KILL among other statements names.
+pub(super) struct Target {
+    handle: Arc<SessionHandle>,
+    /// A connection KILL (not KILL QUERY): the session ends.
+    connection: bool,
+    /// How many of the query's statements must have run (ended in OK) before it ends: those
+    /// before the KILL for a session that holds no backend connection (sluice ends it itself,
+    /// where the KILL stands), and the KILL too for one whose backend thread the server kills.
+    /// [`AT_END`]: once the whole query ran without an error.
+    at: u32,
+}
+
+/// [`Target::at`] of a KILL after a statement that may answer with several results (a CALL, an
+/// EXECUTE): where the statements after it begin cannot be told from the response.
+const AT_END: u32 = u32::MAX;
 
 impl Session {
     /// A command that fails [`Session::command_byte`]'s checks: the client gets the server's
@@ -116,25 +140,36 @@ impl Session {
                 KillTarget::Id { .. } if f.quoted || cmd == com::STMT_PREPARE => {
                     return refuse("a KILL cannot be prepared through sluice (the backend's ids differ from sluice's); send it as a query");
                 }
-                KillTarget::Id { kill, at } => ids.push((*kill, at.clone(), f.statement.clone())),
+                KillTarget::Id { kill, at } => ids.push((*kill, at.clone(), f.statement.clone(), f.index)),
             }
         }
         match ids.as_slice() {
             [] => None,
-            [(kill, _, _)] if kills.statements == 1 => Some(KillPlan::Single(*kill)),
-            _ => Some(self.rewrite_kills(payload, &ids)),
+            [(kill, ..)] if kills.statements == 1 => Some(KillPlan::Single(*kill)),
+            _ => {
+                // (A statement that may answer with several results, a CALL or an EXECUTE,
+                // hides where the statements after it begin.)
+                let several = |st: &sluice_proto::lexer::Statement| {
+                    st.first().is_some_and(|t| t.is_word(payload, "CALL") || t.is_word(payload, "EXECUTE"))
+                };
+                let counted = sluice_proto::lexer::statements_in(payload, readings.0).take_while(|st| !several(st)).count();
+                Some(self.rewrite_kills(payload, &ids, counted))
+            }
         }
     }
 
     /// Rewrites the ids of the KILLs of a multi-statement (at their places in `payload`), or
     /// refuses it when a target is unknown or on another backend. A KILL of a multiplexed
     /// session that holds no backend connection becomes `DO 0` (nothing runs there: a KILL
-    /// QUERY has nothing to do, a KILL closes the session once the query went through).
-    fn rewrite_kills(&self, payload: &[u8], ids: &[(Kill, Range<usize>, Range<usize>)]) -> KillPlan {
+    /// QUERY has nothing to do, a KILL closes the session where the statement stands).
+    /// `counted`: how many statements from the first answer with one result each.
+    fn rewrite_kills(&self, payload: &[u8], ids: &[(Kill, Range<usize>, Range<usize>, usize)], counted: usize) -> KillPlan {
         let mut query = vec![com::QUERY];
         let mut targets = Vec::with_capacity(ids.len());
         let mut copied = 0;
-        for (kill, at, statement) in ids {
+        for (kill, at, statement, index) in ids {
+            // (Past a statement of several results, the end of the whole response.)
+            let index = if *index <= counted { u32::try_from(*index).unwrap_or(AT_END) } else { AT_END };
             let target = u32::try_from(kill.id).ok().and_then(|id| self.ctx.sessions.get(id));
             let tid = target.as_ref().map_or(0, |t| t.backend_thread_id.load(Ordering::Relaxed));
             let Some(target) = target else {
@@ -144,7 +179,7 @@ impl Session {
                 query.extend_from_slice(&payload[copied..statement.start]);
                 query.extend_from_slice(b"DO 0");
                 copied = statement.end;
-                targets.push((target, !kill.query_only));
+                targets.push(Target { handle: target, connection: !kill.query_only, at: index });
                 continue;
             }
             if target.backend_index.load(Ordering::Relaxed) as usize != self.backend.guard.index {
@@ -157,7 +192,8 @@ impl Session {
             query.extend_from_slice(&payload[copied..at.start]);
             query.extend_from_slice(tid.to_string().as_bytes());
             copied = at.end;
-            targets.push((target, !kill.query_only));
+            let at = if index == AT_END { AT_END } else { index + 1 };
+            targets.push(Target { handle: target, connection: !kill.query_only, at });
         }
         query.extend_from_slice(&payload[copied..]);
         KillPlan::Rewrite { query, targets }
@@ -177,42 +213,65 @@ impl Session {
         }
     }
 
-    /// Forwards a multi-statement whose KILL ids were rewritten; a connection KILL that went
-    /// through (the whole query succeeded) ends its target's session.
-    async fn kill_rewritten(&mut self, query: &[u8], targets: &[(Arc<SessionHandle>, bool)]) -> Result<Flow> {
+    /// Forwards a multi-statement whose KILL ids were rewritten. Each connection KILL ends its
+    /// target's session where it stands: once the statements before it ran (and, for a target
+    /// whose backend thread the server kills, the KILL itself), before the client reads the
+    /// results of the statements after it, as the server closes a killed connection at once.
+    async fn kill_rewritten(&mut self, query: &[u8], targets: &[Target]) -> Result<Flow> {
         self.skip_request().await?;
-        for (t, _) in targets.iter().filter(|(_, connection)| *connection) {
-            t.kill_pending.store(true, Ordering::Relaxed);
+        for t in targets.iter().filter(|t| t.connection) {
+            t.handle.kill_pending.store(true, Ordering::Relaxed);
         }
-        let ok = self.query_on_backend(query).await;
-        for (t, connection) in targets {
-            if *connection && matches!(ok, Ok(true)) {
-                t.kill();
-                gone(&self.ctx, self.handle.id, t).await;
-            }
-            t.kill_pending.store(false, Ordering::Relaxed);
+        let ran = self.query_killing(query, targets).await;
+        for t in targets {
+            t.handle.kill_pending.store(false, Ordering::Relaxed);
         }
-        ok.map(|_| Flow::Continue)
+        ran.map(|_| Flow::Continue)
     }
 
     /// Sends a COM_QUERY of sluice's making on the session's backend connection and relays the
-    /// response; true when it held no error.
-    async fn query_on_backend(&mut self, query: &[u8]) -> Result<bool> {
+    /// response, ending each connection KILL's target at its point ([`Target::at`]); true when
+    /// the response held no error.
+    async fn query_killing(&mut self, query: &[u8], targets: &[Target]) -> Result<bool> {
+        let mut points: Vec<u32> = targets.iter().filter(|t| t.connection).map(|t| t.at).collect();
+        points.sort_unstable();
+        points.dedup();
+        // (Those that stand first end before anything is sent.)
+        end_targets(&self.ctx, self.handle.id, targets, 0).await;
         let mut pkt = Vec::with_capacity(query.len() + HEADER);
         sluice_proto::packet::frame(&mut pkt, query, 0);
         let limit = self.config.proxy.response_timeout;
         self.backend.conn.stream.write_within(limit, &pkt).await.map_err(|e| Error::io(Side::Backend, "sending KILL", e))?;
         let mut sink = StateSink::new(&mut self.state);
-        let watch = crate::session::deadline::Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
         self.backend.tracker.start(Expect::Results, 0);
-        relay_response(&mut self.backend.tracker, &mut self.backend.conn, Some(&mut self.client), &mut sink, &self.ctx, watch, false)
-            .await?;
-        let changed = sink.changed;
-        let ok = sink.error.is_none();
+        for at in points.into_iter().filter(|&at| at > 0 && at != AT_END).chain([0]) {
+            // (0 last: the rest of the response, held nowhere.)
+            self.backend.tracker.hold_at(at);
+            let watch = crate::session::deadline::Watch { clock: &self.ctx.clock, handle: &self.handle, waker: &mut self.waker };
+            relay_response(&mut self.backend.tracker, &mut self.backend.conn, Some(&mut self.client), &mut sink, &self.ctx, watch, false)
+                .await?;
+            // (Short of the point, the response ended: an error stopped the statements first.)
+            if at > 0 && self.backend.tracker.results() >= at {
+                end_targets(&self.ctx, self.handle.id, targets, at).await;
+            }
+            if self.backend.tracker.is_done() {
+                break;
+            }
+        }
+        let (changed, ok) = (sink.changed, sink.error.is_none());
         if changed {
             self.handle.publish(&self.state);
         }
+        if ok {
+            end_targets(&self.ctx, self.handle.id, targets, AT_END).await;
+        }
         Ok(ok)
+    }
+
+    /// Sends a COM_QUERY of sluice's making on the session's backend connection and relays the
+    /// response; true when it held no error.
+    async fn query_on_backend(&mut self, query: &[u8]) -> Result<bool> {
+        self.query_killing(query, &[]).await
     }
 
     /// Runs a KILL: translated to the target's backend thread.

@@ -288,10 +288,12 @@ async fn reset_for_pool(b: &crate::backend::BackendGuard, conn: &mut PacketConn,
 
 fn log_error(ctx: &Ctx, id: u32, peer: &str, e: &Error, what: &str) {
     ctx.metrics.error(e.side);
+    // (A message that quotes a statement, as a server's does, quotes no secret of it.)
+    let message = crate::session::shown_text(e.message.as_bytes());
     match e.side {
-        Side::Client => tracing::info!(session = id, client = %peer, side = "client", code = e.code, error = %e.message, "{what}"),
-        Side::Backend => tracing::warn!(session = id, client = %peer, side = "backend", code = e.code, error = %e.message, "{what}"),
-        Side::Proxy => tracing::warn!(session = id, client = %peer, side = "sluice", code = e.code, error = %e.message, "{what}"),
+        Side::Client => tracing::info!(session = id, client = %peer, side = "client", code = e.code, error = %message, "{what}"),
+        Side::Backend => tracing::warn!(session = id, client = %peer, side = "backend", code = e.code, error = %message, "{what}"),
+        Side::Proxy => tracing::warn!(session = id, client = %peer, side = "sluice", code = e.code, error = %message, "{what}"),
     }
 }
 

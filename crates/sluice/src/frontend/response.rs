@@ -61,6 +61,9 @@ pub(super) async fn relay_response(
                 }
                 return Ok(());
             }
+            // The caller acts at this point of the response (`ResponseTracker::hold_at`), then
+            // relays the rest.
+            State::Held => return Ok(()),
             // The rare paths are boxed: their futures stay out of every session's task.
             State::LocalInfile => {
                 let Some(client) = client.as_mut() else { return Err(Error::backend("a replayed statement asked for a local file")) };
@@ -78,6 +81,9 @@ pub(super) async fn relay_response(
                     Box::pin(client.write_packet(payload, seq)).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
                 }
                 backend.rbuf.advance(len);
+                if tracker.take_hold() {
+                    return Ok(());
+                }
             }
             State::Pending => {
                 make_room(&mut backend.rbuf, large);

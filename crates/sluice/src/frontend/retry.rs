@@ -386,7 +386,7 @@ impl Session {
             if loose && before.is_some_and(|b| b.error == seen.error) {
                 newer += usize::from(before != Some(seen));
             } else if Some(seen) != before {
-                let sql = String::from_utf8_lossy(self.logged_sql(log.request(i))).chars().take(80).collect::<String>();
+                let sql = crate::session::shown_text(self.logged_sql(log.request(i))).chars().take(80).collect::<String>();
                 return Ok(Some(format!("statement {} ({sql}) had another result ({seen:?}, before {before:?})", i + 1)));
             }
         }

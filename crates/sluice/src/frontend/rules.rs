@@ -91,10 +91,10 @@ impl Session {
                 let shape = self.ctx.shapes.of(&Text { key: scan.key, text, mode, schema }, want, digests);
                 (mode, shape, Some(scan.commented))
             }
-            // Two readings: the digest of the one shown (the hazards and the class are read
-            // apart in each, by `note_query` and `wants`).
-            _ => {
-                let mode = self.state.reading_shown(text);
+            // Two readings: the digest of the default's (the hazards and the class are read
+            // apart in each, by `note_query` and `wants`; a digest's text holds no secret in
+            // either, `route::digest`).
+            crate::session::Readings(mode, Some(_)) => {
                 let key = sluice_proto::scan::scan_keyed(text, mode, self.ctx.key_seed).key;
                 let want = Want { class: false, ..want };
                 (mode, self.ctx.shapes.of(&Text { key, text, mode, schema }, want, digests), None)

@@ -180,6 +180,8 @@ impl Conn {
             match scan.state {
                 State::Done => return Ok(sink),
                 State::Rewrite { len } => self.conn.rbuf.advance(len),
+                // (No hold is asked for here: the scan goes on.)
+                State::Held => {}
                 State::LocalInfile => {
                     // The file was the client's: it is not in the capture. An empty one.
                     let seq = self.tracker.last_seq.wrapping_add(1);

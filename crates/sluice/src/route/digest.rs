@@ -189,7 +189,12 @@ impl Digests {
             self.evict(t);
         }
         let mut normal = Vec::with_capacity(text.len().min(self.text_limit) + 4);
-        sluice_proto::digest::normalize_in(text, mode, &mut normal, self.text_limit);
+        // (Normalizing takes literals out in one reading; a text that may carry a secret is
+        // taken out of in every reading first.)
+        match sluice_proto::secret::may_carry(text) {
+            true => sluice_proto::digest::normalize(&sluice_proto::secret::redacted(text), &mut normal, self.text_limit),
+            false => sluice_proto::digest::normalize_in(text, mode, &mut normal, self.text_limit),
+        }
         let now = crate::metrics::mono_ns();
         t.entries.push(Entry {
             digest,

@@ -56,7 +56,7 @@ pub struct Prepared {
     /// Where the read/write split runs it (`sluice_proto::rw::classify` of its text, once).
     #[serde(skip)]
     pub class: sluice_proto::rw::Class,
-    /// Its text may carry a password (`sluice_proto::sql::carries_secret`, once): a capture
+    /// Its text may carry a password or a key (`sluice_proto::secret::may_carry`, once): a capture
     /// records its executes without their parameters.
     #[serde(skip)]
     pub secret: bool,
@@ -158,7 +158,8 @@ pub const MAX_USER_VARIABLES: usize = 64;
 /// The ways the server may read a statement's text: one where sluice knows the session's
 /// `sql_mode` or where modes cannot differ on the text (it has no `\`, nor `"` under
 /// ANSI_QUOTES); else the default's and NO_BACKSLASH_ESCAPES's, both of which a reader that
-/// guards something (a KILL's mapping, a secret's redaction) must take into account.
+/// guards something (a KILL's mapping) must take into account. (A secret's redaction needs no
+/// reading: `sluice_proto::secret` holds in every one.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Readings(pub Mode, pub Option<Mode>);
 
@@ -177,15 +178,6 @@ impl Readings {
     pub fn iter(self) -> impl Iterator<Item = Mode> {
         std::iter::once(self.0).chain(self.1)
     }
-
-    /// The reading in which `sql` may carry a password, if one does.
-    #[inline]
-    pub fn secret(self, sql: &[u8]) -> Option<Mode> {
-        if sluice_proto::sql::carries_secret_in(sql, self.0) {
-            return Some(self.0);
-        }
-        self.1.filter(|&m| sluice_proto::sql::carries_secret_in(sql, m))
-    }
 }
 
 impl SessionState {
@@ -200,39 +192,24 @@ impl SessionState {
     pub fn readings(&self, sql: &[u8]) -> Readings {
         Readings::of(self.lex, sql)
     }
-
-    /// The reading a digest and its text take: the one mode where there is one, else the one in
-    /// which the text carries a secret (its normalized text then takes the secret out).
-    pub fn reading_shown(&self, sql: &[u8]) -> Mode {
-        match self.readings(sql) {
-            Readings(m, None) => m,
-            r => self.secret_reading(sql).unwrap_or(r.0),
-        }
-    }
-
-    /// The reading in which the session's statement `sql` may carry a password, if one does.
-    #[inline]
-    pub fn secret_reading(&self, sql: &[u8]) -> Option<Mode> {
-        self.readings(sql).secret(sql)
-    }
 }
 
-/// Statement text as `/sessions` and the SQL admin show it: normalized (literals taken out)
-/// when it may carry a password, as a capture records it.
-/// Either reading of the text counts (the mode the session had is not kept with it).
-pub fn shown_text(sql: &str) -> std::borrow::Cow<'_, str> {
-    let Some(mode) = Readings::of(None, sql.as_bytes()).secret(sql.as_bytes()) else { return sql.into() };
-    let mut out = Vec::with_capacity(sql.len());
-    sluice_proto::digest::normalize_in(sql.as_bytes(), mode, &mut out, usize::MAX);
-    String::from_utf8_lossy(&out).into_owned().into()
+/// Statement text as it may be stored or shown (`/sessions`, the SQL admin, captures' session
+/// records, logs and errors): with every literal taken out when it may carry a password or a
+/// key (`sluice_proto::secret`), else as written.
+pub fn shown_text(sql: &[u8]) -> std::borrow::Cow<'_, str> {
+    if sluice_proto::secret::may_carry(sql) {
+        return String::from_utf8_lossy(&sluice_proto::secret::redacted(sql)).into_owned().into();
+    }
+    String::from_utf8_lossy(sql)
 }
 
 fn redacted<S: serde::Serializer>(sql: &str, s: S) -> std::result::Result<S::Ok, S::Error> {
-    s.serialize_str(&shown_text(sql))
+    s.serialize_str(&shown_text(sql.as_bytes()))
 }
 
 fn redacted_values<S: serde::Serializer>(m: &Vars, s: S) -> std::result::Result<S::Ok, S::Error> {
-    s.collect_map(m.iter().map(|(k, v)| (k, shown_text(v))))
+    s.collect_map(m.iter().map(|(k, v)| (k, shown_text(v.as_bytes()))))
 }
 
 /// Serializes a map's keys only (user variables: their values may be secrets).
@@ -582,7 +559,7 @@ impl Sink for StateSink<'_> {
         let mode = self.state.mode_for(sql.as_bytes());
         let hazards = if self.state.passthrough { 0 } else { sluice_proto::sql::hazards_in(sql.as_bytes(), mode) };
         let class = sluice_proto::rw::classify_in(sql.as_bytes(), mode);
-        let secret = self.state.secret_reading(sql.as_bytes()).is_some();
+        let secret = sluice_proto::secret::may_carry(sql.as_bytes());
         let p = Prepared {
             backend_id: id,
             sql,

@@ -106,7 +106,7 @@ impl From<StateParcel> for SessionState {
             .into_iter()
             .map(|(id, s)| {
                 let class = sluice_proto::rw::classify(s.sql.as_bytes());
-                let secret = sluice_proto::sql::carries_secret(s.sql.as_bytes());
+                let secret = sluice_proto::secret::may_carry(s.sql.as_bytes());
                 let s = Prepared {
                     backend_id: s.backend_id,
                     sql: s.sql,
