@@ -58,10 +58,11 @@ pub fn may_carry(sql: &[u8]) -> bool {
 }
 
 fn may_carry_at(sql: &[u8], depth: usize) -> bool {
-    if names_a_word(sql) {
+    let (word, quoted) = look(sql);
+    if word {
         return true;
     }
-    if depth >= DEPTH || !may_spell_more(sql) {
+    if !quoted || depth >= DEPTH || !may_spell_more(sql) {
         return false;
     }
     // (With a backslash the text reads several ways: each may spell other strings.)
@@ -159,35 +160,56 @@ pub fn redacted(sql: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Whether `sql` contains one of [`WORDS`] in any case. One load of a table per byte, eight
-/// bytes at a time: a byte that may stand in one (the word's rarest letter in statements) is
+/// Whether `sql` contains one of [`WORDS`] in any case, and whether it has a quote or a
+/// backslash (a literal that may spell more). One load of a table per byte, eight bytes at a
+/// time: the bytes of a piece that holds an anchor (a word's rarest letter in statements) are
 /// looked at closely, for the words it stands in.
-fn names_a_word(sql: &[u8]) -> bool {
+#[inline]
+fn look(sql: &[u8]) -> (bool, bool) {
+    let mut seen = 0;
     let mut at = 0;
-    for eight in sql.chunks_exact(8) {
-        if eight.iter().fold(0, |m, &b| m | ANCHOR[usize::from(b)]) != 0 {
-            for (k, &b) in eight.iter().enumerate() {
-                if ANCHOR[usize::from(b)] != 0 && word_at(sql, at + k) {
-                    return true;
-                }
-            }
+    let mut chunks = sql.chunks_exact(8);
+    for eight in &mut chunks {
+        let any = eight.iter().fold(0, |m, &b| m | ANCHOR[usize::from(b)]);
+        seen |= any;
+        if any & !QUOTE != 0 && words_in(sql, at..at + 8) {
+            return (true, true);
         }
         at += 8;
     }
-    (at..sql.len()).any(|i| ANCHOR[usize::from(sql[i])] != 0 && word_at(sql, i))
+    let any = chunks.remainder().iter().fold(0, |m, &b| m | ANCHOR[usize::from(b)]);
+    seen |= any;
+    if any & !QUOTE != 0 && words_in(sql, at..sql.len()) {
+        return (true, true);
+    }
+    (false, seen & QUOTE != 0)
 }
 
-/// Whether one of [`WORDS`] stands around `i`, whose byte is the anchor of some.
-#[cold]
-fn word_at(sql: &[u8], i: usize) -> bool {
-    let mut words = ANCHOR[usize::from(sql[i])];
-    while words != 0 {
-        let w = WORDS[words.trailing_zeros() as usize].as_bytes();
-        let off = anchor_of(w);
-        if i >= off && sql.get(i - off..i - off + w.len()).is_some_and(|x| x.eq_ignore_ascii_case(w)) {
-            return true;
+/// Whether `sql` contains one of [`WORDS`] in any case.
+#[cfg(test)]
+fn names_a_word(sql: &[u8]) -> bool {
+    look(sql).0
+}
+
+/// Whether one of [`WORDS`] stands around an anchor in `range` of `sql`.
+#[inline(never)]
+fn words_in(sql: &[u8], range: std::ops::Range<usize>) -> bool {
+    for i in range {
+        let mut words = ANCHOR[usize::from(sql[i])] & !QUOTE;
+        while words != 0 {
+            let k = words.trailing_zeros() as usize;
+            words &= words - 1;
+            let (w, off) = (WORDS[k].as_bytes(), usize::from(OFFSET[k]));
+            // (The anchor's neighbour first: most anchors stand in no word.)
+            let peer = if off + 1 < w.len() { i + 1 } else { i.wrapping_sub(1) };
+            let want = if off + 1 < w.len() { w[off + 1] } else { w[off - 1] };
+            if sql.get(peer).is_some_and(|&c| c | 0x20 == want | 0x20)
+                && i >= off
+                && sql.get(i - off..i - off + w.len()).is_some_and(|x| x.eq_ignore_ascii_case(w))
+            {
+                return true;
+            }
         }
-        words &= words - 1;
     }
     false
 }
@@ -211,9 +233,24 @@ const fn anchor_of(w: &[u8]) -> usize {
     panic!("a word without an anchor")
 }
 
-/// For each byte, the words (bits by index in [`WORDS`]) whose anchor it is, in either case.
+/// [`ANCHOR`]'s bit for a quote or a backslash.
+const QUOTE: u16 = 1 << 15;
+
+/// The place of each word's anchor ([`anchor_of`]).
+static OFFSET: [u8; WORDS.len()] = {
+    let mut t = [0u8; WORDS.len()];
+    let mut k = 0;
+    while k < WORDS.len() {
+        t[k] = anchor_of(WORDS[k].as_bytes()) as u8;
+        k += 1;
+    }
+    t
+};
+
+/// For each byte, the words (bits by index in [`WORDS`]) whose anchor it is, in either case,
+/// and [`QUOTE`] for `'`, `"` and `\`.
 static ANCHOR: [u16; 256] = {
-    assert!(WORDS.len() <= 16);
+    assert!(WORDS.len() < 15);
     let mut t = [0u16; 256];
     let mut k = 0;
     while k < WORDS.len() {
@@ -223,6 +260,9 @@ static ANCHOR: [u16; 256] = {
         t[c.to_ascii_uppercase() as usize] |= 1 << k;
         k += 1;
     }
+    t[b'\'' as usize] |= QUOTE;
+    t[b'"' as usize] |= QUOTE;
+    t[b'\\' as usize] |= QUOTE;
     t
 };
 
