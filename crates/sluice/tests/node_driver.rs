@@ -4,7 +4,8 @@
 //! of a primary and a replica (against the primary directly). The published package carries no
 //! tests, so `tests/node/behaviours.js` runs the behaviours its suite checks where a proxy could differ (characters outside the BMP among sessions of
 //! other character sets, multi-statement OK packets and status flags, errors, types, LOAD DATA
-//! LOCAL, change of user, KILL of an idle pooled connection, prepared statements closed in a
+//! LOCAL, change of user, KILL of an idle pooled connection (alone, and among other statements
+//! as the driver's own pool test sends it), prepared statements closed in a
 //! loop, savepoints with autocommit off) and prints what the driver saw; every scenario must
 //! see through sluice what it sees directly.
 

@@ -182,22 +182,36 @@ async fn kill_forms_that_cannot_be_translated_are_refused() {
     c.query_drop("CREATE PROCEDURE k(i INT) BEGIN KILL QUERY i; END").await.unwrap();
 }
 
+/// A KILL among other statements reaches a session between statements on any backend (sluice
+/// ends it, as a KILL alone would), and is refused for one running a statement on another
+/// backend (the query's own backend cannot kill that thread).
 #[tokio::test]
-async fn kill_of_a_session_on_another_backend_in_a_multi_statement_is_refused() {
+async fn kill_of_a_busy_session_on_another_backend_in_a_multi_statement_is_refused() {
     // The same server twice: two backends, sessions spread by least connections.
     let addr = shared_db().addr();
     let s = TestConfig::new().backend_with(&addr, "name = \"a\"\n").backend_with(&addr, "name = \"b\"\n").start();
     let mut a = app(&s).await;
-    let mut b = app(&s).await;
+    let b = app(&s).await;
     let (_, body) = admin_get(&s, "/sessions", None);
     let v = json(&body);
     let backend_of = |id: u32| v.as_array().unwrap().iter().find(|x| x["id"] == id).map(|x| x["backend"].clone());
     assert_ne!(backend_of(a.id()), backend_of(b.id()), "the two sessions are on different backends");
-    let e = a.query_drop(format!("KILL {}; SELECT 1", b.id())).await.unwrap_err();
+    let b_id = b.id();
+    let running = run_in_background(b, "SELECT SLEEP(2.5)");
+    wait_running(&mut a, "SELECT SLEEP(2.5)").await;
+    let e = a.query_drop(format!("KILL {b_id}; SELECT 1")).await.unwrap_err();
     assert_eq!(code_of(&e), Some(1235), "{e}");
     assert!(e.to_string().contains("another backend"), "{e}");
+    let (r, mut b) = running.await.unwrap();
+    r.unwrap();
     let one: Option<i32> = b.query_first("SELECT 1").await.unwrap();
     assert_eq!(one, Some(1));
+    // Between statements it is ended where the KILL stands.
+    let mut r = a.query_iter(format!("KILL {b_id}; SELECT 1")).await.unwrap();
+    let _: Vec<Row> = r.collect().await.unwrap();
+    let _: Vec<Row> = r.collect().await.unwrap();
+    drop(r);
+    assert!(b.query_drop("SELECT 1").await.is_err(), "the session ended");
 }
 
 #[test]

@@ -159,9 +159,9 @@ impl Session {
     }
 
     /// Rewrites the ids of the KILLs of a multi-statement (at their places in `payload`), or
-    /// refuses it when a target is unknown or on another backend. A KILL of a multiplexed
-    /// session that holds no backend connection becomes `DO 0` (nothing runs there: a KILL
-    /// QUERY has nothing to do, a KILL closes the session where the statement stands).
+    /// refuses it when a target is unknown or runs a statement on another backend. A KILL of a
+    /// session between statements becomes `DO 0` (nothing runs there: a KILL QUERY has nothing
+    /// to do, a KILL closes the session where the statement stands).
     /// `counted`: how many statements from the first answer with one result each.
     fn rewrite_kills(&self, payload: &[u8], ids: &[(Kill, Range<usize>, Range<usize>, usize)], counted: usize) -> KillPlan {
         let mut query = vec![com::QUERY];
@@ -175,7 +175,9 @@ impl Session {
             let Some(target) = target else {
                 return KillPlan::Refuse { code: code::NO_SUCH_THREAD, msg: format!("Unknown thread id: {}", kill.id) };
             };
-            if tid == 0 {
+            // A session between statements (a multiplexed one holds no connection; another's
+            // may be on any backend) is ended by sluice, as a KILL alone ends it.
+            if tid == 0 || !target.busy.load(Ordering::SeqCst) {
                 query.extend_from_slice(&payload[copied..statement.start]);
                 query.extend_from_slice(b"DO 0");
                 copied = statement.end;

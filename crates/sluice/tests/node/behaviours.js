@@ -4,7 +4,7 @@
 // where sluice could differ: characters outside the BMP in a session's own character set, among
 // many sessions with other character sets; the OK packets of multi-statements (status flags,
 // affected rows, messages); errors; types; LOAD DATA LOCAL; change of user; KILL of an idle
-// pooled connection; prepared statements prepared and closed in a loop; savepoints with
+// pooled connection, alone and among other statements; prepared statements prepared and closed in a loop; savepoints with
 // autocommit off.
 //
 //   node behaviours.js HOST PORT
@@ -147,6 +147,27 @@ const scenarios = {
     again.release();
     await new Promise((r) => pool.end(r));
     return { killed, after, ok };
+  },
+
+  // The pool's own test of a killed connection (test-pool-disconnect): a pool of one releases
+  // its connection, another connection sends `kill <its id>; select sleep(0.05)`, and the pool
+  // then hands out a new connection, not the killed one.
+  async killReleasedAmongStatements() {
+    const pool = mysql.createPool({ ...base, connectionLimit: 1 });
+    const get = () => new Promise((ok, fail) => pool.getConnection((e, c) => (e ? fail(e) : ok(c))));
+    const a = await get();
+    const first = a.threadId;
+    a.on("error", () => {});
+    a.release();
+    const killer = await connect({ multipleStatements: true });
+    const killed = packet(await query(killer, `kill ${first}; select sleep(0.05) AS s`));
+    const again = await get();
+    const fresh = again.threadId !== first;
+    const ok = packet(await query(again, "SELECT 3 AS three"));
+    again.release();
+    await end(killer);
+    await new Promise((r) => pool.end(r));
+    return { killed, fresh, ok };
   },
 
   // Prepared statements, prepared and closed in a loop by several connections.
