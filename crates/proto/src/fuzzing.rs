@@ -112,9 +112,6 @@ pub fn response_stream(data: &[u8]) {
             State::Rewrite { len } => {
                 assert!(len <= buf.len());
                 buf.drain(..len);
-                if t.take_hold() && t.is_done() {
-                    return;
-                }
             }
             State::Pending => {
                 if fed == stream.len() {

@@ -264,12 +264,6 @@ impl ResponseTracker {
         self.results
     }
 
-    /// Whether a hold is due that a [`State::Rewrite`] reported first (the caller holds after
-    /// writing the rewritten packet).
-    pub fn take_hold(&mut self) -> bool {
-        std::mem::take(&mut self.after) & HOLD != 0
-    }
-
     /// Resumes after the client finished a LOCAL INFILE upload: the server answers OK or ERR.
     pub fn after_infile(&mut self) {
         self.phase = Phase::First;
@@ -291,6 +285,11 @@ impl ResponseTracker {
     /// Walks the packets in `buf` (the unforwarded bytes of the response, starting at a packet
     /// boundary or inside a packet being skipped).
     pub fn scan<S: Sink>(&mut self, buf: &[u8], sink: &mut S) -> Result<Scan, Malformed> {
+        if self.after == HOLD {
+            // (Due at the OK last reported for rewriting: the hold comes after it.)
+            self.after = 0;
+            return Ok(Scan { consumed: 0, state: State::Held });
+        }
         let mut pos = 0;
         loop {
             if matches!(self.phase, Phase::Rows) && self.skip == 0 && !self.continued {

@@ -329,6 +329,44 @@ fn session_track_ok_is_reported_for_rewrite() {
     assert_eq!(t.scan(&s.out, &mut NoSink).unwrap().state, State::Done);
 }
 
+/// A hold stops the scan right after the result it names, also when that result's OK is
+/// reported for rewriting first; an error before it ends the response short of it.
+#[test]
+fn a_hold_stops_after_the_result_it_names() {
+    let more = status::MORE_RESULTS_EXISTS;
+    let mut s = Stream::new();
+    s.ok(more).ok(more).ok(0);
+    let one = s.out.len() / 3;
+    let mut t = ResponseTracker::new(true, true);
+    t.start(Expect::Results, 0);
+    t.hold_at(2);
+    let r = t.scan(&s.out, &mut NoSink).unwrap();
+    assert_eq!((r.consumed, r.state, t.results()), (2 * one, State::Held, 2));
+    assert_eq!(t.scan(&s.out[2 * one..], &mut NoSink).unwrap(), Scan { consumed: one, state: State::Done });
+    // The OK that ends the held result carries state the client does not track.
+    let mut p = Vec::new();
+    ok_payload(&mut p, 0, 1, 0, status::SESSION_STATE_CHANGED | more, 0);
+    crate::packet::put_lenenc_bytes(&mut p, b"");
+    crate::packet::put_lenenc_bytes(&mut p, b"\x01\x02\x01x");
+    let mut s = Stream::new();
+    s.packet(&p).ok(0);
+    let mut t = ResponseTracker::new(true, true).strip_session_track(true, true);
+    t.start(Expect::Results, 0);
+    t.hold_at(1);
+    let len = HEADER + p.len();
+    assert_eq!(t.scan(&s.out, &mut NoSink).unwrap().state, State::Rewrite { len });
+    assert_eq!(t.scan(&s.out[len..], &mut NoSink).unwrap(), Scan { consumed: 0, state: State::Held });
+    assert_eq!(t.scan(&s.out[len..], &mut NoSink).unwrap().state, State::Done);
+    // An error first: no hold.
+    let mut s = Stream::new();
+    s.packet(b"\xff\x7a\x04#42S02no such table");
+    let mut t = ResponseTracker::new(true, true);
+    t.start(Expect::Results, 0);
+    t.hold_at(1);
+    assert_eq!(t.scan(&s.out, &mut NoSink).unwrap().state, State::Done);
+    assert_eq!(t.results(), 0);
+}
+
 #[test]
 fn rows_of_one_length_are_walked_in_groups_as_one_by_one() {
     // Runs shorter and longer than a group, broken by rows of other lengths; the last run's rows

@@ -54,6 +54,10 @@ pub struct Found {
 pub struct Kills {
     /// How many statements the text has (more than one: a multi-statement).
     pub statements: usize,
+    /// How many statements from the first answer with one result each: a `CALL` or an
+    /// `EXECUTE` may answer with several, so where the statements after it begin cannot be
+    /// told from the response.
+    pub single_results: usize,
     pub found: Vec<Found>,
 }
 
@@ -73,9 +77,12 @@ pub fn find_kills_in(sql: &[u8], multi: bool, mode: lexer::Mode) -> Option<Kills
         return None;
     }
     let mut kills = Kills::default();
+    let mut several = false;
     for st in lexer::statements_in(sql, mode).take(if multi { usize::MAX } else { 1 }) {
         let index = kills.statements;
         kills.statements += 1;
+        several |= st.first().is_some_and(|t| t.is_word(sql, "CALL") || t.is_word(sql, "EXECUTE"));
+        kills.single_results += usize::from(!several);
         if let Some(target) = kill_statement(sql, &st) {
             kills.found.push(Found { target, quoted: false, statement: span(&st), index });
         } else if let Some(text) = prepared_text(sql, &st, mode) {
@@ -382,6 +389,9 @@ mod tests {
         let k = find_kills(b"SELECT 1; kill query 3 ; KILL CONNECTION 4", true).unwrap();
         assert_eq!(k.found.iter().map(|f| f.statement.clone()).collect::<Vec<_>>(), vec![10..22, 25..42]);
         assert_eq!(k.found.iter().map(|f| f.index).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!((k.statements, k.single_results), (3, 3));
+        let k = find_kills(b"SELECT 1; CALL p(); KILL 5", true).unwrap();
+        assert_eq!((k.statements, k.single_results), (3, 1));
         assert_eq!(kills("SELECT 1; kill query 3 ; KILL CONNECTION 4"), vec![id(true, 3, None, 21..22), id(false, 4, None, 41..42)]);
         assert_eq!(kills("/*!50000 KILL 5 */"), vec![id(false, 5, None, 14..15)]);
         assert_eq!(kills("/*M!100000 KILL */ 5"), vec![id(false, 5, None, 19..20)]);

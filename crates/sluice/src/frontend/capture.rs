@@ -122,8 +122,8 @@ impl Session {
     fn capture_begin(&mut self, generation: u64) -> bool {
         let s = &self.state;
         let pairs = |v: &crate::session::vars::Vars| v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        // (The texts of statements that may carry a password are kept normalized, as their
-        // prepares are recorded.)
+        // (The texts of statements that may carry a password are kept with their literals taken
+        // out, as their prepares are recorded.)
         let shown = |t: &str| crate::session::shown_text(t.as_bytes()).into_owned();
         let mut prepared: Vec<(u32, Vec<u8>, Vec<u8>)> =
             s.prepared.iter().map(|(id, p)| (*id, shown(&p.sql).into_bytes(), p.param_types.clone())).collect();

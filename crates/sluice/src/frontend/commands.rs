@@ -23,11 +23,15 @@ use crate::session::{SessionHandle, StateSink};
 /// server closes a killed connection before its KILL is answered: the killer's client, told the
 /// KILL went through, finds the connection gone.
 async fn gone(ctx: &crate::ctx::Ctx, killer: u32, target: &SessionHandle) {
-    for _ in 0..1000 {
-        if target.id == killer || ctx.sessions.get(target.id).is_none() {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    if target.id == killer {
+        return;
+    }
+    // (Listening before the look: an end between the two is not missed.)
+    let ended = target.ended.notified();
+    tokio::pin!(ended);
+    ended.as_mut().enable();
+    if ctx.sessions.get(target.id).is_some() {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), ended).await;
     }
 }
 
@@ -146,15 +150,7 @@ impl Session {
         match ids.as_slice() {
             [] => None,
             [(kill, ..)] if kills.statements == 1 => Some(KillPlan::Single(*kill)),
-            _ => {
-                // (A statement that may answer with several results, a CALL or an EXECUTE,
-                // hides where the statements after it begin.)
-                let several = |st: &sluice_proto::lexer::Statement| {
-                    st.first().is_some_and(|t| t.is_word(payload, "CALL") || t.is_word(payload, "EXECUTE"))
-                };
-                let counted = sluice_proto::lexer::statements_in(payload, readings.0).take_while(|st| !several(st)).count();
-                Some(self.rewrite_kills(payload, &ids, counted))
-            }
+            _ => Some(self.rewrite_kills(payload, &ids, kills.single_results)),
         }
     }
 
@@ -224,7 +220,7 @@ impl Session {
         for t in targets.iter().filter(|t| t.connection) {
             t.handle.kill_pending.store(true, Ordering::Relaxed);
         }
-        let ran = self.query_killing(query, targets).await;
+        let ran = self.query_on_backend(query, targets).await;
         for t in targets {
             t.handle.kill_pending.store(false, Ordering::Relaxed);
         }
@@ -234,7 +230,7 @@ impl Session {
     /// Sends a COM_QUERY of sluice's making on the session's backend connection and relays the
     /// response, ending each connection KILL's target at its point ([`Target::at`]); true when
     /// the response held no error.
-    async fn query_killing(&mut self, query: &[u8], targets: &[Target]) -> Result<bool> {
+    async fn query_on_backend(&mut self, query: &[u8], targets: &[Target]) -> Result<bool> {
         let mut points: Vec<u32> = targets.iter().filter(|t| t.connection).map(|t| t.at).collect();
         points.sort_unstable();
         points.dedup();
@@ -268,12 +264,6 @@ impl Session {
             end_targets(&self.ctx, self.handle.id, targets, AT_END).await;
         }
         Ok(ok)
-    }
-
-    /// Sends a COM_QUERY of sluice's making on the session's backend connection and relays the
-    /// response; true when it held no error.
-    async fn query_on_backend(&mut self, query: &[u8]) -> Result<bool> {
-        self.query_killing(query, &[]).await
     }
 
     /// Runs a KILL: translated to the target's backend thread.
@@ -311,7 +301,7 @@ impl Session {
         }
         let mut q = vec![com::QUERY];
         sql::write_kill(&kill, tid as u64, &mut q);
-        let ok = if tb == self.backend.guard.index { self.query_on_backend(&q).await? } else { self.kill_elsewhere(tb, &q).await? };
+        let ok = if tb == self.backend.guard.index { self.query_on_backend(&q, &[]).await? } else { self.kill_elsewhere(tb, &q).await? };
         if ok && connection_kill {
             target.kill();
             gone(&self.ctx, self.handle.id, &target).await;

@@ -73,17 +73,7 @@ pub(super) async fn relay_response(
             State::Rewrite { len } => {
                 // (An answer rewritten on its way is not kept whole.)
                 sink.capture = None;
-                let packet = &backend.rbuf[..len];
-                let plain = tracker.rewrite_ok(&packet[HEADER..]);
-                let payload = plain.as_deref().unwrap_or(&packet[HEADER..]);
-                let seq = packet[3];
-                if let Some(client) = client.as_mut() {
-                    Box::pin(client.write_packet(payload, seq)).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
-                }
-                backend.rbuf.advance(len);
-                if tracker.take_hold() {
-                    return Ok(());
-                }
+                Box::pin(write_rewritten(tracker, backend, client.as_deref_mut(), len)).await?;
             }
             State::Pending => {
                 make_room(&mut backend.rbuf, large);
@@ -101,6 +91,19 @@ pub(super) async fn relay_response(
             }
         }
     }
+}
+
+/// Sends the client the OK of `len` bytes that starts the buffer as the tracker rewrites it
+/// (`State::Rewrite`), and skips it.
+async fn write_rewritten(tracker: &ResponseTracker, backend: &mut PacketConn, client: Option<&mut ClientConn>, len: usize) -> Result<()> {
+    let packet = &backend.rbuf[..len];
+    let plain = tracker.rewrite_ok(&packet[HEADER..]);
+    let payload = plain.as_deref().unwrap_or(&packet[HEADER..]);
+    if let Some(client) = client {
+        client.write_packet(payload, packet[3]).await.map_err(|e| Error::io(Side::Client, "writing response", e))?;
+    }
+    backend.rbuf.advance(len);
+    Ok(())
 }
 
 /// Room in the read buffer for the backend's next bytes. A large response's every read has room

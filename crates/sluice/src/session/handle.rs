@@ -101,6 +101,8 @@ pub struct SessionHandle {
     /// When it last moved (milliseconds of `metrics::mono_ns`; 0: never).
     pub moved_at_ms: AtomicU64,
     pub info: Mutex<Published>,
+    /// Told when the session leaves the registry (its client's connection closed).
+    pub ended: tokio::sync::Notify,
 }
 
 pub const NO_MOVE: u32 = 0;
@@ -128,6 +130,7 @@ impl SessionHandle {
             split: AtomicBool::new(false),
             moved_at_ms: AtomicU64::new(0),
             parking: Default::default(),
+            ended: tokio::sync::Notify::new(),
             info: Mutex::new(Published {
                 client: client.into(),
                 listener,
@@ -352,7 +355,10 @@ impl Registry {
     }
 
     pub fn remove(&self, id: u32) {
-        self.map.lock().remove(&id);
+        let removed = self.map.lock().remove(&id);
+        if let Some(h) = removed {
+            h.ended.notify_waiters();
+        }
     }
 
     pub fn get(&self, id: u32) -> Option<Arc<SessionHandle>> {
